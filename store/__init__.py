@@ -1,0 +1,1 @@
+"""credproxy's store: principals, credentials and grants, sealed at rest."""

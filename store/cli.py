@@ -1,0 +1,416 @@
+"""The operator's CLI: `credproxy init | principal | credential | grant | key`.
+
+The `run` command is added by the addon package, which owns the proxy; the store stays
+free of mitmproxy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NoReturn
+
+from store.ca import PUBLIC_CERT, ensure_ca
+from store.crypto import KEY_ENV, MasterKey, Secret, load_master_key, write_key_file
+from store.errors import CredproxyError, InvalidInput, MasterKeyError
+from store.patterns import parse_expiry
+from store.repository import SCHEMES, Store
+
+DEFAULT_DB = "sqlite:///credproxy.db"
+DEFAULT_KEY_FILE = "credproxy.key"
+DEFAULT_CERTS = "certs"
+DEFAULT_ADVERTISE = "127.0.0.1:8080"
+MAX_SECRET = 64 * 1024
+
+Handler = Callable[[argparse.Namespace, "Settings"], int]
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Where the store, key and CA live, resolved once from flags and environment."""
+
+    db: str
+    key_file: Path
+    certs: Path
+    advertise: str
+    json: bool
+
+    @classmethod
+    def resolve(cls, args: argparse.Namespace) -> Settings:
+        env = os.environ
+        return cls(
+            db=args.db or env.get("CREDPROXY_DB") or DEFAULT_DB,
+            key_file=Path(args.key_file or env.get("CREDPROXY_KEY_FILE") or DEFAULT_KEY_FILE),
+            certs=Path(args.certs or env.get("CREDPROXY_CERTS") or DEFAULT_CERTS),
+            advertise=env.get("CREDPROXY_ADVERTISE") or DEFAULT_ADVERTISE,
+            json=bool(getattr(args, "json", False)),
+        )
+
+    def key(self) -> MasterKey:
+        return load_master_key(self.key_file, os.environ)
+
+    def store(self) -> Store:
+        """Open the store and check that it is migrated and that the key is its own."""
+        store = Store(self.db, self.key())
+        store.check_ready()
+        return store
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _common() -> _Parser:
+    """--db/--key-file/--certs on every command; SUPPRESS keeps a top-level value."""
+    common = _Parser(add_help=False)
+    common.add_argument("--db", default=argparse.SUPPRESS, help="database URL [CREDPROXY_DB]")
+    common.add_argument(
+        "--key-file", default=argparse.SUPPRESS, help="master key file [CREDPROXY_KEY_FILE]"
+    )
+    common.add_argument(
+        "--certs", default=argparse.SUPPRESS, help="CA directory [CREDPROXY_CERTS]"
+    )
+    return common
+
+
+def _json_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, Any, _Parser]:
+    """Returns the parser, its subcommand action, and the common-options parent."""
+    common = _common()
+    parser = _Parser(prog="credproxy", description=__doc__.splitlines()[0])
+    parser.add_argument("--db", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--key-file", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--certs", default=None, help=argparse.SUPPRESS)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    p = sub.add_parser("init", parents=[common], help="create or upgrade the store, key and CA")
+    _json_flag(p)
+    p.set_defaults(func=cmd_init)
+
+    principal = sub.add_parser("principal", help="sandboxes and agents").add_subparsers(
+        dest="action", required=True, parser_class=_Parser
+    )
+    p = principal.add_parser("add", parents=[common], help="create; prints the token once")
+    p.add_argument("name")
+    _json_flag(p)
+    p.set_defaults(func=cmd_principal_add)
+    p = principal.add_parser("list", parents=[common])
+    _json_flag(p)
+    p.set_defaults(func=cmd_principal_list)
+    p = principal.add_parser("remove", parents=[common], help="disable and revoke its grants")
+    p.add_argument("name")
+    p.set_defaults(func=cmd_principal_remove)
+
+    credential = sub.add_parser("credential", help="secrets and their hosts").add_subparsers(
+        dest="action", required=True, parser_class=_Parser
+    )
+    p = credential.add_parser("add", parents=[common], help="the secret is read from stdin")
+    p.add_argument("name")
+    p.add_argument("--scheme", required=True, choices=SCHEMES)
+    p.add_argument("--host", action="append", required=True, help="HOST[:PORT], repeatable")
+    p.add_argument("--header", help="header name, with --scheme header")
+    p.add_argument("--param", help="query parameter name, with --scheme query")
+    _json_flag(p)
+    p.set_defaults(func=cmd_credential_add)
+    p = credential.add_parser("list", parents=[common])
+    _json_flag(p)
+    p.set_defaults(func=cmd_credential_list)
+    p = credential.add_parser("remove", parents=[common], help="destroy; revokes its grants")
+    p.add_argument("name")
+    p.set_defaults(func=cmd_credential_remove)
+    p = credential.add_parser("rotate", parents=[common], help="new secret from stdin")
+    p.add_argument("name")
+    _json_flag(p)
+    p.set_defaults(func=cmd_credential_rotate)
+
+    grant = sub.add_parser("grant", help="who may use what").add_subparsers(
+        dest="action", required=True, parser_class=_Parser
+    )
+    p = grant.add_parser("add", parents=[common])
+    p.add_argument("principal")
+    p.add_argument("--credential")
+    p.add_argument("--host", action="append", default=[], help="HOST[:PORT], repeatable")
+    p.add_argument("--method", action="append", required=True, help="GET, POST, ... or '*'")
+    p.add_argument("--path", action="append", default=[], help="path pattern (default /)")
+    p.add_argument("--once", action="store_true", help="usable by exactly one request")
+    p.add_argument("--websocket", action="store_true", help="allow Upgrade requests")
+    p.add_argument("--expires", help="30s, 10m, 2h, 7d or an ISO-8601 time")
+    p.add_argument("--purpose")
+    _json_flag(p)
+    p.set_defaults(func=cmd_grant_add)
+    p = grant.add_parser("list", parents=[common])
+    p.add_argument("--principal")
+    _json_flag(p)
+    p.set_defaults(func=cmd_grant_list)
+    p = grant.add_parser("revoke", parents=[common])
+    p.add_argument("id", type=int)
+    p.set_defaults(func=cmd_grant_revoke)
+
+    key = sub.add_parser("key", help="the master key").add_subparsers(
+        dest="action", required=True, parser_class=_Parser
+    )
+    p = key.add_parser("rotate", parents=[common], help="re-seal every secret under a new key")
+    _json_flag(p)
+    p.set_defaults(func=cmd_key_rotate)
+    return parser, sub, common
+
+
+def run(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> int:
+    args = parser.parse_args(argv)
+    try:
+        settings = Settings.resolve(args)
+        handler: Handler = args.func
+        return handler(args, settings)
+    except CredproxyError as e:
+        print(f"credproxy: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser, _, _ = build_parser()
+    return run(parser, argv)
+
+
+# -- output --------------------------------------------------------------------------
+
+
+def _emit(settings: Settings, data: Any, lines: Sequence[str]) -> None:
+    if settings.json:
+        print(json.dumps(data, default=str))
+    else:
+        for line in lines:
+            print(line)
+
+
+def _table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> list[str]:
+    def cell(v: Any) -> str:
+        if v is None:
+            return "-"
+        if isinstance(v, list):
+            return ",".join(str(x) for x in v)
+        return str(v)
+
+    cells = [[cell(row[c]) for c in columns] for row in rows]
+    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    return [fmt.format(*columns).rstrip()] + [fmt.format(*r).rstrip() for r in cells]
+
+
+def read_secret() -> Secret:
+    """The secret from stdin, one trailing newline stripped; a prompt without echo on a tty."""
+    if sys.stdin.isatty():
+        raw = getpass.getpass("secret (not echoed): ").encode()
+    else:
+        raw = sys.stdin.buffer.read(MAX_SECRET + 1)
+        if len(raw) > MAX_SECRET:
+            raise InvalidInput("the secret is longer than 64 KiB")
+        if raw.endswith(b"\r\n"):
+            raw = raw[:-2]
+        elif raw.endswith(b"\n"):
+            raw = raw[:-1]
+    if not raw:
+        raise InvalidInput("the secret is empty (it is read from standard input)")
+    return Secret(raw)
+
+
+# -- commands ------------------------------------------------------------------------
+
+
+def cmd_init(args: argparse.Namespace, settings: Settings) -> int:
+    store = Store(settings.db, None)
+    store.migrate()
+    revision = store.schema_revision()
+    created_key = False
+    if os.environ.get(KEY_ENV) or settings.key_file.exists():
+        key = settings.key()
+    else:
+        if store.stored_key_id() is not None:
+            raise MasterKeyError(
+                f"{store.display_url} already has a master key; "
+                f"its key file {settings.key_file} is missing"
+            )
+        key = MasterKey.generate(f"key file {settings.key_file}")
+        write_key_file(settings.key_file, key)
+        created_key = True
+    store.key = key
+    store.check_key(adopt=True)
+    created_ca = ensure_ca(settings.certs)
+    store.restrict_file()
+    store.close()
+    ca = settings.certs / PUBLIC_CERT
+    _emit(
+        settings,
+        {
+            "db": store.display_url,
+            "schema": revision,
+            "key_id": key.key_id,
+            "key_source": key.source,
+            "key_created": created_key,
+            "ca": str(ca),
+            "ca_created": created_ca,
+        },
+        [
+            f"database  {store.display_url} (schema {revision})",
+            f"key       {key.source}, id {key.key_id}{' (created)' if created_key else ''}",
+            f"ca        {ca}{' (created)' if created_ca else ''}",
+        ],
+    )
+    return 0
+
+
+def cmd_principal_add(args: argparse.Namespace, settings: Settings) -> int:
+    store = settings.store()
+    token = store.add_principal(args.name)
+    url = f"http://{args.name}:{token}@{settings.advertise}"
+    _emit(
+        settings,
+        {"name": args.name, "token": token, "proxy_url": url},
+        [
+            f"principal  {args.name}",
+            f"token      {token}",
+            f"proxy_url  {url}",
+            "The token is shown once; it is stored only as a hash.",
+        ],
+    )
+    return 0
+
+
+def cmd_principal_list(args: argparse.Namespace, settings: Settings) -> int:
+    rows = [
+        {"name": p.name, "created_at": p.created_at.isoformat(timespec="seconds")}
+        for p in settings.store().list_principals()
+    ]
+    _emit(settings, rows, _table(rows, ["name", "created_at"]))
+    return 0
+
+
+def cmd_principal_remove(args: argparse.Namespace, settings: Settings) -> int:
+    revoked = settings.store().remove_principal(args.name)
+    print(f"removed principal {args.name}; revoked {revoked} grant(s)")
+    return 0
+
+
+def cmd_credential_add(args: argparse.Namespace, settings: Settings) -> int:
+    store = settings.store()
+    secret = read_secret()
+    fp = store.add_credential(args.name, args.scheme, args.host, secret, args.header, args.param)
+    _emit(
+        settings,
+        {"name": args.name, "scheme": args.scheme, "fingerprint": fp},
+        [f"added credential {args.name} ({args.scheme}, {fp})"],
+    )
+    return 0
+
+
+def cmd_credential_list(args: argparse.Namespace, settings: Settings) -> int:
+    rows = [
+        {
+            "name": c.name,
+            "scheme": c.scheme,
+            "header": c.header_name,
+            "param": c.param_name,
+            "hosts": c.hosts,
+            "fingerprint": c.fingerprint,
+            "created_at": c.created_at.isoformat(timespec="seconds"),
+            "rotated_at": c.rotated_at.isoformat(timespec="seconds") if c.rotated_at else None,
+        }
+        for c in settings.store().list_credentials()
+    ]
+    _emit(
+        settings,
+        rows,
+        _table(rows, ["name", "scheme", "header", "param", "hosts", "fingerprint", "rotated_at"]),
+    )
+    return 0
+
+
+def cmd_credential_remove(args: argparse.Namespace, settings: Settings) -> int:
+    revoked = settings.store().remove_credential(args.name)
+    print(f"removed credential {args.name}; revoked {revoked} grant(s)")
+    return 0
+
+
+def cmd_credential_rotate(args: argparse.Namespace, settings: Settings) -> int:
+    store = settings.store()
+    fp = store.rotate_credential(args.name, read_secret())
+    _emit(settings, {"name": args.name, "fingerprint": fp}, [f"rotated {args.name} ({fp})"])
+    return 0
+
+
+def cmd_grant_add(args: argparse.Namespace, settings: Settings) -> int:
+    expires = parse_expiry(args.expires) if args.expires else None
+    store = settings.store()
+    grant_id = store.add_grant(
+        args.principal,
+        args.method,
+        credential=args.credential,
+        hosts=args.host,
+        paths=args.path,
+        once=args.once,
+        websocket=args.websocket,
+        expires_at=expires,
+        purpose=args.purpose,
+    )
+    _emit(
+        settings,
+        {
+            "id": grant_id,
+            "principal": args.principal,
+            "credential": args.credential,
+            "expires_at": expires.isoformat() if expires else None,
+        },
+        [f"added grant {grant_id} for {args.principal}"],
+    )
+    return 0
+
+
+def cmd_grant_list(args: argparse.Namespace, settings: Settings) -> int:
+    rows = settings.store().list_grants(args.principal)
+    columns = ["id", "principal", "credential", "hosts", "methods", "paths", "once", "expires_at"]
+    _emit(settings, rows, _table(rows, columns + ["state", "purpose"]))
+    return 0
+
+
+def cmd_grant_revoke(args: argparse.Namespace, settings: Settings) -> int:
+    settings.store().revoke_grant(args.id)
+    print(f"revoked grant {args.id}")
+    return 0
+
+
+def cmd_key_rotate(args: argparse.Namespace, settings: Settings) -> int:
+    if os.environ.get(KEY_ENV):
+        raise MasterKeyError(
+            f"the key comes from {KEY_ENV}: unset it to rotate into --key-file, "
+            "then set it from the new file"
+        )
+    store = settings.store()
+    new = MasterKey.generate(f"key file {settings.key_file}")
+    pending = settings.key_file.with_name(settings.key_file.name + ".new")
+    # Write the new key before the secrets are re-sealed under it, so a crash never leaves
+    # secrets sealed under a key that exists nowhere.
+    pending.unlink(missing_ok=True)
+    write_key_file(pending, new)
+    try:
+        count = store.rotate_key(new)
+    except BaseException:
+        pending.unlink(missing_ok=True)
+        raise
+    os.replace(pending, settings.key_file)
+    _emit(
+        settings,
+        {"key_id": new.key_id, "resealed": count},
+        [f"rotated the master key to id {new.key_id}; re-sealed {count} secret(s)"],
+    )
+    return 0

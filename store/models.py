@@ -1,0 +1,124 @@
+"""The schema, as typed SQLAlchemy 2 models. Alembic migrations in store/migrations create it."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    DateTime,
+    Dialect,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    String,
+    Text,
+    false,
+    text,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Aware UTC datetimes on every backend (SQLite keeps no zone)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        value = value.astimezone(UTC)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        assert isinstance(value, datetime)
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class StoreState(Base):
+    """One row: the change counter the proxy polls, and the master key's check value."""
+
+    __tablename__ = "store_state"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    change_counter: Mapped[int] = mapped_column(Integer, default=0)
+    key_id: Mapped[str | None] = mapped_column(String(32))
+    key_check: Mapped[str | None] = mapped_column(String(64))
+
+
+class Principal(Base):
+    __tablename__ = "principals"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(63))
+    token_hash: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    disabled_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+    __table_args__ = (
+        Index(
+            "uq_principals_live_name",
+            "name",
+            unique=True,
+            sqlite_where=text("disabled_at IS NULL"),
+            postgresql_where=text("disabled_at IS NULL"),
+        ),
+    )
+
+
+class Credential(Base):
+    __tablename__ = "credentials"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(63))
+    scheme: Mapped[str] = mapped_column(String(16))
+    header_name: Mapped[str | None] = mapped_column(String(64))
+    param_name: Mapped[str | None] = mapped_column(String(64))
+    hosts: Mapped[list[str]] = mapped_column(JSON)
+    key_id: Mapped[str | None] = mapped_column(String(32))
+    nonce: Mapped[bytes | None] = mapped_column(LargeBinary)
+    ciphertext: Mapped[bytes | None] = mapped_column(LargeBinary)
+    fingerprint: Mapped[str] = mapped_column(String(32))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    rotated_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    removed_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+    __table_args__ = (
+        Index(
+            "uq_credentials_live_name",
+            "name",
+            unique=True,
+            sqlite_where=text("removed_at IS NULL"),
+            postgresql_where=text("removed_at IS NULL"),
+        ),
+    )
+
+
+class Grant(Base):
+    __tablename__ = "grants"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    principal_id: Mapped[int] = mapped_column(ForeignKey("principals.id"), index=True)
+    credential_id: Mapped[int | None] = mapped_column(ForeignKey("credentials.id"), index=True)
+    # NULL: the credential's hosts.
+    hosts: Mapped[list[str] | None] = mapped_column(JSON)
+    methods: Mapped[list[str]] = mapped_column(JSON)
+    paths: Mapped[list[str]] = mapped_column(JSON)
+    once: Mapped[bool] = mapped_column(Boolean, default=False)
+    websocket: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    purpose: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    consumed_at: Mapped[datetime | None] = mapped_column(UTCDateTime)

@@ -1,0 +1,614 @@
+"""Every query credproxy makes: the operator's changes, and the snapshot the proxy compiles."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Engine, create_engine, event, select, update
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, NoSuchModuleError
+from sqlalchemy.orm import Session, sessionmaker
+
+from store.crypto import MasterKey, Secret, hash_token, new_token
+from store.errors import (
+    Conflict,
+    InvalidInput,
+    MasterKeyError,
+    NotFound,
+    SealError,
+    StoreUnavailable,
+)
+from store.models import Credential, Grant, Principal, StoreState, utcnow
+from store.patterns import (
+    HostPattern,
+    parse_host,
+    validate_header_name,
+    validate_method,
+    validate_name,
+    validate_param_name,
+    validate_path_pattern,
+)
+
+SCHEMES = ("bearer", "header", "basic", "query")
+MIGRATIONS = Path(__file__).parent / "migrations"
+
+
+@dataclass(frozen=True)
+class CredentialRecord:
+    name: str
+    scheme: str
+    header_name: str | None
+    param_name: str | None
+    hosts: tuple[HostPattern, ...]
+    secret: Secret
+    fingerprint: str
+
+
+@dataclass(frozen=True)
+class GrantRecord:
+    id: int
+    principal: str
+    credential: str | None
+    hosts: tuple[HostPattern, ...]
+    methods: frozenset[str]
+    paths: tuple[str, ...]
+    once: bool
+    websocket: bool
+    expires_at: datetime | None
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What the proxy needs, read in one transaction: live principals, credentials, grants."""
+
+    counter: int
+    key_id: str | None
+    token_hashes: dict[str, str]
+    credentials: dict[str, CredentialRecord]
+    grants: tuple[GrantRecord, ...]
+    unreadable: tuple[str, ...]
+
+
+def normalize_url(url: str) -> str:
+    if url.startswith("postgresql://") or url.startswith("postgres://"):
+        return "postgresql+psycopg://" + url.split("://", 1)[1]
+    return url
+
+
+def display_url(url: str) -> str:
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return "<unparseable database URL>"
+
+
+def make_engine(url: str) -> Engine:
+    try:
+        parsed = make_url(url)
+    except ArgumentError as e:
+        raise InvalidInput(f"invalid database URL {display_url(url)}") from e
+    kwargs: dict[str, Any] = {}
+    if parsed.get_backend_name() == "postgresql":
+        kwargs.update(
+            pool_size=5,
+            max_overflow=5,
+            pool_timeout=5,
+            pool_pre_ping=True,
+            connect_args={"connect_timeout": 5, "options": "-c statement_timeout=5000"},
+        )
+    elif parsed.get_backend_name() == "sqlite":
+        kwargs["connect_args"] = {"timeout": 5}
+    else:
+        raise InvalidInput(f"unsupported database {display_url(url)}: use sqlite or postgresql")
+    try:
+        engine = create_engine(parsed, **kwargs)
+    except NoSuchModuleError as e:
+        raise InvalidInput(f"unsupported database driver in {display_url(url)}") from e
+    if parsed.get_backend_name() == "sqlite":
+        event.listen(engine, "connect", _sqlite_pragmas)
+    return engine
+
+
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.close()
+
+
+class Store:
+    """The store behind one database URL; `key` may be None for commands that need no secret."""
+
+    def __init__(self, url: str, key: MasterKey | None) -> None:
+        self.url = normalize_url(url)
+        self.display_url = display_url(self.url)
+        self.engine = make_engine(self.url)
+        self.key = key
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+
+    def restrict_file(self) -> None:
+        """Make an SQLite database file private to its owner: it holds sealed secrets."""
+        parsed = make_url(self.url)
+        if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
+            for suffix in ("", "-wal", "-shm"):
+                path = Path(f"{parsed.database}{suffix}")
+                if path.exists():
+                    path.chmod(0o600)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    @contextmanager
+    def _session(self) -> Iterator[Session]:
+        try:
+            with self._sessions() as session:
+                yield session
+        except IntegrityError as e:
+            raise Conflict("the change conflicts with an existing record") from e
+        except DBAPIError as e:
+            raise StoreUnavailable(f"database {self.display_url} failed: {_first_line(e)}") from e
+
+    @contextmanager
+    def _change(self) -> Iterator[Session]:
+        """A write transaction that also bumps the change counter the proxy polls."""
+        with self._session() as session, session.begin():
+            yield session
+            session.execute(
+                update(StoreState)
+                .where(StoreState.id == 1)
+                .values(change_counter=StoreState.change_counter + 1)
+            )
+
+    # -- schema and key --------------------------------------------------------------
+
+    def _alembic(self) -> Config:
+        config = Config()
+        config.set_main_option("script_location", str(MIGRATIONS))
+        return config
+
+    def migrate(self, revision: str = "head") -> None:
+        """Bring the schema to `revision`; harmless when already there."""
+        config = self._alembic()
+        try:
+            with self.engine.begin() as connection:
+                config.attributes["connection"] = connection
+                command.upgrade(config, revision)
+        except DBAPIError as e:
+            raise self._unreachable(e) from e
+
+    def _unreachable(self, e: DBAPIError) -> StoreUnavailable:
+        return StoreUnavailable(f"cannot reach database {self.display_url}: {_first_line(e)}")
+
+    def schema_revision(self) -> str | None:
+        try:
+            with self.engine.connect() as connection:
+                return MigrationContext.configure(connection).get_current_revision()
+        except DBAPIError as e:
+            raise self._unreachable(e) from e
+
+    def check_ready(self) -> None:
+        """Raise unless the schema is at head and the master key is the store's own."""
+        head = ScriptDirectory.from_config(self._alembic()).get_current_head()
+        current = self.schema_revision()
+        if current != head:
+            raise StoreUnavailable(
+                f"database {self.display_url} is at schema {current or 'none'}, not {head}: "
+                "run credproxy init"
+            )
+        self.check_key()
+
+    def check_key(self, *, adopt: bool = False) -> None:
+        """Compare the master key with the store's check value; `adopt` records it if unset."""
+        if self.key is None:
+            return
+        with self._session() as session, session.begin():
+            state = session.get_one(StoreState, 1)
+            if state.key_check is None and adopt:
+                state.key_id, state.key_check = self.key.key_id, self.key.check_value
+                return
+            if state.key_check != self.key.check_value:
+                raise MasterKeyError(
+                    f"the master key from {self.key.source} (id {self.key.key_id}) is not the key "
+                    f"of {self.display_url} (id {state.key_id})"
+                )
+
+    def stored_key_id(self) -> str | None:
+        with self._session() as session:
+            key_id: str | None = session.get_one(StoreState, 1).key_id
+            return key_id
+
+    def change_counter(self) -> int:
+        with self._session() as session:
+            return session.execute(
+                select(StoreState.change_counter).where(StoreState.id == 1)
+            ).scalar_one()
+
+    def rotate_key(self, new_key: MasterKey) -> int:
+        """Re-seal every secret under `new_key` in one transaction; returns how many."""
+        old = self._need_key()
+        with self._change() as session:
+            state = session.get_one(StoreState, 1, with_for_update=True)
+            if state.key_check != old.check_value:
+                raise MasterKeyError(f"the master key from {old.source} is not this store's key")
+            rows = session.scalars(
+                select(Credential).where(Credential.ciphertext.is_not(None))
+            ).all()
+            for row in rows:
+                secret = self._open(row, old)
+                row.key_id, row.nonce, row.ciphertext = new_key.seal(
+                    secret.reveal(), _context(row.name)
+                )
+                row.fingerprint = new_key.fingerprint(secret)
+            state.key_id, state.key_check = new_key.key_id, new_key.check_value
+            return len(rows)
+
+    def _need_key(self) -> MasterKey:
+        if self.key is None:
+            raise MasterKeyError("this command needs the master key")
+        return self.key
+
+    def _open(self, row: Credential, key: MasterKey) -> Secret:
+        assert row.key_id is not None and row.nonce is not None and row.ciphertext is not None
+        return key.open(row.key_id, row.nonce, row.ciphertext, _context(row.name))
+
+    # -- principals ------------------------------------------------------------------
+
+    def add_principal(self, name: str) -> str:
+        """Create a principal; returns its token, which is stored only as a hash."""
+        validate_name("principal", name)
+        token = new_token()
+        with self._change() as session:
+            if _live_principal(session, name) is not None:
+                raise Conflict(f"principal {name!r} already exists")
+            session.add(Principal(name=name, token_hash=hash_token(token), created_at=utcnow()))
+        return token
+
+    def list_principals(self) -> Sequence[Principal]:
+        with self._session() as session:
+            return session.scalars(
+                select(Principal).where(Principal.disabled_at.is_(None)).order_by(Principal.name)
+            ).all()
+
+    def remove_principal(self, name: str) -> int:
+        """Disable the principal and revoke its grants; returns how many grants were revoked."""
+        with self._change() as session:
+            principal = _need(_live_principal(session, name), "principal", name)
+            now = utcnow()
+            principal.disabled_at = now
+            return _revoke_where(session, Grant.principal_id == principal.id, now)
+
+    # -- credentials -----------------------------------------------------------------
+
+    def add_credential(
+        self,
+        name: str,
+        scheme: str,
+        hosts: Sequence[str],
+        secret: Secret,
+        header_name: str | None = None,
+        param_name: str | None = None,
+    ) -> str:
+        """Seal and store a credential; returns its fingerprint."""
+        key = self._need_key()
+        validate_name("credential", name)
+        patterns = _parse_hosts(hosts)
+        if not patterns:
+            raise InvalidInput("a credential needs at least one --host")
+        header_name, param_name = _scheme_options(scheme, header_name, param_name)
+        _validate_secret(scheme, secret)
+        with self._change() as session:
+            if _live_credential(session, name) is not None:
+                raise Conflict(f"credential {name!r} already exists")
+            key_id, nonce, ciphertext = key.seal(secret.reveal(), _context(name))
+            fingerprint = key.fingerprint(secret)
+            session.add(
+                Credential(
+                    name=name,
+                    scheme=scheme,
+                    header_name=header_name,
+                    param_name=param_name,
+                    hosts=[str(p) for p in patterns],
+                    key_id=key_id,
+                    nonce=nonce,
+                    ciphertext=ciphertext,
+                    fingerprint=fingerprint,
+                    created_at=utcnow(),
+                )
+            )
+        return fingerprint
+
+    def list_credentials(self) -> Sequence[Credential]:
+        with self._session() as session:
+            return session.scalars(
+                select(Credential).where(Credential.removed_at.is_(None)).order_by(Credential.name)
+            ).all()
+
+    def rotate_credential(self, name: str, secret: Secret) -> str:
+        key = self._need_key()
+        with self._change() as session:
+            row: Credential = _need(_live_credential(session, name), "credential", name)
+            _validate_secret(row.scheme, secret)
+            row.key_id, row.nonce, row.ciphertext = key.seal(secret.reveal(), _context(name))
+            row.fingerprint = key.fingerprint(secret)
+            row.rotated_at = utcnow()
+            return row.fingerprint
+
+    def remove_credential(self, name: str) -> int:
+        """Destroy the sealed secret and revoke the credential's grants."""
+        with self._change() as session:
+            row = _need(_live_credential(session, name), "credential", name)
+            now = utcnow()
+            row.removed_at = now
+            row.key_id = row.nonce = row.ciphertext = None
+            return _revoke_where(session, Grant.credential_id == row.id, now)
+
+    # -- grants ----------------------------------------------------------------------
+
+    def add_grant(
+        self,
+        principal: str,
+        methods: Sequence[str],
+        credential: str | None = None,
+        hosts: Sequence[str] = (),
+        paths: Sequence[str] = (),
+        once: bool = False,
+        websocket: bool = False,
+        expires_at: datetime | None = None,
+        purpose: str | None = None,
+    ) -> int:
+        if not methods:
+            raise InvalidInput("a grant needs at least one --method (or '*')")
+        method_list = sorted({validate_method(m) for m in methods})
+        if "*" in method_list and len(method_list) > 1:
+            raise InvalidInput("--method '*' already allows every method")
+        path_list = sorted({validate_path_pattern(p) for p in paths}) or ["/"]
+        patterns = _parse_hosts(hosts)
+        if expires_at is not None and expires_at <= utcnow():
+            raise InvalidInput("the grant's expiry is in the past")
+        with self._change() as session:
+            owner = _need(_live_principal(session, principal), "principal", principal)
+            credential_id = None
+            if credential is not None:
+                cred = _need(_live_credential(session, credential), "credential", credential)
+                credential_id = cred.id
+                allowed = [parse_host(h) for h in cred.hosts]
+                for pattern in patterns:
+                    if not any(a.covers(pattern) for a in allowed):
+                        raise InvalidInput(
+                            f"host {pattern} is outside credential {credential!r}'s hosts "
+                            f"({', '.join(cred.hosts)})"
+                        )
+            elif not patterns:
+                raise InvalidInput("a grant without --credential needs at least one --host")
+            grant = Grant(
+                principal_id=owner.id,
+                credential_id=credential_id,
+                hosts=[str(p) for p in patterns] or None,
+                methods=method_list,
+                paths=path_list,
+                once=once,
+                websocket=websocket,
+                expires_at=expires_at,
+                purpose=purpose,
+                created_at=utcnow(),
+            )
+            session.add(grant)
+            session.flush()
+            return grant.id
+
+    def list_grants(self, principal: str | None = None) -> list[dict[str, Any]]:
+        query = (
+            select(Grant, Principal.name, Credential.name)
+            .join(Principal, Grant.principal_id == Principal.id)
+            .outerjoin(Credential, Grant.credential_id == Credential.id)
+            .order_by(Grant.id)
+        )
+        if principal is not None:
+            query = query.where(Principal.name == principal, Principal.disabled_at.is_(None))
+        now = utcnow()
+        with self._session() as session:
+            return [
+                {
+                    "id": g.id,
+                    "principal": p_name,
+                    "credential": c_name,
+                    "hosts": g.hosts,
+                    "methods": g.methods,
+                    "paths": g.paths,
+                    "once": g.once,
+                    "websocket": g.websocket,
+                    "expires_at": g.expires_at.isoformat() if g.expires_at else None,
+                    "purpose": g.purpose,
+                    "created_at": g.created_at.isoformat(),
+                    "state": _grant_state(g, now),
+                }
+                for g, p_name, c_name in session.execute(query).all()
+            ]
+
+    def revoke_grant(self, grant_id: int) -> None:
+        with self._change() as session:
+            grant = session.get(Grant, grant_id)
+            if grant is None:
+                raise NotFound(f"no grant with id {grant_id}")
+            if grant.revoked_at is None:
+                grant.revoked_at = utcnow()
+
+    def consume_once(self, grant_id: int) -> bool:
+        """Use a once-grant: True for exactly one caller, across every replica."""
+        now = utcnow()
+        with self._change() as session:
+            result = session.execute(
+                update(Grant)
+                .where(
+                    Grant.id == grant_id,
+                    Grant.once.is_(True),
+                    Grant.consumed_at.is_(None),
+                    Grant.revoked_at.is_(None),
+                    (Grant.expires_at.is_(None)) | (Grant.expires_at > now),
+                )
+                .values(consumed_at=now)
+            )
+            return bool(getattr(result, "rowcount", 0) == 1)
+
+    # -- the proxy's view ------------------------------------------------------------
+
+    def snapshot(self) -> Snapshot:
+        key = self._need_key()
+        now = utcnow()
+        with self._session() as session, session.begin():
+            state = session.get_one(StoreState, 1)
+            counter, key_id = state.change_counter, state.key_id
+            principals = session.execute(
+                select(Principal.id, Principal.name, Principal.token_hash).where(
+                    Principal.disabled_at.is_(None)
+                )
+            ).all()
+            creds = session.scalars(
+                select(Credential).where(Credential.removed_at.is_(None))
+            ).all()
+            grants = session.scalars(
+                select(Grant).where(
+                    Grant.revoked_at.is_(None),
+                    Grant.consumed_at.is_(None),
+                    (Grant.expires_at.is_(None)) | (Grant.expires_at > now),
+                )
+            ).all()
+        names = {pid: name for pid, name, _ in principals}
+        records: dict[str, CredentialRecord] = {}
+        by_id: dict[int, CredentialRecord] = {}
+        unreadable = []
+        for row in creds:
+            try:
+                secret = self._open(row, key)
+            except SealError:  # one bad row must not hide the others; it is named
+                unreadable.append(row.name)
+                continue
+            rec = CredentialRecord(
+                name=row.name,
+                scheme=row.scheme,
+                header_name=row.header_name,
+                param_name=row.param_name,
+                hosts=tuple(parse_host(h) for h in row.hosts),
+                secret=secret,
+                fingerprint=row.fingerprint,
+            )
+            records[row.name] = by_id[row.id] = rec
+        compiled = []
+        for g in grants:
+            if g.principal_id not in names:
+                continue
+            cred = None
+            if g.credential_id is not None:
+                cred = by_id.get(g.credential_id)
+                if cred is None:
+                    continue
+            hosts = tuple(parse_host(h) for h in g.hosts) if g.hosts else ()
+            if not hosts and cred is not None:
+                hosts = cred.hosts
+            compiled.append(
+                GrantRecord(
+                    id=g.id,
+                    principal=names[g.principal_id],
+                    credential=cred.name if cred else None,
+                    hosts=hosts,
+                    methods=frozenset(g.methods),
+                    paths=tuple(g.paths),
+                    once=g.once,
+                    websocket=g.websocket,
+                    expires_at=g.expires_at,
+                )
+            )
+        return Snapshot(
+            counter=counter,
+            key_id=key_id,
+            token_hashes={name: h for _, name, h in principals},
+            credentials=records,
+            grants=tuple(compiled),
+            unreadable=tuple(sorted(unreadable)),
+        )
+
+
+def _context(name: str) -> str:
+    return f"credential/{name}"
+
+
+def _first_line(e: DBAPIError) -> str:
+    text = str(e.orig) if e.orig is not None else type(e).__name__
+    return (text.strip().splitlines() or ["error"])[0][:200]
+
+
+def _need(row: Any, kind: str, name: str) -> Any:
+    if row is None:
+        raise NotFound(f"no {kind} named {name!r}")
+    return row
+
+
+def _live_principal(session: Session, name: str) -> Principal | None:
+    return session.scalars(
+        select(Principal).where(Principal.name == name, Principal.disabled_at.is_(None))
+    ).first()
+
+
+def _live_credential(session: Session, name: str) -> Credential | None:
+    return session.scalars(
+        select(Credential).where(Credential.name == name, Credential.removed_at.is_(None))
+    ).first()
+
+
+def _revoke_where(session: Session, condition: Any, now: datetime) -> int:
+    result = session.execute(
+        update(Grant).where(condition, Grant.revoked_at.is_(None)).values(revoked_at=now)
+    )
+    return int(getattr(result, "rowcount", 0))
+
+
+def _parse_hosts(hosts: Sequence[str]) -> list[HostPattern]:
+    return sorted({parse_host(h) for h in hosts})
+
+
+def _scheme_options(
+    scheme: str, header_name: str | None, param_name: str | None
+) -> tuple[str | None, str | None]:
+    if scheme not in SCHEMES:
+        raise InvalidInput(f"invalid scheme {scheme!r}: use one of {', '.join(SCHEMES)}")
+    if (scheme == "header") != (header_name is not None):
+        raise InvalidInput("--header NAME goes with --scheme header, and only with it")
+    if (scheme == "query") != (param_name is not None):
+        raise InvalidInput("--param NAME goes with --scheme query, and only with it")
+    if header_name is not None:
+        validate_header_name(header_name)
+    if param_name is not None:
+        validate_param_name(param_name)
+    return header_name, param_name
+
+
+def _validate_secret(scheme: str, secret: Secret) -> None:
+    value = secret.reveal()
+    if not value:
+        raise InvalidInput("the secret is empty")
+    # A CR or LF in a header value would let the secret split the request.
+    if any(b < 0x20 or b == 0x7F for b in value):
+        raise InvalidInput("the secret contains control characters")
+    if scheme in ("bearer", "header") and not value.isascii():
+        raise InvalidInput("a header secret must be ASCII")
+    if scheme == "basic" and b":" not in value:
+        raise InvalidInput("a basic secret must be user:password")
+
+
+def _grant_state(g: Grant, now: datetime) -> str:
+    if g.revoked_at is not None:
+        return "revoked"
+    if g.consumed_at is not None:
+        return "consumed"
+    if g.expires_at is not None and g.expires_at <= now:
+        return "expired"
+    return "active"
