@@ -1,5 +1,158 @@
-from typing import Any
+"""`credproxy run`: mitmproxy's DumpMaster embedded in our own process, with our addon."""
+
+from __future__ import annotations
+
 import argparse
+import asyncio
+import os
+import signal
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import certifi
+
+from addon import audit
+from addon.hosts import ResolveMap
+from addon.live import LivePolicy
+from addon.proxy import REQUIRED_OPTIONS, Credproxy
+from store.cli import Settings
+from store.errors import CredproxyError, InvalidInput
+from store.repository import Store
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """`credproxy run`'s options, parsed and checked once at start."""
+
+    settings: Settings
+    listen_host: str
+    listen_port: int
+    upstream_ca: Path | None
+    resolve: ResolveMap
+    max_stale: float
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, settings: Settings) -> RunConfig:
+        host, port = _parse_listen(args.listen)
+        upstream_ca = Path(args.upstream_ca) if args.upstream_ca else None
+        if upstream_ca is not None and not upstream_ca.is_file():
+            raise InvalidInput(f"--upstream-ca {upstream_ca} is not a readable file")
+        try:
+            resolve = ResolveMap.parse(args.resolve)
+        except ValueError as e:
+            raise InvalidInput(str(e)) from e
+        if args.max_stale < 0:
+            raise InvalidInput("--max-stale must not be negative")
+        return cls(settings, host, port, upstream_ca, resolve, args.max_stale)
+
+
+def _parse_listen(text: str) -> tuple[str, int]:
+    host, sep, port_text = text.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port_text.isdigit() or not 0 <= int(port_text) < 65536:
+        raise InvalidInput(f"invalid --listen {text!r}: use HOST:PORT")
+    return host, int(port_text)
+
 
 def add_command(sub: Any, common: argparse.ArgumentParser) -> None:
-    pass
+    p = sub.add_parser("run", parents=[common], help="run the proxy")
+    p.add_argument(
+        "--listen", default="127.0.0.1:8080", help="HOST:PORT to listen on (default %(default)s)"
+    )
+    p.add_argument("--upstream-ca", help="extra CA certificates (PEM) trusted for upstream TLS")
+    p.add_argument(
+        "--resolve",
+        action="append",
+        default=[],
+        metavar="NAME[:PORT]=ADDRESS[:PORT]",
+        help="dial ADDRESS for NAME; SNI, Host and verification keep NAME (repeatable)",
+    )
+    p.add_argument(
+        "--max-stale",
+        type=float,
+        default=30.0,
+        help="seconds to serve the last policy while the store is unreachable (default 30)",
+    )
+    p.set_defaults(func=cmd_run)
+
+
+def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
+    config = RunConfig.from_args(args, settings)
+    audit.configure()
+    return asyncio.run(serve(config))
+
+
+def _trust_bundle(extra: Path, directory: Path) -> Path:
+    """certifi's roots plus the operator's CAs: mitmproxy's option replaces, we add."""
+    bundle = directory / "upstream-ca-bundle.pem"
+    bundle.write_bytes(Path(certifi.where()).read_bytes() + b"\n" + extra.read_bytes())
+    return bundle
+
+
+async def serve(config: RunConfig, started: asyncio.Event | None = None) -> int:
+    from mitmproxy import options
+    from mitmproxy.tools.dump import DumpMaster
+
+    log = audit.logger()
+    settings = config.settings
+    store = Store(settings.db, settings.key())
+    try:
+        store.check_ready()
+        live = LivePolicy(store, max_stale=config.max_stale, reload_key=settings.key)
+        policy = live.load()
+    except CredproxyError:
+        store.close()
+        raise
+    runtime = Path(tempfile.mkdtemp(prefix="credproxy-"))
+    master = DumpMaster(options.Options(), with_termlog=False, with_dumper=False)
+    update: dict[str, Any] = {
+        "listen_host": config.listen_host,
+        "listen_port": config.listen_port,
+        "confdir": str(settings.certs),
+        "block_global": False,
+        "http2": True,
+        "websocket": True,
+        **REQUIRED_OPTIONS,
+    }
+    if config.upstream_ca is not None:
+        update["ssl_verify_upstream_trusted_ca"] = str(_trust_bundle(config.upstream_ca, runtime))
+    master.options.update(**update)
+    addon = Credproxy(live, config.resolve)
+    master.addons.add(addon)
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, master.shutdown)
+
+    async def announce() -> None:
+        proxyserver: Any = master.addons.get("proxyserver")
+        while not proxyserver.listen_addrs():
+            if master.should_exit.is_set():
+                return
+            await asyncio.sleep(0.02)
+        addrs = [f"{a[0]}:{a[1]}" for a in proxyserver.listen_addrs()]
+        log.info(
+            "proxy.started",
+            listen=addrs,
+            pid=os.getpid(),
+            db=store.display_url,
+            grants=policy.grant_count,
+            counter=policy.counter,
+            unreadable=list(policy.unreadable),
+        )
+        if started is not None:
+            started.set()
+
+    announcer = loop.create_task(announce())
+    try:
+        await master.run()
+    finally:
+        announcer.cancel()
+        live.close()
+        for child in runtime.iterdir():
+            child.unlink()
+        runtime.rmdir()
+        log.info("proxy.stopped")
+    return 0

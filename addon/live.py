@@ -1,0 +1,109 @@
+"""The live policy: a compiled snapshot of the store, reloaded when its change counter moves."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from addon import audit
+from addon.policy import Policy
+from store.crypto import MasterKey
+from store.errors import CredproxyError, StoreUnavailable
+from store.repository import Store
+
+T = TypeVar("T")
+
+
+class LivePolicy:
+    """Serves the last good Policy for at most `max_stale` s once the store stops answering."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        max_stale: float = 30.0,
+        poll_interval: float = 0.5,
+        reload_key: Callable[[], MasterKey] | None = None,
+    ) -> None:
+        self.store = store
+        self.max_stale = max_stale
+        self.poll_interval = poll_interval
+        self._reload_key = reload_key
+        # Database calls never run on the event loop; a pool of their own so a hung database
+        # cannot starve anything else that uses the default executor.
+        self._executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="credproxy-db")
+        self.policy: Policy | None = None
+        self.last_ok = 0.0
+        self.store_up = True
+        self._log = audit.logger()
+
+    def load(self) -> Policy:
+        """Synchronous first load, before the proxy listens; raises CredproxyError."""
+        policy = self._build()
+        self._install(policy)
+        return policy
+
+    def current(self) -> Policy | None:
+        """The policy to decide with, or None when it is older than --max-stale."""
+        if self.policy is None or time.monotonic() - self.last_ok > self.max_stale:
+            return None
+        return self.policy
+
+    async def call(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    async def consume_once(self, grant_id: int) -> bool:
+        """Raises StoreUnavailable when the store cannot say."""
+        return await self.call(self.store.consume_once, grant_id)
+
+    async def run(self) -> None:
+        while True:
+            await self.poll()
+            await asyncio.sleep(self.poll_interval)
+
+    async def poll(self) -> None:
+        try:
+            counter = await self.call(self.store.change_counter)
+            if self.policy is None or counter != self.policy.counter:
+                policy = await self.call(self._build)
+                self._install(policy)
+                self._log.info(
+                    "policy.reloaded",
+                    counter=policy.counter,
+                    grants=policy.grant_count,
+                    unreadable=list(policy.unreadable),
+                )
+            else:
+                self.last_ok = time.monotonic()
+            if not self.store_up:
+                self.store_up = True
+                self._log.info("store.recovered")
+        except CredproxyError as e:
+            if self.store_up:
+                self.store_up = False
+                self._log.warning("store.unavailable", error=str(e), max_stale_s=self.max_stale)
+
+    def _build(self) -> Policy:
+        snapshot = self.store.snapshot()
+        key = self.store.key
+        if key is not None and snapshot.key_id != key.key_id and self._reload_key is not None:
+            # Another process rotated the master key: pick up the new key file.
+            new_key = self._reload_key()
+            if new_key.key_id == snapshot.key_id:
+                self.store.key = new_key
+                snapshot = self.store.snapshot()
+        return Policy(snapshot)
+
+    def _install(self, policy: Policy) -> None:
+        self.policy = policy
+        self.last_ok = time.monotonic()
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        self.store.close()
+
+
+__all__ = ["LivePolicy", "StoreUnavailable"]

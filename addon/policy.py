@@ -1,0 +1,200 @@
+"""The decision: a principal's compiled grants + the facts of one request -> allow or deny.
+
+Pure: imports neither mitmproxy nor SQLAlchemy, so the hostile-input table can test it alone.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import defaultdict
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from addon.paths import path_matches
+from store.crypto import token_matches
+from store.patterns import HostPattern
+from store.repository import CredentialRecord, GrantRecord, Snapshot
+
+
+class Reason(enum.StrEnum):
+    """Every deny reason; the same codes appear in responses, headers and audit lines."""
+
+    AUTH_REQUIRED = "auth-required"
+    NO_GRANT = "no-grant"
+    METHOD_NOT_ALLOWED = "method-not-allowed"
+    PATH_NOT_ALLOWED = "path-not-allowed"
+    HOST_MISMATCH = "host-mismatch"
+    INSECURE_SCHEME = "insecure-scheme"
+    GRANT_EXPIRED = "grant-expired"
+    GRANT_CONSUMED = "grant-consumed"
+    BAD_REQUEST = "bad-request"
+    DESTINATION_FORBIDDEN = "destination-forbidden"
+    UPGRADE_NOT_ALLOWED = "upgrade-not-allowed"
+    STORE_UNAVAILABLE = "store-unavailable"
+    INTERNAL_ERROR = "internal-error"
+
+
+STATUS = {
+    Reason.AUTH_REQUIRED: 407,
+    Reason.BAD_REQUEST: 400,
+    Reason.STORE_UNAVAILABLE: 503,
+    Reason.INTERNAL_ERROR: 500,
+}
+
+DEFAULT_PORTS = {"https": 443, "http": 80}
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One grant, compiled: everything the hot path needs, nothing it must look up."""
+
+    grant_id: int
+    credential: CredentialRecord | None
+    hosts: tuple[HostPattern, ...]
+    methods: frozenset[str] | None  # None: every method
+    paths: tuple[str, ...]
+    once: bool
+    websocket: bool
+    expires_at: datetime | None
+
+    def allows_host(self, host: str, port: int, scheme: str) -> bool:
+        default = DEFAULT_PORTS.get(scheme, 443)
+        if not any(h.matches(host, port, default) for h in self.hosts):
+            return False
+        # The credential's own hosts bound every grant that uses it, whatever the grant says.
+        return self.credential is None or any(
+            h.matches(host, port, 443) for h in self.credential.hosts
+        )
+
+    def longest_path(self, path: str) -> int:
+        return max((len(p) for p in self.paths if path_matches(p, path)), default=-1)
+
+
+@dataclass(frozen=True)
+class Request:
+    """The facts of one request, already canonical: lower-case host, canonical path."""
+
+    host: str
+    port: int
+    scheme: str
+    method: str
+    path: str
+    upgrade: bool = False
+
+
+@dataclass(frozen=True)
+class Decision:
+    allowed: bool
+    reason: Reason | None = None
+    detail: str = ""
+    rule: Rule | None = None
+
+    @classmethod
+    def deny(cls, reason: Reason, detail: str) -> Decision:
+        return cls(False, reason, detail)
+
+
+@dataclass
+class PrincipalPolicy:
+    """A principal's rules, indexed by exact host and by wildcard suffix."""
+
+    exact: dict[str, list[Rule]] = field(default_factory=lambda: defaultdict(list))
+    wildcard: dict[str, list[Rule]] = field(default_factory=lambda: defaultdict(list))
+
+    def add(self, rule: Rule) -> None:
+        for pattern in rule.hosts:
+            if pattern.wildcard:
+                self.wildcard[pattern.host[1:]].append(rule)
+            else:
+                self.exact[pattern.host].append(rule)
+
+    def candidates(self, host: str, port: int, scheme: str) -> Iterator[Rule]:
+        seen: set[int] = set()
+        dot = host.find(".")
+        buckets = [self.exact.get(host, ())]
+        if dot > 0:
+            buckets.append(self.wildcard.get(host[dot:], ()))
+        for bucket in buckets:
+            for rule in bucket:
+                if rule.grant_id not in seen and rule.allows_host(host, port, scheme):
+                    seen.add(rule.grant_id)
+                    yield rule
+
+
+class Policy:
+    """An immutable compiled snapshot of the store; replaced whole on reload."""
+
+    def __init__(self, snapshot: Snapshot) -> None:
+        self.counter = snapshot.counter
+        self.key_id = snapshot.key_id
+        self.unreadable = snapshot.unreadable
+        self._tokens = dict(snapshot.token_hashes)
+        self._principals: dict[str, PrincipalPolicy] = {}
+        for grant in snapshot.grants:
+            self._principals.setdefault(grant.principal, PrincipalPolicy()).add(
+                _compile(grant, snapshot)
+            )
+        self.grant_count = len(snapshot.grants)
+
+    def authenticate(self, name: str, token: str) -> bool:
+        token_hash = self._tokens.get(name)
+        # Compare against a dummy when the name is unknown, so timing does not reveal names.
+        return token_matches(token, token_hash or "0" * 64) and token_hash is not None
+
+    def may_connect(self, principal: str, host: str, port: int) -> bool:
+        """The CONNECT gate: does any grant name this host and port (on https)?"""
+        rules = self._principals.get(principal)
+        return rules is not None and next(rules.candidates(host, port, "https"), None) is not None
+
+    def decide(self, principal: str, request: Request, now: datetime) -> Decision:
+        rules = self._principals.get(principal)
+        matching = (
+            list(rules.candidates(request.host, request.port, request.scheme)) if rules else []
+        )
+        if not matching:
+            return Decision.deny(Reason.NO_GRANT, "no grant for this host and port")
+        live = [r for r in matching if r.expires_at is None or r.expires_at > now]
+        if not live:
+            return Decision.deny(Reason.GRANT_EXPIRED, "every grant for this host has expired")
+        by_method = [r for r in live if r.methods is None or request.method in r.methods]
+        if not by_method:
+            return Decision.deny(Reason.METHOD_NOT_ALLOWED, "no grant allows this method here")
+        by_path = [(r.longest_path(request.path), r) for r in by_method]
+        by_path = [(n, r) for n, r in by_path if n >= 0]
+        if not by_path:
+            return Decision.deny(Reason.PATH_NOT_ALLOWED, "no grant allows this path")
+        if request.upgrade:
+            by_path = [(n, r) for n, r in by_path if r.websocket]
+            if not by_path:
+                return Decision.deny(
+                    Reason.UPGRADE_NOT_ALLOWED, "no grant allows protocol upgrades here"
+                )
+        if request.scheme != "https":
+            by_path = [(n, r) for n, r in by_path if r.credential is None]
+            if not by_path:
+                return Decision.deny(
+                    Reason.INSECURE_SCHEME, "credentials are only sent over https"
+                )
+        # Standing grants before once-grants (never burn one needlessly), then the most
+        # specific path, then a credential over none, then the oldest grant.
+        _, rule = min(
+            by_path, key=lambda nr: (nr[1].once, -nr[0], nr[1].credential is None, nr[1].grant_id)
+        )
+        return Decision(True, rule=rule)
+
+    def principals(self) -> Iterable[str]:
+        return self._tokens.keys()
+
+
+def _compile(grant: GrantRecord, snapshot: Snapshot) -> Rule:
+    return Rule(
+        grant_id=grant.id,
+        credential=snapshot.credentials[grant.credential] if grant.credential else None,
+        hosts=grant.hosts,
+        methods=None if "*" in grant.methods else grant.methods,
+        paths=grant.paths,
+        once=grant.once,
+        websocket=grant.websocket,
+        expires_at=grant.expires_at,
+    )

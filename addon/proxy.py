@@ -1,0 +1,457 @@
+"""The mitmproxy hooks: turn each flow into a call to the policy, and the decision back.
+
+Every hook is wrapped so that an exception denies (or kills) the flow: mitmproxy's addon
+manager would otherwise log it and let the flow through.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import functools
+import json
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+from mitmproxy import connection, ctx, exceptions, http, tls
+from mitmproxy.proxy import server_hooks
+
+from addon import audit
+from addon.hosts import BadAuthority, ResolveMap, normalize_host, parse_authority
+from addon.live import LivePolicy
+from addon.paths import BadPath, canonicalize
+from addon.policy import DEFAULT_PORTS, STATUS, Decision, Reason, Request, Rule
+from addon.stamping import header_for, stamp_query
+from store.errors import CredproxyError
+
+REQUIRED_OPTIONS = {
+    "connection_strategy": "lazy",
+    "rawtcp": False,
+    "http3": False,
+    "onboarding": False,
+    "ssl_insecure": False,
+    "ignore_hosts": [],
+    "allow_hosts": [],
+    "proxyauth": None,
+    "stream_large_bodies": None,
+}
+_TOKEN_CHARS = frozenset(
+    b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass
+class Tunnel:
+    """What a CONNECT bound to its client connection."""
+
+    principal: str
+    host: str
+    port: int
+    sni_mismatch: bool = False
+    broken: bool = False
+
+
+@dataclass
+class Pending:
+    """One request's audit line, filled in as the flow moves."""
+
+    start: float
+    request_id: str
+    client: str
+    principal: str | None = None
+    method: str | None = None
+    host: str | None = None
+    port: int | None = None
+    path: str | None = None
+    rule: Rule | None = None
+    bytes_in: int = 0
+    bytes_out: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Denied(Exception):
+    """Raised inside a hook to end it with a deny; carries a fixed reason and detail."""
+
+    def __init__(self, reason: Reason, detail: str) -> None:
+        super().__init__(reason.value)
+        self.reason = reason
+        self.detail = detail
+
+
+def _guard_flow(hook: F) -> F:
+    """Fail closed: any exception in a request-side hook becomes an internal-error deny."""
+
+    @functools.wraps(hook)
+    async def wrapper(self: Credproxy, flow: http.HTTPFlow) -> None:
+        try:
+            result = hook(self, flow)
+            if isinstance(result, Awaitable):
+                await result
+        except Denied as d:
+            self.deny(flow, d.reason, d.detail)
+        except Exception as e:  # noqa: BLE001 - the fail-closed wrapper: it denies
+            self.log.error("hook.failed", hook=hook.__name__, error_type=type(e).__name__)
+            try:
+                self.deny(flow, Reason.INTERNAL_ERROR, "internal error")
+            except Exception:  # noqa: BLE001 - last resort: drop the connection
+                flow.kill()
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _guard_response(hook: F) -> F:
+    """Fail closed on the response side: the response was not vetted, so the flow dies."""
+
+    @functools.wraps(hook)
+    def wrapper(self: Credproxy, flow: http.HTTPFlow) -> None:
+        try:
+            hook(self, flow)
+        except Exception as e:  # noqa: BLE001 - the fail-closed wrapper: it kills the flow
+            self.log.error("hook.failed", hook=hook.__name__, error_type=type(e).__name__)
+            flow.kill()
+
+    return wrapper  # type: ignore[return-value]
+
+
+class Credproxy:
+    def __init__(self, live: LivePolicy, resolve: ResolveMap | None = None) -> None:
+        self.live = live
+        self.resolve = resolve or ResolveMap({})
+        self.log = audit.logger()
+        self.tunnels: dict[str, Tunnel] = {}
+        self.broken_clients: set[str] = set()
+        # (client id, dialled address) -> the host name to use as upstream SNI.
+        self.upstream_names: dict[tuple[str, tuple[str, int]], str] = {}
+        self.pending: dict[str, Pending] = {}
+        self._poller: Any = None
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    def configure(self, updated: set[str]) -> None:
+        for name, wanted in REQUIRED_OPTIONS.items():
+            if name in updated and getattr(ctx.options, name) != wanted:
+                raise exceptions.OptionsError(f"credproxy requires {name}={wanted!r}")
+
+    def running(self) -> None:
+        import asyncio
+
+        self._poller = asyncio.get_running_loop().create_task(self.live.run())
+
+    def done(self) -> None:
+        if self._poller is not None:
+            self._poller.cancel()
+
+    def client_disconnected(self, client: connection.Client) -> None:
+        self.tunnels.pop(client.id, None)
+        self.broken_clients.discard(client.id)
+        for key in [k for k in self.upstream_names if k[0] == client.id]:
+            del self.upstream_names[key]
+
+    # -- CONNECT ---------------------------------------------------------------------
+
+    @_guard_flow
+    def http_connect(self, flow: http.HTTPFlow) -> None:
+        pending = self._begin(flow)
+        pending.method = "CONNECT"
+        principal = self._authenticate(flow)
+        pending.principal = principal
+        policy = self._policy()
+        try:
+            host, port = normalize_host(flow.request.host), flow.request.port
+        except BadAuthority as e:
+            raise Denied(Reason.BAD_REQUEST, "invalid CONNECT authority") from e
+        pending.host, pending.port = host, port
+        if not policy.may_connect(principal, host, port):
+            raise Denied(Reason.NO_GRANT, "no grant for this host and port")
+        self.tunnels[flow.client_conn.id] = Tunnel(principal, host, port)
+        self.pending.pop(flow.id, None)
+
+    # -- TLS and upstream connections ------------------------------------------------
+
+    def tls_clienthello(self, data: tls.ClientHelloData) -> None:
+        client_id = data.context.client.id
+        try:
+            tunnel = self.tunnels.get(client_id)
+            if tunnel is None:
+                return
+            # Upstream SNI is the tunnel's host, whatever the client's hello names.
+            data.context.server.sni = tunnel.host
+            sni = data.client_hello.sni
+            if sni is None:
+                tunnel.sni_mismatch = not _is_ip(tunnel.host)
+            else:
+                try:
+                    tunnel.sni_mismatch = normalize_host(sni) != tunnel.host
+                except BadAuthority:
+                    tunnel.sni_mismatch = True
+        except Exception as e:  # noqa: BLE001 - fail closed: every request on it is denied
+            self.log.error("hook.failed", hook="tls_clienthello", error_type=type(e).__name__)
+            self.broken_clients.add(client_id)
+
+    def server_connect(self, data: server_hooks.ServerConnectionHookData) -> None:
+        try:
+            assert data.server.address is not None
+            host, port = data.server.address
+            name = self.upstream_names.get((data.client.id, (host, port)))
+            if name is None:
+                # Every upstream connection follows an allowed request; anything else is a bug.
+                data.server.error = "credproxy: no allowed request for this connection"
+                return
+            data.server.sni = name
+        except Exception as e:  # noqa: BLE001 - fail closed: the connection is not made
+            self.log.error("hook.failed", hook="server_connect", error_type=type(e).__name__)
+            data.server.error = "credproxy: internal error"
+
+    # -- requests --------------------------------------------------------------------
+
+    @_guard_flow
+    async def requestheaders(self, flow: http.HTTPFlow) -> None:
+        request = flow.request
+        pending = self._begin(flow)
+        tunnel = self.tunnels.get(flow.client_conn.id)
+        if tunnel is None:
+            principal = self._authenticate(flow)
+        else:
+            request.headers.pop("proxy-authorization", None)
+            principal = tunnel.principal
+        pending.principal = principal
+        pending.method = request.data.method.decode("latin-1")
+        policy = self._policy()
+        if principal not in policy.principals():
+            raise Denied(Reason.AUTH_REQUIRED, "the principal no longer exists")
+        if flow.client_conn.id in self.broken_clients or (tunnel and tunnel.broken):
+            raise Denied(Reason.INTERNAL_ERROR, "internal error")
+
+        host, port, scheme = self._bind_destination(flow, tunnel, pending)
+        method = _method(request.data.method)
+        try:
+            path, query = canonicalize(request.data.path)
+        except BadPath as e:
+            raise Denied(Reason.BAD_REQUEST, e.detail) from e
+        pending.path = path
+        _check_framing(request)
+
+        facts = Request(host, port, scheme, method, path, upgrade="upgrade" in request.headers)
+        decision = policy.decide(principal, facts, datetime.now(UTC))
+        if not decision.allowed:
+            assert decision.reason is not None
+            raise Denied(decision.reason, decision.detail)
+        rule = decision.rule
+        assert rule is not None
+        await self._consume(rule)
+        pending.rule = rule
+        self._forward(flow, rule, host, port, path, query)
+
+    def _bind_destination(
+        self, flow: http.HTTPFlow, tunnel: Tunnel | None, pending: Pending
+    ) -> tuple[str, int, str]:
+        """Where mitmproxy will connect, the Host header and the SNI must name one host."""
+        request = flow.request
+        scheme = request.scheme
+        if scheme not in DEFAULT_PORTS:
+            raise Denied(Reason.BAD_REQUEST, "unsupported scheme")
+        try:
+            host, port = normalize_host(request.host), request.port
+        except BadAuthority as e:
+            raise Denied(Reason.BAD_REQUEST, "invalid host") from e
+        pending.host, pending.port = host, port
+        if len(request.headers.get_all("host")) > 1:
+            raise Denied(Reason.BAD_REQUEST, "duplicate Host header")
+        if tunnel is not None and (host, port) != (tunnel.host, tunnel.port):
+            raise Denied(Reason.HOST_MISMATCH, "request does not go to the CONNECT authority")
+        authorities = [request.host_header, request.authority or None]
+        if authorities[0] is None:
+            raise Denied(Reason.BAD_REQUEST, "missing Host header")
+        for authority in authorities:
+            if authority is None:
+                continue
+            try:
+                a_host, a_port = parse_authority(authority)
+            except BadAuthority as e:
+                raise Denied(Reason.BAD_REQUEST, "invalid Host header or authority") from e
+            if (a_host, a_port or DEFAULT_PORTS[scheme]) != (host, port):
+                raise Denied(Reason.HOST_MISMATCH, "Host header or authority names another host")
+        if tunnel is not None and tunnel.sni_mismatch:
+            raise Denied(Reason.HOST_MISMATCH, "TLS SNI names another host")
+        if flow.client_conn.tls and tunnel is None and flow.client_conn.sni is not None:
+            raise Denied(Reason.HOST_MISMATCH, "TLS to the proxy without CONNECT")
+        return host, port, scheme
+
+    async def _consume(self, rule: Rule) -> None:
+        """A once-grant is used as the last step before forwarding; losing the race denies."""
+        if not rule.once:
+            return
+        if not self.live.store_up:
+            raise Denied(Reason.STORE_UNAVAILABLE, "once-grants need the store")
+        try:
+            won = await self.live.consume_once(rule.grant_id)
+        except CredproxyError as e:
+            raise Denied(Reason.STORE_UNAVAILABLE, "the store did not answer") from e
+        if not won:
+            raise Denied(Reason.GRANT_CONSUMED, "this once-grant was already used")
+
+    def _forward(
+        self, flow: http.HTTPFlow, rule: Rule, host: str, port: int, path: str, query: bytes | None
+    ) -> None:
+        request = flow.request
+        credential = rule.credential
+        if credential is not None:
+            header = header_for(credential)
+            if header is not None:
+                # Replace, never append: a second value would let the upstream pick the agent's.
+                request.headers[header[0]] = header[1]
+            else:
+                assert credential.param_name is not None
+                query = stamp_query(query, credential.param_name, credential.secret.reveal())
+        # Forward exactly the path that was matched.
+        request.data.path = path.encode("ascii") + (b"?" + query if query is not None else b"")
+        if not request.is_http2:
+            request.authority = ""
+        address = (host, port)
+        mapped = self.resolve.lookup(host, port)
+        if mapped is not None:
+            host_header = request.host_header
+            request.data.host, request.data.port = mapped
+            request.host_header = host_header
+            address = mapped
+        self.upstream_names[(flow.client_conn.id, address)] = host
+        pending = self.pending[flow.id]
+        request.stream = _counter(pending, "bytes_out")
+
+    @_guard_response
+    def responseheaders(self, flow: http.HTTPFlow) -> None:
+        pending = self.pending.get(flow.id)
+        if pending is not None and pending.rule is not None and flow.response is not None:
+            flow.response.stream = _counter(pending, "bytes_in")
+
+    @_guard_response
+    def response(self, flow: http.HTTPFlow) -> None:
+        pending = self.pending.pop(flow.id, None)
+        if pending is not None and flow.response is not None:
+            self._audit(pending, "allow", status=flow.response.status_code)
+
+    def error(self, flow: http.HTTPFlow) -> None:
+        pending = self.pending.pop(flow.id, None)
+        if pending is not None:
+            error = flow.error.msg if flow.error else "error"
+            self._audit(pending, "allow", status=None, error=error.split("\n")[0][:200])
+
+    # -- helpers ---------------------------------------------------------------------
+
+    def _begin(self, flow: http.HTTPFlow) -> Pending:
+        peer = flow.client_conn.peername
+        pending = Pending(
+            start=time.monotonic(),
+            request_id=flow.id,
+            client=f"{peer[0]}:{peer[1]}" if peer else "",
+        )
+        self.pending[flow.id] = pending
+        return pending
+
+    def _policy(self) -> Any:
+        policy = self.live.current()
+        if policy is None:
+            raise Denied(Reason.STORE_UNAVAILABLE, "the policy is stale and the store unreachable")
+        return policy
+
+    def _authenticate(self, flow: http.HTTPFlow) -> str:
+        """The principal from Proxy-Authorization, which is removed and never forwarded."""
+        values = flow.request.headers.get_all("proxy-authorization")
+        flow.request.headers.pop("proxy-authorization", None)
+        policy = self._policy()
+        if len(values) == 1:
+            scheme, _, encoded = values[0].partition(" ")
+            if scheme.lower() == "basic":
+                try:
+                    name, sep, token = base64.b64decode(encoded.strip(), validate=True).decode(
+                        "utf-8"
+                    ).partition(":")
+                except (binascii.Error, UnicodeDecodeError):
+                    sep = ""
+                if sep and policy.authenticate(name, token):
+                    return name
+        raise Denied(Reason.AUTH_REQUIRED, "proxy authentication required")
+
+    def deny(self, flow: http.HTTPFlow, reason: Reason, detail: str) -> None:
+        status = STATUS.get(reason, 403)
+        headers = {"content-type": "application/json", "x-credproxy-reason": reason.value}
+        if reason is Reason.AUTH_REQUIRED:
+            headers["proxy-authenticate"] = 'Basic realm="credproxy"'
+        body = json.dumps({"error": "denied", "reason": reason.value, "detail": detail})
+        flow.request.stream = False
+        flow.response = http.Response.make(status, body, headers)
+        pending = self.pending.pop(flow.id, None)
+        if pending is None:
+            pending = self._begin(flow)
+            del self.pending[flow.id]
+        pending.rule = None
+        self._audit(pending, "deny", status=status, reason=reason.value, detail=detail)
+
+    def _audit(self, pending: Pending, decision: str, **fields: Any) -> None:
+        rule = pending.rule
+        credential = rule.credential if rule is not None else None
+        self.log.info(
+            audit.REQUEST_EVENT,
+            **{
+                audit.REQUEST_ID: pending.request_id,
+                audit.PRINCIPAL: pending.principal,
+                audit.CLIENT: pending.client,
+                audit.METHOD: pending.method,
+                audit.HOST: pending.host,
+                audit.PORT: pending.port,
+                audit.PATH: pending.path,
+                audit.DECISION: decision,
+                audit.GRANT_ID: rule.grant_id if rule is not None else None,
+                audit.CREDENTIAL: credential.name if credential is not None else None,
+                audit.CREDENTIAL_FP: credential.fingerprint if credential is not None else None,
+                audit.BYTES_IN: pending.bytes_in,
+                audit.BYTES_OUT: pending.bytes_out,
+                audit.DURATION_MS: round((time.monotonic() - pending.start) * 1000, 2),
+                **fields,
+            },
+        )
+
+
+def _counter(pending: Pending, attribute: str) -> Callable[[bytes], bytes]:
+    def count(chunk: bytes) -> bytes:
+        setattr(pending, attribute, getattr(pending, attribute) + len(chunk))
+        return chunk
+
+    return count
+
+
+def _method(raw: bytes) -> str:
+    if not raw or not set(raw) <= _TOKEN_CHARS:
+        raise Denied(Reason.BAD_REQUEST, "invalid method")
+    return raw.decode("ascii")
+
+
+def _check_framing(request: http.Request) -> None:
+    """Refuse what a front end and a back end could read two ways (smuggling, injection)."""
+    if "content-length" in request.headers and "transfer-encoding" in request.headers:
+        raise Denied(Reason.BAD_REQUEST, "both Content-Length and Transfer-Encoding")
+    if len(set(request.headers.get_all("content-length"))) > 1:
+        raise Denied(Reason.BAD_REQUEST, "conflicting Content-Length headers")
+    for name, value in request.headers.fields:
+        if not name or not set(name) <= _TOKEN_CHARS:
+            raise Denied(Reason.BAD_REQUEST, "invalid header name")
+        if any(b < 0x20 and b != 0x09 or b == 0x7F for b in value):
+            raise Denied(Reason.BAD_REQUEST, "control character in a header value")
+
+
+def _is_ip(host: str) -> bool:
+    import ipaddress
+
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+__all__ = ["Credproxy", "Decision"]

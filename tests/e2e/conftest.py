@@ -1,0 +1,144 @@
+"""Real processes and sockets: a credproxy subprocess, TLS upstreams, real clients."""
+
+from __future__ import annotations
+
+import json
+import os
+import ssl
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import trustme
+
+from store.crypto import MasterKey, write_key_file
+from store.repository import Store
+from tests.e2e.upstream import Upstream
+
+NAMES = ["api.test", "other.test", "x.wild.test", "evil.test"]
+CREDPROXY = [sys.executable, "-m", "addon.main"]
+
+
+@pytest.fixture(scope="session")
+def upstream_ca() -> trustme.CA:
+    return trustme.CA()
+
+
+@pytest.fixture
+def upstream(upstream_ca: trustme.CA) -> Iterator[Upstream]:
+    with Upstream(upstream_ca, NAMES) as server:
+        yield server
+
+
+@dataclass
+class Proxy:
+    """A running `credproxy run` and the store behind it."""
+
+    process: subprocess.Popen[bytes]
+    port: int
+    store: Store
+    home: Path
+    stdout: Path
+    env: dict[str, str]
+
+    @property
+    def ca_file(self) -> Path:
+        return self.home / "certs" / "credproxy-ca.pem"
+
+    def url(self, principal: str, token: str) -> str:
+        return f"http://{principal}:{token}@127.0.0.1:{self.port}"
+
+    def client(self, principal: str, token: str, **kwargs: Any) -> httpx.Client:
+        context = ssl.create_default_context(cafile=str(self.ca_file))
+        return httpx.Client(proxy=self.url(principal, token), verify=context, **kwargs)
+
+    def audit(self) -> list[dict[str, Any]]:
+        lines = self.stdout.read_text().splitlines()
+        return [json.loads(line) for line in lines if line.strip()]
+
+    def requests(self) -> list[dict[str, Any]]:
+        return [line for line in self.audit() if line.get("event") == "request"]
+
+    def wait_reload(self, timeout: float = 3.0) -> None:
+        """Wait until the proxy has loaded the store's current change counter."""
+        target = self.store.change_counter()
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for line in reversed(self.audit()):
+                if line.get("event") in ("policy.reloaded", "proxy.started"):
+                    if line.get("counter", -1) >= target:
+                        return
+                    break
+            time.sleep(0.05)
+        raise AssertionError("the proxy did not reload within the timeout")
+
+
+def start_proxy(
+    home: Path, upstream_ca: trustme.CA, resolve: list[str], extra: list[str] | None = None
+) -> Proxy:
+    ca_pem = home / "upstream-ca.pem"
+    upstream_ca.cert_pem.write_to_path(str(ca_pem))
+    env = {
+        **os.environ,
+        "CREDPROXY_DB": f"sqlite:///{home}/credproxy.db",
+        "CREDPROXY_KEY_FILE": str(home / "credproxy.key"),
+        "CREDPROXY_CERTS": str(home / "certs"),
+        "PYTHONUNBUFFERED": "1",
+    }
+    env.pop("CREDPROXY_MASTER_KEY", None)
+    if not (home / "credproxy.key").exists():
+        subprocess.run([*CREDPROXY, "init"], env=env, cwd=home, check=True, capture_output=True)
+    args = [*CREDPROXY, "run", "--listen", "127.0.0.1:0", "--upstream-ca", str(ca_pem)]
+    for spec in resolve:
+        args += ["--resolve", spec]
+    stdout = home / "proxy.out"
+    out = stdout.open("wb")
+    process = subprocess.Popen(
+        args + (extra or []), env=env, cwd=home, stdout=out, stderr=subprocess.STDOUT
+    )
+    deadline = time.monotonic() + 15
+    port = None
+    while time.monotonic() < deadline and port is None:
+        if process.poll() is not None:
+            raise AssertionError(f"credproxy exited: {stdout.read_text()}")
+        for line in stdout.read_text().splitlines():
+            if '"proxy.started"' in line:
+                port = int(json.loads(line)["listen"][0].rsplit(":", 1)[1])
+        time.sleep(0.05)
+    if port is None:
+        process.kill()
+        raise AssertionError(f"credproxy did not start: {stdout.read_text()}")
+    key = _load_key(home)
+    return Proxy(process, port, Store(env["CREDPROXY_DB"], key), home, stdout, env)
+
+
+def _load_key(home: Path) -> MasterKey:
+    from store.crypto import load_master_key
+
+    return load_master_key(home / "credproxy.key", {})
+
+
+def stop_proxy(proxy: Proxy) -> None:
+    proxy.process.terminate()
+    try:
+        proxy.process.wait(10)
+    except subprocess.TimeoutExpired:
+        proxy.process.kill()
+    proxy.store.close()
+
+
+@pytest.fixture
+def proxy(tmp_path: Path, upstream: Upstream, upstream_ca: trustme.CA) -> Iterator[Proxy]:
+    resolve = [f"{name}=127.0.0.1:{upstream.port}" for name in NAMES]
+    running = start_proxy(tmp_path, upstream_ca, resolve)
+    yield running
+    stop_proxy(running)
+
+
+__all__ = ["MasterKey", "write_key_file"]

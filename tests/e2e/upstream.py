@@ -1,0 +1,139 @@
+"""A real TLS upstream on 127.0.0.1 that records exactly what it received."""
+
+from __future__ import annotations
+
+import json
+import socket
+import ssl
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+@dataclass
+class Received:
+    method: str
+    target: str
+    headers: list[tuple[str, str]]
+    body: bytes
+    sni: str | None
+
+    def header(self, name: str) -> list[str]:
+        return [v for k, v in self.headers if k.lower() == name.lower()]
+
+
+@dataclass
+class Log:
+    connections: int = 0
+    snis: list[str | None] = field(default_factory=list)
+    requests: list[Received] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def clear(self) -> None:
+        with self.lock:
+            self.connections = 0
+            self.snis.clear()
+            self.requests.clear()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _Server
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def _handle(self) -> None:
+        length = int(self.headers.get("content-length") or 0)
+        if self.headers.get("transfer-encoding", "").lower() == "chunked":
+            body = b""
+            while True:
+                size = int(self.rfile.readline().strip(), 16)
+                if size == 0:
+                    self.rfile.readline()
+                    break
+                body += self.rfile.read(size)
+                self.rfile.readline()
+        else:
+            body = self.rfile.read(length) if length else b""
+        sni = getattr(self.connection, "credproxy_sni", None)
+        received = Received(self.command, self.path, list(self.headers.items()), body, sni)
+        with self.server.log.lock:
+            self.server.log.requests.append(received)
+        if self.path.startswith("/sse"):
+            return self._sse()
+        if self.path.startswith("/echo-auth"):
+            payload = json.dumps({"authorization": self.headers.get("authorization")}).encode()
+        else:
+            payload = json.dumps({"ok": True, "path": self.path}).encode()
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def _sse(self) -> None:
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream")
+        self.send_header("cache-control", "no-cache")
+        self.send_header("transfer-encoding", "chunked")
+        self.end_headers()
+        for i in range(3):
+            data = f"data: event-{i}\n\n".encode()
+            self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+            self.wfile.flush()
+            time.sleep(self.server.sse_gap)
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+
+    do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = _handle
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    log: Log
+    context: ssl.SSLContext
+    sse_gap: float = 0.4
+
+    def get_request(self) -> tuple[socket.socket, Any]:
+        sock, addr = super().get_request()
+        with self.log.lock:
+            self.log.connections += 1
+        # The handshake runs in the handler's thread, on first read.
+        return self.context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False,
+                                        suppress_ragged_eofs=True), addr
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass
+
+
+class Upstream:
+    """Serves HTTPS for every name in `names` with a certificate from `ca` (trustme)."""
+
+    def __init__(self, ca: Any, names: list[str]) -> None:
+        self.log = Log()
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ca.issue_cert(*names).configure_cert(context)
+        context.set_alpn_protocols(["http/1.1"])
+
+        def remember_sni(sslobj: ssl.SSLObject, name: str | None, _ctx: ssl.SSLContext) -> None:
+            with self.log.lock:
+                self.log.snis.append(name)
+            sslobj.credproxy_sni = name  # type: ignore[attr-defined]
+
+        context.sni_callback = remember_sni  # type: ignore[assignment]
+        self.server = _Server(("127.0.0.1", 0), _Handler)
+        self.server.log = self.log
+        self.server.context = context
+        self.port = self.server.server_address[1]
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> Upstream:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.server.shutdown()
+        self.server.server_close()
