@@ -153,6 +153,10 @@ class Policy:
             list(rules.candidates(request.host, request.port, request.scheme)) if rules else []
         )
         if not matching:
+            if request.scheme == "http" and rules and self._granted_on_https(rules, request):
+                return Decision.deny(
+                    Reason.INSECURE_SCHEME, "credentials are only sent over https"
+                )
             return Decision.deny(Reason.NO_GRANT, "no grant for this host and port")
         live = [r for r in matching if r.expires_at is None or r.expires_at > now]
         if not live:
@@ -182,6 +186,11 @@ class Policy:
             by_path, key=lambda nr: (nr[1].once, -nr[0], nr[1].credential is None, nr[1].grant_id)
         )
         return Decision(True, rule=rule)
+
+    @staticmethod
+    def _granted_on_https(rules: PrincipalPolicy, request: Request) -> bool:
+        port = 443 if request.port == 80 else request.port
+        return next(rules.candidates(request.host, port, "https"), None) is not None
 
     def principals(self) -> Iterable[str]:
         return self._tokens.keys()

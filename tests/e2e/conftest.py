@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import shutil
 import ssl
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,10 +32,26 @@ def upstream_ca() -> trustme.CA:
     return trustme.CA()
 
 
-@pytest.fixture
-def upstream(upstream_ca: trustme.CA) -> Iterator[Upstream]:
+@pytest.fixture(scope="module")
+def shared_upstream(upstream_ca: trustme.CA) -> Iterator[Upstream]:
     with Upstream(upstream_ca, NAMES) as server:
         yield server
+
+
+@pytest.fixture
+def upstream(shared_upstream: Upstream) -> Upstream:
+    """The module's upstream, its log cleared for this test."""
+    time.sleep(0.05)  # let the previous test's connections close
+    shared_upstream.log.clear()
+    return shared_upstream
+
+
+@pytest.fixture(scope="session")
+def initialised_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One `credproxy init` (key, CA, migrated database) that each proxy copies."""
+    home = tmp_path_factory.mktemp("template")
+    subprocess.run([*CREDPROXY, "init"], env=_env(home), cwd=home, check=True, capture_output=True)
+    return home
 
 
 @dataclass
@@ -62,8 +80,12 @@ class Proxy:
         lines = self.stdout.read_text().splitlines()
         return [json.loads(line) for line in lines if line.strip()]
 
-    def requests(self) -> list[dict[str, Any]]:
-        return [line for line in self.audit() if line.get("event") == "request"]
+    def requests(self, principal: str | None = None) -> list[dict[str, Any]]:
+        return [
+            line
+            for line in self.audit()
+            if line.get("event") == "request" and principal in (None, line.get("principal"))
+        ]
 
     def wait_reload(self, timeout: float = 3.0) -> None:
         """Wait until the proxy has loaded the store's current change counter."""
@@ -79,11 +101,7 @@ class Proxy:
         raise AssertionError("the proxy did not reload within the timeout")
 
 
-def start_proxy(
-    home: Path, upstream_ca: trustme.CA, resolve: list[str], extra: list[str] | None = None
-) -> Proxy:
-    ca_pem = home / "upstream-ca.pem"
-    upstream_ca.cert_pem.write_to_path(str(ca_pem))
+def _env(home: Path) -> dict[str, str]:
     env = {
         **os.environ,
         "CREDPROXY_DB": f"sqlite:///{home}/credproxy.db",
@@ -92,6 +110,21 @@ def start_proxy(
         "PYTHONUNBUFFERED": "1",
     }
     env.pop("CREDPROXY_MASTER_KEY", None)
+    return env
+
+
+def start_proxy(
+    home: Path,
+    upstream_ca: trustme.CA,
+    resolve: list[str],
+    extra: list[str] | None = None,
+    template: Path | None = None,
+) -> Proxy:
+    if template is not None:
+        shutil.copytree(template, home, dirs_exist_ok=True)
+    ca_pem = home / "upstream-ca.pem"
+    upstream_ca.cert_pem.write_to_path(str(ca_pem))
+    env = _env(home)
     if not (home / "credproxy.key").exists():
         subprocess.run([*CREDPROXY, "init"], env=env, cwd=home, check=True, capture_output=True)
     args = [*CREDPROXY, "run", "--listen", "127.0.0.1:0", "--upstream-ca", str(ca_pem)]
@@ -133,12 +166,29 @@ def stop_proxy(proxy: Proxy) -> None:
     proxy.store.close()
 
 
-@pytest.fixture
-def proxy(tmp_path: Path, upstream: Upstream, upstream_ca: trustme.CA) -> Iterator[Proxy]:
-    resolve = [f"{name}=127.0.0.1:{upstream.port}" for name in NAMES]
-    running = start_proxy(tmp_path, upstream_ca, resolve)
+@pytest.fixture(scope="module")
+def proxy(
+    tmp_path_factory: pytest.TempPathFactory,
+    shared_upstream: Upstream,
+    upstream_ca: trustme.CA,
+    initialised_home: Path,
+) -> Iterator[Proxy]:
+    """One proxy per module; tests keep apart by using their own principal names."""
+    resolve = [f"{name}=127.0.0.1:{shared_upstream.port}" for name in NAMES]
+    home = tmp_path_factory.mktemp("proxy")
+    running = start_proxy(home, upstream_ca, resolve, template=initialised_home)
     yield running
     stop_proxy(running)
+
+
+_counter = itertools.count()
+
+
+@pytest.fixture
+def names() -> Callable[[str], str]:
+    """Unique store names for this test, so tests can share one proxy."""
+    n = next(_counter)
+    return lambda base: f"{base}-{n}"
 
 
 __all__ = ["MasterKey", "write_key_file"]

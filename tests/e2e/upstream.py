@@ -102,8 +102,9 @@ class _Server(ThreadingHTTPServer):
         with self.log.lock:
             self.log.connections += 1
         # The handshake runs in the handler's thread, on first read.
-        return self.context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False,
-                                        suppress_ragged_eofs=True), addr
+        return self.context.wrap_socket(
+            sock, server_side=True, do_handshake_on_connect=False, suppress_ragged_eofs=True
+        ), addr
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         pass
