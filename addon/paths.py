@@ -169,35 +169,3 @@ def path_matches(pattern: str, path: str) -> bool:
 def _split_pattern(pattern: str) -> tuple[tuple[str, ...], bool]:
     """Pattern -> (its segments, whether it ends in '/' and so matches only what is below)."""
     return tuple(pattern.strip("/").split("/")), pattern.endswith("/")
-
-
-def validate_pattern(pattern: str) -> str:
-    """Return `pattern` unchanged if it is a well-formed grant path pattern.
-
-    Raises:
-        ValueError: one line, quoting the pattern.
-    """
-    problem = _pattern_problem(pattern)
-    if problem is not None:
-        raise ValueError(f"invalid path pattern {pattern!r}: {problem}")
-    return pattern
-
-
-def _pattern_problem(pattern: str) -> str | None:
-    if not pattern.startswith("/"):
-        return "must start with '/'"
-    if pattern == "/":
-        return None
-    segments = pattern[1:].removesuffix("/").split("/")
-    for segment in segments:
-        if not segment:
-            return "empty segment"
-        if segment in (".", ".."):
-            return "dot segment"
-        if segment == "*":
-            continue
-        if "*" in segment:
-            return "'*' must be a whole segment"
-        if not segment.isascii() or segment.encode("ascii").translate(None, _PCHAR):
-            return "character outside RFC 3986 pchar (no '%', ';', '?', '#')"
-    return None

@@ -2,7 +2,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from addon.paths import DETAILS, BadPath, canonicalize, path_matches, validate_pattern
+from addon.paths import DETAILS, BadPath, canonicalize, path_matches
+from store.errors import InvalidInput
+from store.patterns import validate_path_pattern as validate_pattern
 
 ACCEPTED = [
     pytest.param(b"/", "/", None, id="the root is canonical as it is"),
@@ -205,7 +207,7 @@ def test_validate_pattern_accepts(pattern: str) -> None:
     ],
 )
 def test_validate_pattern_refuses(pattern: str) -> None:
-    with pytest.raises(ValueError) as caught:
+    with pytest.raises(InvalidInput) as caught:
         validate_pattern(pattern)
     message = str(caught.value)
     assert repr(pattern) in message

@@ -1,0 +1,194 @@
+"""The pure decision: compiled grants + request facts -> Decision."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from addon.policy import Policy, Reason, Request
+from store.crypto import Secret, hash_token
+from store.patterns import parse_host
+from store.repository import CredentialRecord, GrantRecord, Snapshot
+
+NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+CRED = CredentialRecord(
+    name="gh",
+    scheme="bearer",
+    header_name=None,
+    param_name=None,
+    hosts=(parse_host("api.test"), parse_host("*.wild.test")),
+    secret=Secret(b"s"),
+    fingerprint="fp-x",
+)
+
+
+def grant(
+    gid: int,
+    hosts=("api.test",),
+    methods=("GET",),
+    paths=("/v1/",),
+    *,
+    cred=True,
+    once=False,
+    websocket=False,
+    expires=None,
+    principal="a",
+) -> GrantRecord:
+    return GrantRecord(
+        id=gid,
+        principal=principal,
+        credential="gh" if cred else None,
+        hosts=tuple(parse_host(h) for h in hosts),
+        methods=frozenset(methods),
+        paths=tuple(paths),
+        once=once,
+        websocket=websocket,
+        expires_at=expires,
+    )
+
+
+def policy(*grants: GrantRecord) -> Policy:
+    return Policy(
+        Snapshot(
+            counter=1,
+            key_id="k",
+            token_hashes={"a": hash_token("tok-a"), "b": hash_token("tok-b")},
+            credentials={"gh": CRED},
+            grants=grants,
+            unreadable=(),
+        )
+    )
+
+
+def req(host="api.test", port=443, scheme="https", method="GET", path="/v1/x", upgrade=False):
+    return Request(host, port, scheme, method, path, upgrade)
+
+
+@pytest.mark.parametrize(
+    ("grants", "request_", "expected"),
+    [
+        pytest.param([grant(1)], req(), 1, id="allow a granted method and path"),
+        pytest.param([grant(1)], req(host="other.test"), Reason.NO_GRANT, id="deny another host"),
+        pytest.param([grant(1)], req(port=8443), Reason.NO_GRANT, id="deny another port"),
+        pytest.param(
+            [grant(1)], req(method="POST"), Reason.METHOD_NOT_ALLOWED, id="deny another method"
+        ),
+        pytest.param(
+            [grant(1)],
+            req(method="get"),
+            Reason.METHOD_NOT_ALLOWED,
+            id="methods are case-sensitive",
+        ),
+        pytest.param(
+            [grant(1)],
+            req(path="/v1"),
+            Reason.PATH_NOT_ALLOWED,
+            id="trailing slash pattern is strictly below",
+        ),
+        pytest.param(
+            [grant(1)], req(path="/v1x/a"), Reason.PATH_NOT_ALLOWED, id="prefix is segment-bounded"
+        ),
+        pytest.param(
+            [grant(1)], req(path="/V1/x"), Reason.PATH_NOT_ALLOWED, id="paths are case-sensitive"
+        ),
+        pytest.param(
+            [grant(1, methods=("*",))], req(method="PATCH"), 1, id="star allows every method"
+        ),
+        pytest.param(
+            [grant(1, hosts=("*.wild.test",))],
+            req(host="x.wild.test"),
+            1,
+            id="wildcard matches one label",
+        ),
+        pytest.param(
+            [grant(1, hosts=("*.wild.test",))],
+            req(host="a.b.wild.test"),
+            Reason.NO_GRANT,
+            id="wildcard matches only one label",
+        ),
+        pytest.param(
+            [grant(1, hosts=("*.wild.test",))],
+            req(host="wild.test"),
+            Reason.NO_GRANT,
+            id="wildcard does not match its base",
+        ),
+        pytest.param(
+            [grant(1, hosts=("other.test",))],
+            req(host="other.test"),
+            Reason.NO_GRANT,
+            id="credential hosts bound the grant",
+        ),
+        pytest.param(
+            [grant(1)],
+            req(scheme="http", port=80),
+            Reason.INSECURE_SCHEME,
+            id="never stamp onto cleartext",
+        ),
+        pytest.param(
+            [grant(1, cred=False, hosts=("plain.test",))],
+            req(host="plain.test", scheme="http", port=80),
+            1,
+            id="pass-through grant over http",
+        ),
+        pytest.param(
+            [grant(1, expires=NOW - timedelta(seconds=1))],
+            req(),
+            Reason.GRANT_EXPIRED,
+            id="expired grant",
+        ),
+        pytest.param(
+            [grant(1, expires=NOW + timedelta(seconds=1))], req(), 1, id="grant before expiry"
+        ),
+        pytest.param(
+            [grant(1)],
+            req(upgrade=True),
+            Reason.UPGRADE_NOT_ALLOWED,
+            id="upgrade needs a websocket grant",
+        ),
+        pytest.param(
+            [grant(1, websocket=True)], req(upgrade=True), 1, id="websocket grant allows upgrade"
+        ),
+        pytest.param(
+            [grant(1, once=True), grant(2)],
+            req(),
+            2,
+            id="a standing grant is preferred over a once-grant",
+        ),
+        pytest.param(
+            [grant(1, paths=("/",)), grant(2, paths=("/v1/x",))],
+            req(),
+            2,
+            id="the most specific path wins",
+        ),
+        pytest.param(
+            [grant(1, principal="b")],
+            req(),
+            Reason.NO_GRANT,
+            id="another principal's grant does not apply",
+        ),
+    ],
+)
+def test_decide(grants, request_, expected):
+    decision = policy(*grants).decide("a", request_, NOW)
+    if isinstance(expected, int):
+        assert decision.allowed and decision.rule is not None
+        assert decision.rule.grant_id == expected
+    else:
+        assert not decision.allowed and decision.reason is expected
+
+
+def test_connect_gate_names_host_and_port():
+    p = policy(grant(1), grant(2, hosts=("*.wild.test",)))
+    assert p.may_connect("a", "api.test", 443)
+    assert p.may_connect("a", "x.wild.test", 443)
+    assert not p.may_connect("a", "api.test", 8443)
+    assert not p.may_connect("a", "evil.test", 443)
+    assert not p.may_connect("b", "api.test", 443)
+
+
+def test_authenticate_compares_tokens():
+    p = policy()
+    assert p.authenticate("a", "tok-a")
+    assert not p.authenticate("a", "tok-b")
+    assert not p.authenticate("nobody", "tok-a")

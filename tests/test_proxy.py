@@ -1,0 +1,176 @@
+"""The hooks called directly (mitmproxy's taddons/tflow): fail-closed wrappers and pins.
+
+The live policy here is a stand-in holding a Policy built from a hand-made snapshot; the
+e2e suite runs the same hooks against the real store.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+import pytest
+from mitmproxy import connection
+from mitmproxy.proxy import context, server_hooks
+from mitmproxy.test import taddons, tflow
+
+from addon.policy import Policy
+from addon.proxy import Credproxy, Tunnel
+from store.crypto import hash_token
+from store.repository import Snapshot
+from tests.test_policy import CRED, grant
+
+
+class StaticLive:
+    """Serves one Policy; `fail` makes current() raise, to inject a fault."""
+
+    def __init__(self, policy: Policy | None, fail: bool = False) -> None:
+        self.policy = policy
+        self.fail = fail
+        self.store_up = True
+
+    def current(self) -> Policy | None:
+        if self.fail:
+            raise RuntimeError("injected fault")
+        return self.policy
+
+    async def consume_once(self, grant_id: int) -> bool:
+        return True
+
+
+def make_policy() -> Policy:
+    return Policy(
+        Snapshot(
+            counter=1,
+            key_id="k",
+            token_hashes={"a": hash_token("tok-a")},
+            credentials={"gh": CRED},
+            grants=(grant(1),),
+            unreadable=(),
+        )
+    )
+
+
+def https_flow(addon: Credproxy, path: bytes = b"/v1/x") -> Any:
+    flow = tflow.tflow()
+    flow.request.scheme = "https"
+    flow.request.host = "api.test"
+    flow.request.port = 443
+    flow.request.data.path = path
+    flow.request.host_header = "api.test"
+    flow.client_conn.tls = True
+    flow.client_conn.sni = "api.test"
+    addon.tunnels[flow.client_conn.id] = Tunnel("a", "api.test", 443)
+    return flow
+
+
+def reason(flow: Any) -> str:
+    assert flow.response is not None
+    return json.loads(flow.response.content)["reason"]
+
+
+async def test_an_allowed_request_is_stamped():
+    addon = Credproxy(StaticLive(make_policy()))  # type: ignore[arg-type]
+    with taddons.context(addon):
+        flow = https_flow(addon)
+        flow.request.headers["authorization"] = "Bearer placeholder"
+        await addon.requestheaders(flow)
+    assert flow.response is None
+    assert flow.request.headers.get_all("authorization") == ["Bearer s"]
+
+
+async def test_an_exception_in_requestheaders_denies():
+    addon = Credproxy(StaticLive(make_policy(), fail=True))  # type: ignore[arg-type]
+    with taddons.context(addon):
+        flow = https_flow(addon)
+        await addon.requestheaders(flow)
+    assert flow.response.status_code == 500
+    assert reason(flow) == "internal-error"
+    assert "authorization" not in flow.request.headers
+
+
+async def test_an_exception_in_the_decision_denies(monkeypatch: pytest.MonkeyPatch):
+    policy = make_policy()
+
+    def broken(*args: Any) -> Any:
+        raise KeyError("boom")
+
+    monkeypatch.setattr(policy, "decide", broken)
+    addon = Credproxy(StaticLive(policy))  # type: ignore[arg-type]
+    with taddons.context(addon):
+        flow = https_flow(addon)
+        await addon.requestheaders(flow)
+    assert reason(flow) == "internal-error"
+
+
+async def test_an_exception_in_http_connect_denies():
+    addon = Credproxy(StaticLive(make_policy(), fail=True))  # type: ignore[arg-type]
+    with taddons.context(addon):
+        flow = tflow.tflow()
+        flow.request.method = "CONNECT"
+        auth = base64.b64encode(b"a:tok-a").decode()
+        flow.request.headers["proxy-authorization"] = f"Basic {auth}"
+        await addon.http_connect(flow)
+    assert reason(flow) == "internal-error"
+    assert flow.client_conn.id not in addon.tunnels
+
+
+async def test_a_stale_policy_denies_with_store_unavailable():
+    addon = Credproxy(StaticLive(None))  # type: ignore[arg-type]
+    with taddons.context(addon):
+        flow = https_flow(addon)
+        await addon.requestheaders(flow)
+    assert flow.response.status_code == 503
+    assert reason(flow) == "store-unavailable"
+
+
+def test_an_exception_in_responseheaders_kills_the_flow():
+    addon = Credproxy(StaticLive(make_policy()))  # type: ignore[arg-type]
+    with taddons.context(addon):
+        flow = tflow.tflow(resp=True)
+        addon.pending = None  # type: ignore[assignment]
+        addon.responseheaders(flow)
+    assert flow.error is not None and flow.error.msg == "Connection killed."
+
+
+def test_server_connect_refuses_a_connection_no_request_asked_for():
+    addon = Credproxy(StaticLive(make_policy()))  # type: ignore[arg-type]
+    client = connection.Client(peername=("127.0.0.1", 5), sockname=("127.0.0.1", 8080))
+    server = connection.Server(address=("api.test", 443))
+    with taddons.context(addon):
+        addon.server_connect(server_hooks.ServerConnectionHookData(server, client))
+    assert server.error is not None
+
+
+def test_server_connect_pins_sni_to_the_granted_name():
+    addon = Credproxy(StaticLive(make_policy()))  # type: ignore[arg-type]
+    client = connection.Client(peername=("127.0.0.1", 5), sockname=("127.0.0.1", 8080))
+    server = connection.Server(address=("127.0.0.1", 9443))
+    server.sni = "127.0.0.1"
+    addon.upstream_names[(client.id, ("127.0.0.1", 9443))] = "api.test"
+    with taddons.context(addon):
+        addon.server_connect(server_hooks.ServerConnectionHookData(server, client))
+    assert server.error is None
+    assert server.sni == "api.test"
+
+
+def test_tls_clienthello_pins_upstream_sni_and_flags_a_mismatch():
+    from mitmproxy import tls
+    from mitmproxy.options import Options
+
+    addon = Credproxy(StaticLive(make_policy()))  # type: ignore[arg-type]
+    client = connection.Client(peername=("127.0.0.1", 5), sockname=("127.0.0.1", 8080))
+    addon.tunnels[client.id] = Tunnel("a", "api.test", 443)
+    ctx = context.Context(client, Options())
+    ctx.server = connection.Server(address=("api.test", 443))
+
+    class Hello:
+        sni = "evil.test"
+
+    data = tls.ClientHelloData(ctx, Hello())  # type: ignore[arg-type]
+    with taddons.context(addon):
+        addon.tls_clienthello(data)
+    assert ctx.server.sni == "api.test"
+    assert addon.tunnels[client.id].sni_mismatch
+    assert not data.ignore_connection
