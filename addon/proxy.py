@@ -6,13 +6,15 @@ manager would otherwise log it and let the flow through.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import functools
 import json
+import socket
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -20,10 +22,12 @@ from mitmproxy import connection, ctx, exceptions, http, tls
 from mitmproxy.proxy import server_hooks
 
 from addon import audit
+from addon.guard import DestinationGuard
 from addon.hosts import BadAuthority, ResolveMap, normalize_host, parse_authority
 from addon.live import LivePolicy
 from addon.paths import BadPath, canonicalize
 from addon.policy import DEFAULT_PORTS, STATUS, Decision, Reason, Request, Rule
+from addon.redact import Redactor
 from addon.stamping import header_for, stamp_query
 from store.errors import CredproxyError
 
@@ -38,6 +42,8 @@ REQUIRED_OPTIONS = {
     "proxyauth": None,
     "stream_large_bodies": None,
 }
+METHOD_OVERRIDES = ("x-http-method-override", "x-http-method", "x-method-override")
+DNS_TIMEOUT = 5.0
 _TOKEN_CHARS = frozenset(
     b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 )
@@ -71,6 +77,7 @@ class Pending:
     rule: Rule | None = None
     bytes_in: int = 0
     bytes_out: int = 0
+    redactor: Redactor | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -119,9 +126,15 @@ def _guard_response(hook: F) -> F:
 
 
 class Credproxy:
-    def __init__(self, live: LivePolicy, resolve: ResolveMap | None = None) -> None:
+    def __init__(
+        self,
+        live: LivePolicy,
+        resolve: ResolveMap | None = None,
+        guard: DestinationGuard | None = None,
+    ) -> None:
         self.live = live
         self.resolve = resolve or ResolveMap({})
+        self.guard = guard or DestinationGuard()
         self.log = audit.logger()
         self.tunnels: dict[str, Tunnel] = {}
         self.broken_clients: set[str] = set()
@@ -237,15 +250,36 @@ class Credproxy:
         _check_framing(request)
 
         facts = Request(host, port, scheme, method, path, upgrade="upgrade" in request.headers)
-        decision = policy.decide(principal, facts, datetime.now(UTC))
+        now = datetime.now(UTC)
+        decision = policy.decide(principal, facts, now)
         if not decision.allowed:
             assert decision.reason is not None
             raise Denied(decision.reason, decision.detail)
+        for header in METHOD_OVERRIDES:
+            for value in request.headers.get_all(header):
+                override = _method(value.strip().encode("latin-1"))
+                if not policy.decide(principal, replace(facts, method=override), now).allowed:
+                    raise Denied(Reason.METHOD_NOT_ALLOWED, "the method override is not granted")
         rule = decision.rule
         assert rule is not None
+        address = self.resolve.lookup(host, port) or await self._vet(host, port)
         await self._consume(rule)
         pending.rule = rule
-        self._forward(flow, rule, host, port, path, query)
+        self._forward(flow, rule, host, path, query, address)
+
+    async def _vet(self, host: str, port: int) -> tuple[str, int]:
+        """Resolve once here and dial exactly that address: no second lookup to rebind."""
+        try:
+            answers = await asyncio.wait_for(
+                asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM),
+                DNS_TIMEOUT,
+            )
+        except (OSError, TimeoutError) as e:
+            raise Denied(Reason.DESTINATION_FORBIDDEN, "the host does not resolve") from e
+        address = self.guard.vet((str(info[4][0]) for info in answers), port)
+        if address is None:
+            raise Denied(Reason.DESTINATION_FORBIDDEN, "the host resolves to a forbidden address")
+        return str(address), port
 
     def _bind_destination(
         self, flow: http.HTTPFlow, tunnel: Tunnel | None, pending: Pending
@@ -296,11 +330,21 @@ class Credproxy:
             raise Denied(Reason.GRANT_CONSUMED, "this once-grant was already used")
 
     def _forward(
-        self, flow: http.HTTPFlow, rule: Rule, host: str, port: int, path: str, query: bytes | None
+        self,
+        flow: http.HTTPFlow,
+        rule: Rule,
+        host: str,
+        path: str,
+        query: bytes | None,
+        address: tuple[str, int],
     ) -> None:
         request = flow.request
+        pending = self.pending[flow.id]
         credential = rule.credential
         if credential is not None:
+            pending.redactor = Redactor([credential.secret.reveal()])
+            # Redaction must see the body as sent: no compression on stamped requests.
+            request.headers["accept-encoding"] = "identity"
             header = header_for(credential)
             if header is not None:
                 # Replace, never append: a second value would let the upstream pick the agent's.
@@ -312,28 +356,38 @@ class Credproxy:
         request.data.path = path.encode("ascii") + (b"?" + query if query is not None else b"")
         if not request.is_http2:
             request.authority = ""
-        address = (host, port)
-        mapped = self.resolve.lookup(host, port)
-        if mapped is not None:
-            host_header = request.host_header
-            request.data.host, request.data.port = mapped
-            request.host_header = host_header
-            address = mapped
+        # Dial the vetted (or --resolve) address; Host header and SNI keep the name.
+        host_header = request.host_header
+        request.data.host, request.data.port = address
+        request.host_header = host_header
         self.upstream_names[(flow.client_conn.id, address)] = host
-        pending = self.pending[flow.id]
         request.stream = _counter(pending, "bytes_out")
 
     @_guard_response
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         pending = self.pending.get(flow.id)
-        if pending is not None and pending.rule is not None and flow.response is not None:
-            flow.response.stream = _counter(pending, "bytes_in")
+        response = flow.response
+        if pending is None or pending.rule is None or response is None:
+            return
+        redactor = pending.redactor
+        if redactor is not None:
+            response.headers.fields = tuple(
+                (name, redactor.text(value.decode("latin-1")).encode("latin-1"))
+                for name, value in response.headers.fields
+            )
+            if "content-length" in response.headers:
+                # Redaction may change the length: re-frame instead of sending a wrong one.
+                del response.headers["content-length"]
+                if not flow.request.is_http2 and flow.request.http_version == "HTTP/1.1":
+                    response.headers["transfer-encoding"] = "chunked"
+        response.stream = _response_stream(pending)
 
     @_guard_response
     def response(self, flow: http.HTTPFlow) -> None:
         pending = self.pending.pop(flow.id, None)
         if pending is not None and flow.response is not None:
-            self._audit(pending, "allow", status=flow.response.status_code)
+            redactions = pending.redactor.count if pending.redactor is not None else 0
+            self._audit(pending, "allow", status=flow.response.status_code, redactions=redactions)
 
     def error(self, flow: http.HTTPFlow) -> None:
         pending = self.pending.pop(flow.id, None)
@@ -423,6 +477,20 @@ def _counter(pending: Pending, attribute: str) -> Callable[[bytes], bytes]:
         return chunk
 
     return count
+
+
+def _response_stream(pending: Pending) -> Callable[[bytes], bytes | list[bytes]]:
+    redactor = pending.redactor
+
+    def stream(chunk: bytes) -> bytes | list[bytes]:
+        pending.bytes_in += len(chunk)
+        if redactor is None:
+            return chunk
+        out = redactor.feed(chunk)
+        # b"" mid-stream would end a chunked HTTP/1 response: send nothing instead.
+        return out if out or not chunk else []
+
+    return stream
 
 
 def _method(raw: bytes) -> str:

@@ -14,6 +14,7 @@ from typing import Any
 import certifi
 
 from addon import audit
+from addon.guard import DestinationGuard
 from addon.hosts import ResolveMap
 from addon.live import LivePolicy
 from addon.proxy import REQUIRED_OPTIONS, Credproxy
@@ -31,6 +32,7 @@ class RunConfig:
     listen_port: int
     upstream_ca: Path | None
     resolve: ResolveMap
+    guard: DestinationGuard
     max_stale: float
 
     @classmethod
@@ -45,7 +47,11 @@ class RunConfig:
             raise InvalidInput(str(e)) from e
         if args.max_stale < 0:
             raise InvalidInput("--max-stale must not be negative")
-        return cls(settings, host, port, upstream_ca, resolve, args.max_stale)
+        try:
+            guard = DestinationGuard.parse(args.allow_private)
+        except ValueError as e:
+            raise InvalidInput(str(e)) from e
+        return cls(settings, host, port, upstream_ca, resolve, guard, args.max_stale)
 
 
 def _parse_listen(text: str) -> tuple[str, int]:
@@ -68,6 +74,13 @@ def add_command(sub: Any, common: argparse.ArgumentParser) -> None:
         default=[],
         metavar="NAME[:PORT]=ADDRESS[:PORT]",
         help="dial ADDRESS for NAME; SNI, Host and verification keep NAME (repeatable)",
+    )
+    p.add_argument(
+        "--allow-private",
+        action="append",
+        default=[],
+        metavar="CIDR",
+        help="let upstream names resolve into this non-public range (repeatable)",
     )
     p.add_argument(
         "--max-stale",
@@ -119,7 +132,7 @@ async def serve(config: RunConfig, started: asyncio.Event | None = None) -> int:
     if config.upstream_ca is not None:
         update["ssl_verify_upstream_trusted_ca"] = str(_trust_bundle(config.upstream_ca, runtime))
     master.options.update(**update)
-    addon = Credproxy(live, config.resolve)
+    addon = Credproxy(live, config.resolve, config.guard)
     master.addons.add(addon)
 
     loop = asyncio.get_running_loop()
@@ -132,7 +145,9 @@ async def serve(config: RunConfig, started: asyncio.Event | None = None) -> int:
             if master.should_exit.is_set():
                 return
             await asyncio.sleep(0.02)
-        addrs = [f"{a[0]}:{a[1]}" for a in proxyserver.listen_addrs()]
+        listening = [(str(a[0]), int(a[1])) for a in proxyserver.listen_addrs()]
+        addon.guard = addon.guard.listening_on(listening)
+        addrs = [f"{host}:{port}" for host, port in listening]
         log.info(
             "proxy.started",
             listen=addrs,

@@ -123,7 +123,8 @@ def parse_host(spec: str) -> HostPattern:
     labels = (text[2:] if wildcard else text).split(".")
     if len(text) > 253 or not all(_LABEL_RE.fullmatch(label) for label in labels):
         raise InvalidInput(f"invalid host {spec!r}")
-    if labels[-1].isdigit():
+    # What URL parsers read as IPv4 ("ends in a number", decimal or 0x-hex) is no host name.
+    if labels[-1].isdigit() or re.fullmatch(r"0x[0-9a-f]*", labels[-1]):
         raise InvalidInput(f"invalid host {spec!r}: not a host name nor a canonical IP address")
     if wildcard:
         base = text[2:]

@@ -15,6 +15,7 @@ from mitmproxy import connection
 from mitmproxy.proxy import context, server_hooks
 from mitmproxy.test import taddons, tflow
 
+from addon.hosts import ResolveMap
 from addon.policy import Policy
 from addon.proxy import Credproxy, Tunnel
 from store.crypto import hash_token
@@ -71,13 +72,16 @@ def reason(flow: Any) -> str:
 
 
 async def test_an_allowed_request_is_stamped():
-    addon = Credproxy(StaticLive(make_policy()))  # type: ignore[arg-type]
+    resolve = ResolveMap.parse(["api.test=127.0.0.1:9443"])
+    addon = Credproxy(StaticLive(make_policy()), resolve)  # type: ignore[arg-type]
     with taddons.context(addon):
         flow = https_flow(addon)
         flow.request.headers["authorization"] = "Bearer placeholder"
         await addon.requestheaders(flow)
     assert flow.response is None
     assert flow.request.headers.get_all("authorization") == ["Bearer s"]
+    assert (flow.request.host, flow.request.port) == ("127.0.0.1", 9443)
+    assert flow.request.host_header == "api.test"
 
 
 async def test_an_exception_in_requestheaders_denies():

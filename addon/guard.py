@@ -1,0 +1,81 @@
+"""The destination guard: only global unicast addresses, unless the operator opens a range."""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+_NAT64 = (ipaddress.IPv6Network("64:ff9b::/96"), ipaddress.IPv6Network("64:ff9b:1::/48"))
+
+
+def _embedded(address: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address]:
+    """IPv4 addresses an IPv6 address carries (mapped, NAT64, 6to4, Teredo)."""
+    found = []
+    if address.ipv4_mapped is not None:
+        found.append(address.ipv4_mapped)
+    if any(address in net for net in _NAT64):
+        found.append(ipaddress.IPv4Address(int(address) & 0xFFFFFFFF))
+    if address.sixtofour is not None:
+        found.append(address.sixtofour)
+    if address.teredo is not None:
+        found.extend(address.teredo)
+    return found
+
+
+def is_public(address: IPAddress) -> bool:
+    """Global unicast, and so is every IPv4 address it embeds."""
+    if not address.is_global or address.is_multicast or address.is_unspecified:
+        return False
+    if isinstance(address, ipaddress.IPv6Address):
+        if any(address in net for net in _NAT64) or address.sixtofour or address.teredo:
+            return all(is_public(v4) for v4 in _embedded(address))
+    return True
+
+
+@dataclass(frozen=True)
+class DestinationGuard:
+    """`--allow-private` ranges and the proxy's own addresses, parsed once at start."""
+
+    allowed: tuple[IPNetwork, ...] = ()
+    # The proxy's own listening sockets; None stands for every address (0.0.0.0, ::).
+    own: frozenset[tuple[IPAddress | None, int]] = frozenset()
+
+    @classmethod
+    def parse(cls, cidrs: Iterable[str]) -> DestinationGuard:
+        allowed = []
+        for cidr in cidrs:
+            try:
+                allowed.append(ipaddress.ip_network(cidr, strict=False))
+            except ValueError as e:
+                raise ValueError(f"invalid --allow-private {cidr!r}: not a CIDR range") from e
+        return cls(tuple(allowed))
+
+    def listening_on(self, addresses: Iterable[tuple[str, int]]) -> DestinationGuard:
+        own: set[tuple[IPAddress | None, int]] = set()
+        for host, port in addresses:
+            address = ipaddress.ip_address(host.split("%", 1)[0])
+            own.add((None if address.is_unspecified else address, port))
+        return DestinationGuard(self.allowed, frozenset(own))
+
+    def permits(self, address: IPAddress, port: int) -> bool:
+        if (address, port) in self.own or ((None, port) in self.own and not is_public(address)):
+            return False
+        if any(address.version == net.version and address in net for net in self.allowed):
+            return True
+        return is_public(address)
+
+    def vet(self, answers: Iterable[str], port: int) -> IPAddress | None:
+        """The address to dial, or None when any answer is forbidden (or there is none)."""
+        addresses = []
+        for text in answers:
+            try:
+                addresses.append(ipaddress.ip_address(text.split("%", 1)[0]))
+            except ValueError:
+                return None
+        if not addresses or not all(self.permits(a, port) for a in addresses):
+            return None
+        return addresses[0]

@@ -1,0 +1,76 @@
+"""Response redaction: a stamped secret echoed by the upstream reaches the agent as [REDACTED]."""
+
+from __future__ import annotations
+
+import base64
+import re
+from urllib.parse import quote, quote_plus
+
+MARK = b"[REDACTED]"
+
+
+def forms(secret: bytes) -> list[bytes]:
+    """The secret as sent, base64 (both alphabets, with and without padding), URL-encoded."""
+    candidates = {
+        secret,
+        base64.b64encode(secret),
+        base64.b64encode(secret).rstrip(b"="),
+        base64.urlsafe_b64encode(secret),
+        base64.urlsafe_b64encode(secret).rstrip(b"="),
+        quote(secret, safe="").encode(),
+        quote_plus(secret, safe="").encode(),
+    }
+    return sorted((c for c in candidates if len(c) >= 4), key=len, reverse=True)
+
+
+class Redactor:
+    """Replaces every form of the secrets in a stream, across chunk boundaries.
+
+    Holds back only a tail that could be the start of a secret, so a stream of events is
+    not delayed when nothing in it resembles one.
+    """
+
+    def __init__(self, secrets: list[bytes]) -> None:
+        self._needles = sorted({f for s in secrets for f in forms(s)}, key=len, reverse=True)
+        self._pattern = (
+            re.compile(b"|".join(re.escape(n) for n in self._needles)) if self._needles else None
+        )
+        self._tail = b""
+        self.count = 0
+
+    def _sub(self, data: bytes) -> bytes:
+        assert self._pattern is not None
+        out, n = self._pattern.subn(MARK, data)
+        self.count += n
+        return out
+
+    def _partial(self, data: bytes) -> int:
+        """Length of the longest suffix of `data` that a secret form starts with."""
+        best = 0
+        for needle in self._needles:
+            for k in range(min(len(needle) - 1, len(data)), best, -1):
+                if needle.startswith(data[-k:]):
+                    best = k
+                    break
+        return best
+
+    def feed(self, chunk: bytes) -> bytes:
+        """Redacted bytes that are safe to send now; b"" flushes the held-back tail."""
+        if self._pattern is None:
+            return chunk
+        if not chunk:
+            rest, self._tail = self._tail, b""
+            return self._sub(rest)
+        data = self._sub(self._tail + chunk)
+        # Redacted output never re-forms a secret ([REDACTED] starts none), so holding back
+        # only the unfinished tail is enough.
+        hold = self._partial(data)
+        emit, self._tail = data[: len(data) - hold], data[len(data) - hold :]
+        return emit
+
+    def text(self, value: str) -> str:
+        """Redact a header value."""
+        if self._pattern is None:
+            return value
+        raw = value.encode("latin-1", "surrogateescape")
+        return self._sub(raw).decode("latin-1", "surrogateescape")

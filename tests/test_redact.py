@@ -1,0 +1,53 @@
+"""Redaction of echoed secrets, across chunk boundaries."""
+
+from __future__ import annotations
+
+import base64
+from urllib.parse import quote
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from addon.redact import MARK, Redactor
+
+SECRET = b"sk-live/abc+def=123"
+
+
+def run(redactor: Redactor, chunks: list[bytes]) -> bytes:
+    return b"".join(redactor.feed(c) for c in chunks) + redactor.feed(b"")
+
+
+def test_every_form_is_redacted():
+    body = b" | ".join([SECRET, base64.b64encode(SECRET), quote(SECRET, safe="").encode(), b"fine"])
+    redactor = Redactor([SECRET])
+    out = run(redactor, [body])
+    assert out == b" | ".join([MARK, MARK, MARK, b"fine"])
+    assert redactor.count == 3
+
+
+def test_a_secret_split_across_chunks_is_redacted():
+    redactor = Redactor([SECRET])
+    body = b"xx" + SECRET + b"yy"
+    for cut in range(len(body)):
+        redactor = Redactor([SECRET])
+        assert run(redactor, [body[:cut], body[cut:]]) == b"xx" + MARK + b"yy"
+
+
+def test_text_that_cannot_start_a_secret_is_not_held_back():
+    redactor = Redactor([SECRET])
+    assert redactor.feed(b"data: event-1\n\n") == b"data: event-1\n\n"
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    prefix=st.binary(max_size=40),
+    suffix=st.binary(max_size=40),
+    cuts=st.lists(st.integers(min_value=0, max_value=120), max_size=6),
+)
+def test_redaction_never_lets_the_secret_through(prefix, suffix, cuts):
+    body = prefix + SECRET + suffix
+    points = sorted({min(c, len(body)) for c in cuts})
+    chunks = [body[a:b] for a, b in zip([0, *points], [*points, len(body)], strict=True)]
+    out = run(Redactor([SECRET]), chunks)
+    assert SECRET not in out
+    assert base64.b64encode(SECRET) not in out
