@@ -14,6 +14,7 @@ from typing import Any
 import certifi
 
 from addon import audit
+from addon.admin import AdminServer
 from addon.guard import DestinationGuard
 from addon.hosts import ResolveMap
 from addon.live import LivePolicy
@@ -34,10 +35,11 @@ class RunConfig:
     resolve: ResolveMap
     guard: DestinationGuard
     max_stale: float
+    admin: tuple[str, int] | None
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, settings: Settings) -> RunConfig:
-        host, port = _parse_listen(args.listen)
+        host, port = _parse_listen(args.listen, "--listen")
         upstream_ca = Path(args.upstream_ca) if args.upstream_ca else None
         if upstream_ca is not None and not upstream_ca.is_file():
             raise InvalidInput(f"--upstream-ca {upstream_ca} is not a readable file")
@@ -51,14 +53,15 @@ class RunConfig:
             guard = DestinationGuard.parse(args.allow_private)
         except ValueError as e:
             raise InvalidInput(str(e)) from e
-        return cls(settings, host, port, upstream_ca, resolve, guard, args.max_stale)
+        admin = _parse_listen(args.admin, "--admin") if args.admin else None
+        return cls(settings, host, port, upstream_ca, resolve, guard, args.max_stale, admin)
 
 
-def _parse_listen(text: str) -> tuple[str, int]:
+def _parse_listen(text: str, flag: str) -> tuple[str, int]:
     host, sep, port_text = text.rpartition(":")
     host = host.strip("[]")
     if not sep or not host or not port_text.isdigit() or not 0 <= int(port_text) < 65536:
-        raise InvalidInput(f"invalid --listen {text!r}: use HOST:PORT")
+        raise InvalidInput(f"invalid {flag} {text!r}: use HOST:PORT")
     return host, int(port_text)
 
 
@@ -81,6 +84,11 @@ def add_command(sub: Any, common: argparse.ArgumentParser) -> None:
         default=[],
         metavar="CIDR",
         help="let upstream names resolve into this non-public range (repeatable)",
+    )
+    p.add_argument(
+        "--admin",
+        metavar="HOST:PORT",
+        help="serve /healthz and /readyz here (default: off); never through the proxy",
     )
     p.add_argument(
         "--max-stale",
@@ -146,11 +154,12 @@ async def serve(config: RunConfig, started: asyncio.Event | None = None) -> int:
                 return
             await asyncio.sleep(0.02)
         listening = [(str(a[0]), int(a[1])) for a in proxyserver.listen_addrs()]
-        addon.guard = addon.guard.listening_on(listening)
+        addon.guard = addon.guard.listening_on(listening + admin_addr)
         addrs = [f"{host}:{port}" for host, port in listening]
         log.info(
             "proxy.started",
             listen=addrs,
+            admin=[f"{host}:{port}" for host, port in admin_addr],
             pid=os.getpid(),
             db=store.display_url,
             grants=policy.grant_count,
@@ -160,11 +169,31 @@ async def serve(config: RunConfig, started: asyncio.Event | None = None) -> int:
         if started is not None:
             started.set()
 
+    admin = None
+    admin_addr: list[tuple[str, int]] = []
+    if config.admin is not None:
+
+        def ready() -> tuple[bool, dict[str, object]]:
+            current = live.current()
+            return current is not None, {"store_up": live.store_up}
+
+        admin = AdminServer(config.admin[0], config.admin[1], ready)
+        try:
+            admin_addr.append(await admin.start())
+        except OSError as e:
+            live.close()
+            raise InvalidInput(
+                f"cannot listen on --admin {config.admin[0]}:{config.admin[1]}: {e.strerror}"
+            ) from e
+    addon.guard = addon.guard.listening_on(admin_addr)
+
     announcer = loop.create_task(announce())
     try:
         await master.run()
     finally:
         announcer.cancel()
+        if admin is not None:
+            await admin.close()
         live.close()
         for child in runtime.iterdir():
             child.unlink()

@@ -23,7 +23,7 @@ from store.crypto import MasterKey, write_key_file
 from store.repository import Store
 from tests.e2e.upstream import Upstream
 
-NAMES = ["api.test", "other.test", "x.wild.test", "evil.test"]
+NAMES = ["api.test", "other.test", "x.wild.test", "evil.test", "localhost"]
 CREDPROXY = [sys.executable, "-m", "addon.main"]
 
 
@@ -174,7 +174,7 @@ def proxy(
     initialised_home: Path,
 ) -> Iterator[Proxy]:
     """One proxy per module; tests keep apart by using their own principal names."""
-    resolve = [f"{name}=127.0.0.1:{shared_upstream.port}" for name in NAMES]
+    resolve = [f"{name}=127.0.0.1:{shared_upstream.port}" for name in NAMES if name != "localhost"]
     home = tmp_path_factory.mktemp("proxy")
     running = start_proxy(home, upstream_ca, resolve, template=initialised_home)
     yield running

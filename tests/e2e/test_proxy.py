@@ -386,3 +386,18 @@ def test_audit_lines_are_complete_and_free_of_secrets(proxy: Proxy, upstream: Up
         assert needle not in text
     for line in text.splitlines():
         json.loads(line)
+
+
+def test_names_resolving_to_private_addresses_are_refused(proxy: Proxy, upstream: Upstream, names):
+    agent = names("agent")
+    token = proxy.store.add_principal(agent)
+    proxy.store.add_credential(names("c"), "bearer", ["localhost"], Secret(SECRET.encode()))
+    proxy.store.add_grant(agent, ["GET"], credential=names("c"))
+    proxy.wait_reload()
+    with proxy.client(agent, token) as client:
+        reply = client.get("https://localhost/v1/x")
+    assert (reply.status_code, reply.headers["x-credproxy-reason"]) == (
+        403,
+        "destination-forbidden",
+    )
+    assert upstream.log.connections == 0

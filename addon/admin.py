@@ -1,0 +1,58 @@
+"""The admin listener (`--admin HOST:PORT`): /healthz and /readyz, apart from the proxy port."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+
+MAX_HEAD = 8192
+
+
+class AdminServer:
+    """A deliberately small HTTP/1.1 responder: GET only, no keep-alive, no bodies read."""
+
+    def __init__(self, host: str, port: int, ready: Callable[[], tuple[bool, dict[str, object]]]):
+        self.host = host
+        self.port = port
+        self._ready = ready
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> tuple[str, int]:
+        self._server = await asyncio.start_server(self._handle, self.host, self.port)
+        host, port = self._server.sockets[0].getsockname()[:2]
+        return str(host), int(port)
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+            method, target = head.split(b"\r\n", 1)[0].split(b" ")[:2]
+            status, body = self._route(method, target.split(b"?", 1)[0])
+        except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, ValueError):
+            status, body = 400, {"error": "bad request"}
+        payload = json.dumps(body).encode()
+        writer.write(
+            f"HTTP/1.1 {status} {'OK' if status == 200 else 'Error'}\r\n"
+            f"content-type: application/json\r\ncontent-length: {len(payload)}\r\n"
+            "connection: close\r\n\r\n".encode()
+            + payload
+        )
+        try:
+            await writer.drain()
+        finally:
+            writer.close()
+
+    def _route(self, method: bytes, path: bytes) -> tuple[int, dict[str, object]]:
+        if method != b"GET":
+            return 405, {"error": "method not allowed"}
+        if path == b"/healthz":
+            return 200, {"status": "ok"}
+        if path == b"/readyz":
+            ready, detail = self._ready()
+            return (200 if ready else 503), {"status": "ready" if ready else "not ready", **detail}
+        return 404, {"error": "not found"}
