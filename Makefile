@@ -20,7 +20,7 @@ run: $(STAMP)
 	$(BIN)/credproxy run --listen $(LISTEN) $(ARGS)
 
 lint: $(STAMP)
-	$(BIN)/ruff check addon store tests bench
+	$(BIN)/ruff check .
 	$(BIN)/mypy
 
 test: lint
