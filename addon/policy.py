@@ -14,7 +14,7 @@ from datetime import datetime
 from addon.paths import path_matches
 from store.crypto import token_matches
 from store.patterns import HostPattern
-from store.repository import CredentialRecord, GrantRecord, Snapshot
+from store.records import CredentialRecord, GrantRecord, Snapshot
 
 
 class Reason(enum.StrEnum):
@@ -142,10 +142,13 @@ class Policy:
         # Compare against a dummy when the name is unknown, so timing does not reveal names.
         return token_matches(token, token_hash or "0" * 64) and token_hash is not None
 
-    def may_connect(self, principal: str, host: str, port: int) -> bool:
-        """The CONNECT gate: does any grant name this host and port (on https)?"""
+    def may_connect(self, principal: str, host: str, port: int, now: datetime) -> bool:
+        """The CONNECT gate: does any unexpired grant name this host and port (on https)?"""
         rules = self._principals.get(principal)
-        return rules is not None and next(rules.candidates(host, port, "https"), None) is not None
+        return rules is not None and any(
+            r.expires_at is None or r.expires_at > now
+            for r in rules.candidates(host, port, "https")
+        )
 
     def decide(self, principal: str, request: Request, now: datetime) -> Decision:
         rules = self._principals.get(principal)

@@ -27,7 +27,7 @@ from addon.hosts import BadAuthority, ResolveMap, normalize_host, parse_authorit
 from addon.live import LivePolicy
 from addon.paths import BadPath, canonicalize
 from addon.policy import DEFAULT_PORTS, STATUS, Decision, Reason, Request, Rule
-from addon.redact import Redactor
+from addon.redact import Decoder, Redactor
 from addon.stamping import header_for, stamp_query
 from store.errors import CredproxyError
 
@@ -78,6 +78,7 @@ class Pending:
     bytes_in: int = 0
     bytes_out: int = 0
     redactor: Redactor | None = None
+    decoder: Decoder | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -171,6 +172,7 @@ class Credproxy:
     def http_connect(self, flow: http.HTTPFlow) -> None:
         pending = self._begin(flow)
         pending.method = "CONNECT"
+        pending.host, pending.port = flow.request.host, flow.request.port
         principal = self._authenticate(flow)
         pending.principal = principal
         policy = self._policy()
@@ -178,8 +180,8 @@ class Credproxy:
             host, port = normalize_host(flow.request.host), flow.request.port
         except BadAuthority as e:
             raise Denied(Reason.BAD_REQUEST, "invalid CONNECT authority") from e
-        pending.host, pending.port = host, port
-        if not policy.may_connect(principal, host, port):
+        pending.host = host
+        if not policy.may_connect(principal, host, port, datetime.now(UTC)):
             raise Denied(Reason.NO_GRANT, "no grant for this host and port")
         self.tunnels[flow.client_conn.id] = Tunnel(principal, host, port)
         self.pending.pop(flow.id, None)
@@ -226,6 +228,7 @@ class Credproxy:
     async def requestheaders(self, flow: http.HTTPFlow) -> None:
         request = flow.request
         pending = self._begin(flow)
+        pending.method = request.data.method.decode("latin-1")
         tunnel = self.tunnels.get(flow.client_conn.id)
         if tunnel is None:
             principal = self._authenticate(flow)
@@ -233,7 +236,6 @@ class Credproxy:
             request.headers.pop("proxy-authorization", None)
             principal = tunnel.principal
         pending.principal = principal
-        pending.method = request.data.method.decode("latin-1")
         policy = self._policy()
         if principal not in policy.principals():
             raise Denied(Reason.AUTH_REQUIRED, "the principal no longer exists")
@@ -371,13 +373,20 @@ class Credproxy:
             return
         redactor = pending.redactor
         if redactor is not None:
+            encoding = response.headers.get("content-encoding", "").strip().lower()
+            if encoding not in ("", "identity"):
+                # Compressed anyway, despite Accept-Encoding: identity. Decode so redaction
+                # sees the plaintext; an encoding we cannot decode kills the flow.
+                pending.decoder = Decoder(encoding)
+                del response.headers["content-encoding"]
+                response.headers.pop("content-length", None)
             response.headers.fields = tuple(
                 (name, redactor.text(value.decode("latin-1")).encode("latin-1"))
                 for name, value in response.headers.fields
             )
-            if "content-length" in response.headers:
+            if pending.decoder is not None or "content-length" in response.headers:
                 # Redaction may change the length: re-frame instead of sending a wrong one.
-                del response.headers["content-length"]
+                response.headers.pop("content-length", None)
                 if not flow.request.is_http2 and flow.request.http_version == "HTTP/1.1":
                     response.headers["transfer-encoding"] = "chunked"
         response.stream = _response_stream(pending)
@@ -480,12 +489,20 @@ def _counter(pending: Pending, attribute: str) -> Callable[[bytes], bytes]:
 
 
 def _response_stream(pending: Pending) -> Callable[[bytes], bytes | list[bytes]]:
-    redactor = pending.redactor
+    redactor, decoder = pending.redactor, pending.decoder
 
     def stream(chunk: bytes) -> bytes | list[bytes]:
         pending.bytes_in += len(chunk)
         if redactor is None:
             return chunk
+        if decoder is not None:
+            if chunk:
+                decoded = decoder.feed(chunk)
+                out = redactor.feed(decoded) if decoded else b""
+            else:
+                rest = decoder.feed(b"")
+                out = (redactor.feed(rest) if rest else b"") + redactor.feed(b"")
+            return out if out or not chunk else []
         out = redactor.feed(chunk)
         # b"" mid-stream would end a chunked HTTP/1 response: send nothing instead.
         return out if out or not chunk else []

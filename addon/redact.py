@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import base64
 import re
+import zlib
+from collections.abc import Callable
 from urllib.parse import quote, quote_plus
 
 MARK = b"[REDACTED]"
@@ -74,3 +76,29 @@ class Redactor:
             return value
         raw = value.encode("latin-1", "surrogateescape")
         return self._sub(raw).decode("latin-1", "surrogateescape")
+
+
+class Decoder:
+    """Undo a response's Content-Encoding chunk by chunk, so redaction sees the plaintext."""
+
+    def __init__(self, encoding: str) -> None:
+        self._flush: Callable[[], bytes] = lambda: b""
+        if encoding in ("gzip", "x-gzip", "deflate"):
+            # 32 + 15: accept a gzip or zlib header.
+            inflater = zlib.decompressobj(wbits=47)
+            self._decode: Callable[[bytes], bytes] = inflater.decompress
+            self._flush = inflater.flush
+        elif encoding == "br":
+            import brotli
+
+            self._decode = brotli.Decompressor().process
+        elif encoding == "zstd":
+            import zstandard
+
+            self._decode = zstandard.ZstdDecompressor().decompressobj().decompress
+        else:
+            raise ValueError(f"unsupported content-encoding {encoding!r}")
+
+    def feed(self, chunk: bytes) -> bytes:
+        """Decoded bytes; b"" flushes."""
+        return self._decode(chunk) if chunk else self._flush()

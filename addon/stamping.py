@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 from urllib.parse import quote, unquote_to_bytes
 
-from store.repository import CredentialRecord
+from store.records import CredentialRecord
 
 
 def header_for(credential: CredentialRecord) -> tuple[str, str] | None:

@@ -51,7 +51,7 @@ def _is_ip(host: str) -> bool:
     return True
 
 
-@dataclass(frozen=True, order=True)
+@dataclass(frozen=True)
 class HostPattern:
     """`api.example.com`, `*.example.com` (exactly one more label), `[::1]`, with an optional port.
 

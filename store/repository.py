@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -37,45 +36,10 @@ from store.patterns import (
     validate_param_name,
     validate_path_pattern,
 )
+from store.records import CredentialRecord, GrantRecord, Snapshot
 
 SCHEMES = ("bearer", "header", "basic", "query")
 MIGRATIONS = Path(__file__).parent / "migrations"
-
-
-@dataclass(frozen=True)
-class CredentialRecord:
-    name: str
-    scheme: str
-    header_name: str | None
-    param_name: str | None
-    hosts: tuple[HostPattern, ...]
-    secret: Secret
-    fingerprint: str
-
-
-@dataclass(frozen=True)
-class GrantRecord:
-    id: int
-    principal: str
-    credential: str | None
-    hosts: tuple[HostPattern, ...]
-    methods: frozenset[str]
-    paths: tuple[str, ...]
-    once: bool
-    websocket: bool
-    expires_at: datetime | None
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """What the proxy needs, read in one transaction: live principals, credentials, grants."""
-
-    counter: int
-    key_id: str | None
-    token_hashes: dict[str, str]
-    credentials: dict[str, CredentialRecord]
-    grants: tuple[GrantRecord, ...]
-    unreadable: tuple[str, ...]
 
 
 def normalize_url(url: str) -> str:
@@ -572,7 +536,7 @@ def _revoke_where(session: Session, condition: Any, now: datetime) -> int:
 
 
 def _parse_hosts(hosts: Sequence[str]) -> list[HostPattern]:
-    return sorted({parse_host(h) for h in hosts})
+    return sorted({parse_host(h) for h in hosts}, key=lambda p: (p.host, p.port or 0))
 
 
 def _scheme_options(

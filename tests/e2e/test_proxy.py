@@ -401,3 +401,16 @@ def test_names_resolving_to_private_addresses_are_refused(proxy: Proxy, upstream
         "destination-forbidden",
     )
     assert upstream.log.connections == 0
+
+
+@pytest.mark.parametrize("path", ["/echo-auth", "/echo-auth-gzip"])
+def test_an_echoed_secret_is_redacted(proxy: Proxy, upstream: Upstream, grant, path):
+    g = grant(paths=(path,))
+    with proxy.client(g.agent, g.token) as client:
+        reply = client.get(f"https://api.test{path}")
+    assert reply.status_code == 200
+    assert reply.json() == {"authorization": "Bearer [REDACTED]"}
+    assert reply.headers["x-echo"] == "Bearer [REDACTED]"
+    assert SECRET not in reply.text
+    [line] = proxy.requests(g.agent)
+    assert line["redactions"] == 2

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import socket
 import ssl
@@ -64,11 +65,19 @@ class _Handler(BaseHTTPRequestHandler):
             self.server.log.requests.append(received)
         if self.path.startswith("/sse"):
             return self._sse()
+        encoding = None
         if self.path.startswith("/echo-auth"):
             payload = json.dumps({"authorization": self.headers.get("authorization")}).encode()
+            if "gzip" in self.path:
+                # Compressed although the proxy asked for identity: redaction must still work.
+                payload, encoding = gzip.compress(payload), "gzip"
         else:
             payload = json.dumps({"ok": True, "path": self.path}).encode()
         self.send_response(200)
+        if "echo-auth" in self.path:
+            self.send_header("x-echo", self.headers.get("authorization") or "")
+        if encoding:
+            self.send_header("content-encoding", encoding)
         self.send_header("content-type", "application/json")
         self.send_header("content-length", str(len(payload)))
         self.end_headers()
