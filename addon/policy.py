@@ -57,6 +57,7 @@ class Rule:
     once: bool
     websocket: bool
     expires_at: datetime | None
+    consumed: bool = False
 
     def allows_host(self, host: str, port: int, scheme: str) -> bool:
         default = DEFAULT_PORTS.get(scheme, 443)
@@ -142,13 +143,14 @@ class Policy:
         # Compare against a dummy when the name is unknown, so timing does not reveal names.
         return token_matches(token, token_hash or "0" * 64) and token_hash is not None
 
-    def may_connect(self, principal: str, host: str, port: int, now: datetime) -> bool:
-        """The CONNECT gate: does any unexpired grant name this host and port (on https)?"""
+    def may_connect(self, principal: str, host: str, port: int) -> bool:
+        """The CONNECT gate: does any grant name this host and port (on https)?
+
+        Nothing is dialled for a tunnel; the requests inside it are told precisely why
+        (grant-expired, grant-consumed) rather than the CONNECT failing without a reason.
+        """
         rules = self._principals.get(principal)
-        return rules is not None and any(
-            r.expires_at is None or r.expires_at > now
-            for r in rules.candidates(host, port, "https")
-        )
+        return rules is not None and next(rules.candidates(host, port, "https"), None) is not None
 
     def decide(self, principal: str, request: Request, now: datetime) -> Decision:
         rules = self._principals.get(principal)
@@ -161,9 +163,12 @@ class Policy:
                     Reason.INSECURE_SCHEME, "credentials are only sent over https"
                 )
             return Decision.deny(Reason.NO_GRANT, "no grant for this host and port")
-        live = [r for r in matching if r.expires_at is None or r.expires_at > now]
-        if not live:
+        unexpired = [r for r in matching if r.expires_at is None or r.expires_at > now]
+        if not unexpired:
             return Decision.deny(Reason.GRANT_EXPIRED, "every grant for this host has expired")
+        live = [r for r in unexpired if not r.consumed]
+        if not live:
+            return Decision.deny(Reason.GRANT_CONSUMED, "this once-grant was already used")
         by_method = [r for r in live if r.methods is None or request.method in r.methods]
         if not by_method:
             return Decision.deny(Reason.METHOD_NOT_ALLOWED, "no grant allows this method here")
@@ -209,4 +214,5 @@ def _compile(grant: GrantRecord, snapshot: Snapshot) -> Rule:
         once=grant.once,
         websocket=grant.websocket,
         expires_at=grant.expires_at,
+        consumed=grant.consumed,
     )

@@ -181,7 +181,7 @@ class Credproxy:
         except BadAuthority as e:
             raise Denied(Reason.BAD_REQUEST, "invalid CONNECT authority") from e
         pending.host = host
-        if not policy.may_connect(principal, host, port, datetime.now(UTC)):
+        if not policy.may_connect(principal, host, port):
             raise Denied(Reason.NO_GRANT, "no grant for this host and port")
         self.tunnels[flow.client_conn.id] = Tunnel(principal, host, port)
         self.pending.pop(flow.id, None)

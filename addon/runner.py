@@ -17,8 +17,6 @@ from addon import audit
 from addon.admin import AdminServer
 from addon.guard import DestinationGuard
 from addon.hosts import ResolveMap
-from addon.live import LivePolicy
-from addon.proxy import REQUIRED_OPTIONS, Credproxy
 from store.cli import Settings
 from store.errors import CredproxyError, InvalidInput
 from store.repository import Store
@@ -113,8 +111,12 @@ def _trust_bundle(extra: Path, directory: Path) -> Path:
 
 
 async def serve(config: RunConfig, started: asyncio.Event | None = None) -> int:
+    # Heavy imports here, so that the store commands of the same CLI start quickly.
     from mitmproxy import options
     from mitmproxy.tools.dump import DumpMaster
+
+    from addon.live import LivePolicy
+    from addon.proxy import REQUIRED_OPTIONS, Credproxy
 
     log = audit.logger()
     settings = config.settings

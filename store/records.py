@@ -31,6 +31,7 @@ class GrantRecord:
     once: bool
     websocket: bool
     expires_at: datetime | None
+    consumed: bool = False
 
 
 @dataclass(frozen=True)

@@ -179,6 +179,10 @@ class Store:
             if state.key_check is None and adopt:
                 state.key_id, state.key_check = self.key.key_id, self.key.check_value
                 return
+            if state.key_check is None:
+                raise MasterKeyError(
+                    f"{self.display_url} has no master key yet: run credproxy init"
+                )
             if state.key_check != self.key.check_value:
                 raise MasterKeyError(
                     f"the master key from {self.key.source} (id {self.key.key_id}) is not the key "
@@ -439,10 +443,11 @@ class Store:
             creds = session.scalars(
                 select(Credential).where(Credential.removed_at.is_(None))
             ).all()
+            # Used once-grants stay in the snapshot until they expire, so that a later
+            # request is told grant-consumed rather than no-grant.
             grants = session.scalars(
                 select(Grant).where(
                     Grant.revoked_at.is_(None),
-                    Grant.consumed_at.is_(None),
                     (Grant.expires_at.is_(None)) | (Grant.expires_at > now),
                 )
             ).all()
@@ -468,7 +473,7 @@ class Store:
             records[row.name] = by_id[row.id] = rec
         compiled = []
         for g in grants:
-            if g.principal_id not in names:
+            if g.principal_id not in names or (g.consumed_at is not None and not g.once):
                 continue
             cred = None
             if g.credential_id is not None:
@@ -489,6 +494,7 @@ class Store:
                     once=g.once,
                     websocket=g.websocket,
                     expires_at=g.expires_at,
+                    consumed=g.consumed_at is not None,
                 )
             )
         return Snapshot(

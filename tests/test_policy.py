@@ -9,7 +9,7 @@ import pytest
 from addon.policy import Policy, Reason, Request
 from store.crypto import Secret, hash_token
 from store.patterns import parse_host
-from store.repository import CredentialRecord, GrantRecord, Snapshot
+from store.records import CredentialRecord, GrantRecord, Snapshot
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 CRED = CredentialRecord(
@@ -192,3 +192,9 @@ def test_authenticate_compares_tokens():
     assert p.authenticate("a", "tok-a")
     assert not p.authenticate("a", "tok-b")
     assert not p.authenticate("nobody", "tok-a")
+
+
+def test_connect_gate_admits_spent_grants_so_the_request_gets_the_reason():
+    p = policy(grant(1, once=True), grant(2, hosts=("*.wild.test",), expires=NOW))
+    assert p.may_connect("a", "api.test", 443)
+    assert p.may_connect("a", "x.wild.test", 443)

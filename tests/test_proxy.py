@@ -19,7 +19,7 @@ from addon.hosts import ResolveMap
 from addon.policy import Policy
 from addon.proxy import Credproxy, Tunnel
 from store.crypto import hash_token
-from store.repository import Snapshot
+from store.records import Snapshot
 from tests.test_policy import CRED, grant
 
 

@@ -1,0 +1,419 @@
+"""The real `credproxy` entry point, run as a subprocess.
+
+Each start costs a second or two of imports, so independent commands run concurrently and one
+store, set up the way an operator would, serves most tests.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import secrets
+import shutil
+import stat
+import subprocess
+import sys
+import urllib.parse
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import pytest
+from cryptography import x509
+
+from store.crypto import load_master_key
+from store.repository import Store
+
+ENTRY = Path(sys.executable).parent / "credproxy"
+COMMAND = [str(ENTRY)] if ENTRY.exists() else [sys.executable, "-m", "addon.main"]
+ADVERTISE = "10.0.0.5:3128"
+WRONG_KEY = base64.b64encode(bytes(range(32))).decode()
+# Where CREDPROXY_* point when a command must find its locations through flags instead.
+NOWHERE = {
+    "CREDPROXY_DB": "sqlite:///nowhere/x.db",
+    "CREDPROXY_KEY_FILE": "nowhere.key",
+    "CREDPROXY_CERTS": "nowhere",
+}
+
+
+class Call(NamedTuple):
+    args: tuple[str, ...]
+    stdin: bytes = b""
+    env: dict[str, str] = {}
+
+
+@dataclass
+class Cli:
+    """Runs credproxy in `root` with CREDPROXY_* pointing there; remembers every output."""
+
+    root: Path
+    outputs: list[bytes] = field(default_factory=list)
+
+    @property
+    def db_file(self) -> Path:
+        return self.root / "credproxy.db"
+
+    @property
+    def key_file(self) -> Path:
+        return self.root / "credproxy.key"
+
+    @property
+    def flags(self) -> tuple[str, ...]:
+        return (
+            "--db", f"sqlite:///{self.db_file}",
+            "--key-file", str(self.key_file),
+            "--certs", str(self.root / "certs"),
+        )
+
+    def run(self, call: Call) -> subprocess.CompletedProcess[str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("CREDPROXY_")}
+        env |= {
+            "CREDPROXY_DB": f"sqlite:///{self.db_file}",
+            "CREDPROXY_KEY_FILE": str(self.key_file),
+            "CREDPROXY_CERTS": str(self.root / "certs"),
+            "CREDPROXY_ADVERTISE": ADVERTISE,
+        } | call.env
+        result = subprocess.run(
+            [*COMMAND, *call.args],
+            input=call.stdin,
+            capture_output=True,
+            cwd=self.root,
+            env=env,
+            timeout=60,
+        )
+        self.outputs += [result.stdout, result.stderr]
+        return subprocess.CompletedProcess(
+            result.args, result.returncode, result.stdout.decode(), result.stderr.decode()
+        )
+
+    def ok(self, *calls: Call) -> list[str]:
+        """Run independent commands concurrently; each must succeed silently on stderr."""
+        with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+            results = list(pool.map(self.run, calls))
+        for result in results:
+            assert (result.returncode, result.stderr) == (0, ""), (result.args, result.stderr)
+        return [result.stdout for result in results]
+
+    def store(self) -> Store:
+        return Store(f"sqlite:///{self.db_file}", load_master_key(self.key_file, {}))
+
+
+def _state(cli: Cli) -> tuple[Any, ...]:
+    store = cli.store()
+    try:
+        return (
+            store.change_counter(),
+            [(p.name, p.token_hash) for p in store.list_principals()],
+            [(c.name, c.fingerprint, c.hosts) for c in store.list_credentials()],
+            store.list_grants(),
+        )
+    finally:
+        store.close()
+
+
+# -- one store, set up through the CLI ------------------------------------------------
+
+
+class Secrets(NamedTuple):
+    bearer: bytes
+    rotated: bytes
+    header: bytes
+    basic: bytes
+    query: bytes
+
+
+@dataclass
+class Session:
+    cli: Cli
+    first_init: str
+    second_init: dict[str, Any]
+    key_before: bytes
+    ca_before: bytes
+    principal: dict[str, Any]
+    grant: dict[str, Any]
+    credentials: list[dict[str, Any]]
+    grants: list[dict[str, Any]]
+    secrets: Secrets
+
+
+@pytest.fixture(scope="module")
+def session(tmp_path_factory: pytest.TempPathFactory) -> Session:
+    cli = Cli(tmp_path_factory.mktemp("cli"))
+    tag = secrets.token_hex(8)
+    # '+', '/', '=' and '&' make the URL-encoded forms differ from the plaintext.
+    sec = Secrets(
+        bearer=f"sk-LEAKCHECK-{tag}-bearer+/=".encode(),
+        rotated=f"sk-LEAKCHECK-{tag}-rotated+/=".encode(),
+        header=f"sk-LEAKCHECK-{tag}-header".encode(),
+        basic=f"leakuser:sk-LEAKCHECK-{tag}-basic".encode(),
+        query=f"sk-LEAKCHECK-{tag}-query&x=1".encode(),
+    )
+    (first_init,) = cli.ok(Call(("init",)))
+    key_before = cli.key_file.read_bytes()
+    ca_before = (cli.root / "certs" / "credproxy-ca.pem").read_bytes()
+    second_init, principal, *_ = cli.ok(
+        # Flags before the subcommand win over CREDPROXY_*.
+        Call((*cli.flags, "init", "--json"), env=NOWHERE),
+        Call(("principal", "add", "agent", "--json")),
+        Call(("credential", "add", "gh", "--scheme", "bearer", "--host", "api.github.com"),
+             sec.bearer + b"\n"),
+        Call(("credential", "add", "ex", "--scheme", "header", "--header", "X-Api-Key",
+              "--host", "*.example.com", "--host", "example.com:8443"), sec.header),
+        Call(("credential", "add", "basic", "--scheme", "basic",
+              "--host", "registry.example.org"), sec.basic + b"\r\n"),
+        Call(("credential", "add", "maps", "--scheme", "query", "--param", "key",
+              "--host", "maps.example.org"), sec.query + b"\n"),
+    )
+    grant, _ = cli.ok(
+        Call(("grant", "add", "agent", "--credential", "gh", "--method", "GET",
+              "--method", "POST", "--path", "/repos/*/issues", "--expires", "2h",
+              "--purpose", "triage", "--json")),
+        Call(("credential", "rotate", "gh"), sec.rotated + b"\n"),
+    )
+    # ...and so do flags after it.
+    cli.ok(Call(("key", "rotate", *cli.flags), env=NOWHERE))
+    credentials, grants = cli.ok(
+        Call(("credential", "list", "--json", *cli.flags), env=NOWHERE),
+        Call((*cli.flags[:2], "grant", "list", "--json", *cli.flags[2:]), env=NOWHERE),
+    )
+    return Session(
+        cli=cli,
+        first_init=first_init,
+        second_init=json.loads(second_init),
+        key_before=key_before,
+        ca_before=ca_before,
+        principal=json.loads(principal),
+        grant=json.loads(grant),
+        credentials=json.loads(credentials),
+        grants=json.loads(grants),
+        secrets=sec,
+    )
+
+
+def test_init_reports_what_it_created(session: Session) -> None:
+    assert "(created)" in session.first_init
+    assert str(session.cli.db_file) in session.first_init
+
+
+def test_second_init_keeps_the_key_and_the_ca(session: Session) -> None:
+    second = session.second_init
+    assert (second["key_created"], second["ca_created"]) == (False, False)
+    assert second["schema"] is not None
+    assert second["key_source"] == f"key file {session.cli.key_file}"
+    assert session.ca_before == (session.cli.root / "certs" / "credproxy-ca.pem").read_bytes()
+
+
+def test_location_flags_win_before_and_after_the_subcommand(session: Session) -> None:
+    # Had CREDPROXY_* been used, these commands would have failed or created `nowhere*`.
+    assert sorted(p.name for p in session.cli.root.glob("nowhere*")) == []
+    assert session.second_init["db"] == f"sqlite:///{session.cli.db_file}"
+    assert session.cli.key_file.read_bytes() != session.key_before
+
+
+def test_key_rotation_replaces_the_key_file_privately(session: Session) -> None:
+    assert stat.S_IMODE(session.cli.key_file.stat().st_mode) == 0o600
+    assert session.cli.key_file.read_bytes() != session.key_before
+    assert not session.cli.root.joinpath("credproxy.key.new").exists()
+
+
+def test_database_file_is_private(session: Session) -> None:
+    assert stat.S_IMODE(session.cli.db_file.stat().st_mode) == 0o600
+
+
+def test_init_creates_a_ca_and_a_private_bundle(session: Session) -> None:
+    certs = session.cli.root / "certs"
+    public = (certs / "credproxy-ca.pem").read_bytes()
+    assert b"PRIVATE KEY" not in public
+    cert = x509.load_pem_x509_certificate(public)
+    assert cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca is True
+    assert cert.extensions.get_extension_for_class(x509.KeyUsage).value.key_cert_sign is True
+    bundle = certs / "mitmproxy-ca.pem"
+    assert stat.S_IMODE(bundle.stat().st_mode) == 0o600
+    assert b"PRIVATE KEY" in bundle.read_bytes()
+    assert x509.load_pem_x509_certificate(bundle.read_bytes()) == cert
+
+
+def test_principal_add_prints_the_token_and_proxy_url(session: Session) -> None:
+    p = session.principal
+    assert p["name"] == "agent"
+    assert len(p["token"]) >= 22
+    assert p["proxy_url"] == f"http://agent:{p['token']}@{ADVERTISE}"
+
+
+def test_credentials_of_every_scheme_are_listed(session: Session) -> None:
+    listed = {c["name"]: c for c in session.credentials}
+    assert {n: (c["scheme"], c["header"], c["param"]) for n, c in listed.items()} == {
+        "basic": ("basic", None, None),
+        "ex": ("header", "X-Api-Key", None),
+        "gh": ("bearer", None, None),
+        "maps": ("query", None, "key"),
+    }
+    assert listed["ex"]["hosts"] == ["*.example.com", "example.com:8443"]
+    assert listed["gh"]["rotated_at"] is not None
+    assert len({c["fingerprint"] for c in session.credentials}) == 4
+
+
+def test_secrets_read_from_stdin_open_under_the_rotated_key(session: Session) -> None:
+    store = session.cli.store()
+    try:
+        store.check_ready()
+        opened = {n: c.secret.reveal() for n, c in store.snapshot().credentials.items()}
+    finally:
+        store.close()
+    sec = session.secrets
+    # One trailing newline (LF or CRLF) is stripped, nothing more.
+    assert opened == {"gh": sec.rotated, "ex": sec.header, "basic": sec.basic, "maps": sec.query}
+
+
+def test_grant_add_returns_its_id(session: Session) -> None:
+    (grant,) = session.grants
+    assert session.grant["id"] == grant["id"]
+    assert session.grant["expires_at"] is not None
+    assert (grant["credential"], grant["methods"], grant["paths"], grant["purpose"]) == (
+        "gh", ["GET", "POST"], ["/repos/*/issues"], "triage",
+    )
+    assert grant["state"] == "active"
+
+
+def _forms(secret: bytes) -> dict[str, bytes]:
+    forms = {
+        "plaintext": secret,
+        "base64": base64.b64encode(secret),
+        "urlsafe base64": base64.urlsafe_b64encode(secret),
+        "URL-encoded": urllib.parse.quote(secret, safe="").encode(),
+        "hex": secret.hex().encode(),
+    }
+    if b":" in secret:
+        password = secret.split(b":", 1)[1]
+        forms |= {"password": password, "base64 password": base64.b64encode(password)}
+    return forms
+
+
+def test_no_secret_leaks_into_the_database_or_any_output(session: Session) -> None:
+    cli = session.cli
+    files = {
+        path.name: path.read_bytes()
+        for suffix in ("", "-wal", "-shm", "-journal")
+        if (path := Path(f"{cli.db_file}{suffix}")).exists()
+    }
+    assert files[cli.db_file.name]
+    haystacks = files | {f"output {i}": out for i, out in enumerate(cli.outputs)}
+    for secret in session.secrets:
+        for form_name, form in _forms(secret).items():
+            for where, data in haystacks.items():
+                assert form not in data, f"{form_name} of a secret found in {where}"
+    token = session.principal["token"].encode()
+    for where, data in files.items():
+        assert token not in data, f"principal token found in {where}"
+
+
+# -- bad input -------------------------------------------------------------------------
+
+
+class Bad(NamedTuple):
+    args: tuple[str, ...]
+    says: tuple[str, ...]
+    stdin: bytes = b"s3cret"
+    env: dict[str, str] = {}
+
+
+GRANT = ("grant", "add", "agent", "--credential", "gh", "--method", "GET")
+CRED = ("credential", "add", "new", "--scheme", "bearer")
+UNREACHABLE = "postgresql+psycopg://user:hunter2pw@127.0.0.1:1/x"
+
+BAD_INPUT = {
+    "unknown principal": Bad(
+        ("grant", "add", "nobody", "--credential", "gh", "--method", "GET"), ("'nobody'",)
+    ),
+    "unknown credential": Bad(
+        ("grant", "add", "agent", "--credential", "nope", "--method", "GET"), ("'nope'",)
+    ),
+    "grant host outside the credential's hosts": Bad(
+        (*GRANT, "--host", "evil.example.net"), ("outside", "evil.example.net")
+    ),
+    "invalid host": Bad((*CRED, "--host", "exa mple.com"), ("invalid host",)),
+    "wildcard over a TLD": Bad((*CRED, "--host", "*.com"), ("public suffix",)),
+    "path without a leading slash": Bad((*GRANT, "--path", "v1"), ("invalid path pattern",)),
+    "path with an empty segment": Bad((*GRANT, "--path", "/a//b"), ("invalid path pattern",)),
+    "path with a dot-dot segment": Bad((*GRANT, "--path", "/a/../b"), ("invalid path pattern",)),
+    "lower-case method": Bad(
+        ("grant", "add", "agent", "--credential", "gh", "--method", "get"), ("invalid method",)
+    ),
+    "empty secret": Bad((*CRED, "--host", "a.example.com"), ("empty",), stdin=b""),
+    "secret with CRLF inside": Bad(
+        (*CRED, "--host", "a.example.com"), ("control characters",), b"tok\r\nX-Evil: 1\n"
+    ),
+    "duplicate principal": Bad(("principal", "add", "agent"), ("already exists",)),
+    "duplicate credential": Bad(
+        ("credential", "add", "gh", "--scheme", "bearer", "--host", "api.github.com"),
+        ("already exists",),
+    ),
+    "expiry in the past": Bad((*GRANT, "--expires", "2000-01-01T00:00:00Z"), ("past",)),
+    "wrong master key": Bad(
+        ("principal", "list"), ("CREDPROXY_MASTER_KEY", "is not the key"),
+        env={"CREDPROXY_MASTER_KEY": WRONG_KEY},
+    ),
+    "key file readable by others": Bad(
+        ("principal", "list", "--key-file", "loose.key"), ("loose.key", "mode 644")
+    ),
+    "unreachable database": Bad(
+        ("principal", "list", "--db", UNREACHABLE), ("cannot reach database", "127.0.0.1:1")
+    ),
+    "a secret on the principal command line": Bad(
+        ("principal", "add", "eve", "--secret", "x"), ("unrecognized arguments",)
+    ),
+}
+
+
+@dataclass
+class Outcomes:
+    results: dict[str, subprocess.CompletedProcess[str]]
+    before: tuple[Any, ...]
+    after: tuple[Any, ...]
+
+
+@pytest.fixture(scope="module")
+def bad(session: Session) -> Iterator[Outcomes]:
+    """Every bad command, run concurrently against the session's store."""
+    cli = session.cli
+    loose = cli.root / "loose.key"
+    shutil.copyfile(cli.key_file, loose)
+    loose.chmod(0o644)
+    before = _state(cli)
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        futures = {
+            name: pool.submit(cli.run, Call(bad.args, bad.stdin, bad.env))
+            for name, bad in BAD_INPUT.items()
+        }
+        results = {name: f.result() for name, f in futures.items()}
+    yield Outcomes(results, before, _state(cli))
+    loose.unlink()
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, id=n) for n in BAD_INPUT])
+def test_bad_input_is_one_line_and_status_2(bad: Outcomes, name: str) -> None:
+    result = bad.results[name]
+    assert "Traceback" not in result.stderr
+    assert result.returncode == 2
+    assert result.stdout == ""
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("credproxy: error: ")
+    for phrase in BAD_INPUT[name].says:
+        assert phrase in line
+
+
+def test_unreachable_database_is_named_without_its_password(bad: Outcomes) -> None:
+    stderr = bad.results["unreachable database"].stderr
+    assert "hunter2pw" not in stderr
+    assert "user:***@127.0.0.1:1/x" in stderr
+
+
+def test_failed_commands_leave_the_store_unchanged(bad: Outcomes) -> None:
+    _, principals, credentials, grants = bad.after
+    assert bad.after == bad.before
+    assert [p[0] for p in principals] == ["agent"]
+    assert [c[0] for c in credentials] == ["basic", "ex", "gh", "maps"]
+    assert len(grants) == 1
