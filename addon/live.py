@@ -16,6 +16,9 @@ from store.repository import Store
 
 T = TypeVar("T")
 
+# A database that accepts but never answers must not hold a request or the poll forever.
+DB_TIMEOUT = 5.0
+
 
 class LivePolicy:
     """Serves the last good Policy for at most `max_stale` s once the store stops answering."""
@@ -38,6 +41,7 @@ class LivePolicy:
         self.policy: Policy | None = None
         self.last_ok = 0.0
         self.store_up = True
+        self._stale_reported = False
         self._log = audit.logger()
 
     def load(self) -> Policy:
@@ -53,11 +57,20 @@ class LivePolicy:
         return self.policy
 
     async def call(self, fn: Callable[..., T], *args: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+        """Run a store call in the database pool; StoreUnavailable after DB_TIMEOUT."""
+        future = asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+        try:
+            return await asyncio.wait_for(future, DB_TIMEOUT)
+        except TimeoutError as e:
+            raise StoreUnavailable(f"the store did not answer within {DB_TIMEOUT:g} s") from e
 
     async def consume_once(self, grant_id: int) -> bool:
         """Raises StoreUnavailable when the store cannot say."""
-        return await self.call(self.store.consume_once, grant_id)
+        try:
+            return await self.call(self.store.consume_once, grant_id)
+        except CredproxyError as e:
+            self._down(e)
+            raise
 
     async def run(self) -> None:
         while True:
@@ -80,11 +93,18 @@ class LivePolicy:
                 self.last_ok = time.monotonic()
             if not self.store_up:
                 self.store_up = True
-                self._log.info("store.recovered")
+                self._stale_reported = False
+                self._log.info("store.recovered", counter=counter)
         except CredproxyError as e:
-            if self.store_up:
-                self.store_up = False
-                self._log.warning("store.unavailable", error=str(e), max_stale_s=self.max_stale)
+            self._down(e)
+        if not self._stale_reported and self.current() is None:
+            self._stale_reported = True
+            self._log.error("store.stale", max_stale_s=self.max_stale)
+
+    def _down(self, error: CredproxyError) -> None:
+        if self.store_up:
+            self.store_up = False
+            self._log.warning("store.unavailable", error=str(error), max_stale_s=self.max_stale)
 
     def _build(self) -> Policy:
         snapshot = self.store.snapshot()

@@ -67,7 +67,11 @@ def make_engine(url: str) -> Engine:
             max_overflow=5,
             pool_timeout=5,
             pool_pre_ping=True,
-            connect_args={"connect_timeout": 5, "options": "-c statement_timeout=5000"},
+            connect_args={
+                "connect_timeout": 5,
+                # A replica stuck mid-transaction must not hold row locks for long.
+                "options": "-c statement_timeout=5000 -c idle_in_transaction_session_timeout=5000",
+            },
         )
     elif parsed.get_backend_name() == "sqlite":
         kwargs["connect_args"] = {"timeout": 5}

@@ -101,10 +101,10 @@ class Proxy:
         raise AssertionError("the proxy did not reload within the timeout")
 
 
-def _env(home: Path) -> dict[str, str]:
+def _env(home: Path, db: str | None = None) -> dict[str, str]:
     env = {
         **os.environ,
-        "CREDPROXY_DB": f"sqlite:///{home}/credproxy.db",
+        "CREDPROXY_DB": db or f"sqlite:///{home}/credproxy.db",
         "CREDPROXY_KEY_FILE": str(home / "credproxy.key"),
         "CREDPROXY_CERTS": str(home / "certs"),
         "PYTHONUNBUFFERED": "1",
@@ -119,12 +119,15 @@ def start_proxy(
     resolve: list[str],
     extra: list[str] | None = None,
     template: Path | None = None,
+    db: str | None = None,
+    store_db: str | None = None,
 ) -> Proxy:
+    """Start `credproxy run` in `home`; `db` is what the proxy uses, `store_db` the test's."""
     if template is not None:
         shutil.copytree(template, home, dirs_exist_ok=True)
     ca_pem = home / "upstream-ca.pem"
     upstream_ca.cert_pem.write_to_path(str(ca_pem))
-    env = _env(home)
+    env = _env(home, db)
     if not (home / "credproxy.key").exists():
         subprocess.run([*CREDPROXY, "init"], env=env, cwd=home, check=True, capture_output=True)
     args = [*CREDPROXY, "run", "--listen", "127.0.0.1:0", "--upstream-ca", str(ca_pem)]
@@ -148,7 +151,7 @@ def start_proxy(
         process.kill()
         raise AssertionError(f"credproxy did not start: {stdout.read_text()}")
     key = _load_key(home)
-    return Proxy(process, port, Store(env["CREDPROXY_DB"], key), home, stdout, env)
+    return Proxy(process, port, Store(store_db or env["CREDPROXY_DB"], key), home, stdout, env)
 
 
 def _load_key(home: Path) -> MasterKey:
