@@ -1,4 +1,4 @@
-"""The admin listener (`--admin HOST:PORT`): /healthz and /readyz, apart from the proxy port."""
+"""The admin listener (`--admin HOST:PORT`): /healthz, /readyz and /metrics, off the proxy port."""
 
 from __future__ import annotations
 
@@ -6,16 +6,23 @@ import asyncio
 import json
 from collections.abc import Callable
 
-MAX_HEAD = 8192
+PROMETHEUS = "text/plain; version=0.0.4; charset=utf-8"
 
 
 class AdminServer:
     """A deliberately small HTTP/1.1 responder: GET only, no keep-alive, no bodies read."""
 
-    def __init__(self, host: str, port: int, ready: Callable[[], tuple[bool, dict[str, object]]]):
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        ready: Callable[[], tuple[bool, dict[str, object]]],
+        metrics: Callable[[], bytes],
+    ):
         self.host = host
         self.port = port
         self._ready = ready
+        self._metrics = metrics
         self._server: asyncio.Server | None = None
 
     async def start(self) -> tuple[str, int]:
@@ -32,13 +39,17 @@ class AdminServer:
         try:
             head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
             method, target = head.split(b"\r\n", 1)[0].split(b" ")[:2]
-            status, body = self._route(method, target.split(b"?", 1)[0])
+            path = target.split(b"?", 1)[0]
+            if method == b"GET" and path == b"/metrics":
+                status, payload, kind = 200, self._metrics(), PROMETHEUS
+            else:
+                status, body = self._route(method, path)
+                payload, kind = json.dumps(body).encode(), "application/json"
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, ValueError):
-            status, body = 400, {"error": "bad request"}
-        payload = json.dumps(body).encode()
+            status, payload, kind = 400, b'{"error": "bad request"}', "application/json"
         writer.write(
             f"HTTP/1.1 {status} {'OK' if status == 200 else 'Error'}\r\n"
-            f"content-type: application/json\r\ncontent-length: {len(payload)}\r\n"
+            f"content-type: {kind}\r\ncontent-length: {len(payload)}\r\n"
             "connection: close\r\n\r\n".encode()
             + payload
         )

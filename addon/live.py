@@ -43,6 +43,7 @@ class LivePolicy:
         self.store_up = True
         self._stale_reported = False
         self._log = audit.logger()
+        self.on_reload: Callable[[], None] = lambda: None
 
     def load(self) -> Policy:
         """Synchronous first load, before the proxy listens; raises CredproxyError."""
@@ -83,6 +84,7 @@ class LivePolicy:
             if self.policy is None or counter != self.policy.counter:
                 policy = await self.call(self._build)
                 self._install(policy)
+                self.on_reload()
                 self._log.info(
                     "policy.reloaded",
                     counter=policy.counter,

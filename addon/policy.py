@@ -159,9 +159,7 @@ class Policy:
         )
         if not matching:
             if request.scheme == "http" and rules and self._granted_on_https(rules, request):
-                return Decision.deny(
-                    Reason.INSECURE_SCHEME, "credentials are only sent over https"
-                )
+                return Decision.deny(Reason.INSECURE_SCHEME, "credentials are only sent over https")
             return Decision.deny(Reason.NO_GRANT, "no grant for this host and port")
         unexpired = [r for r in matching if r.expires_at is None or r.expires_at > now]
         if not unexpired:
@@ -185,9 +183,7 @@ class Policy:
         if request.scheme != "https":
             by_path = [(n, r) for n, r in by_path if r.credential is None]
             if not by_path:
-                return Decision.deny(
-                    Reason.INSECURE_SCHEME, "credentials are only sent over https"
-                )
+                return Decision.deny(Reason.INSECURE_SCHEME, "credentials are only sent over https")
         # Standing grants before once-grants (never burn one needlessly), then the most
         # specific path, then a credential over none, then the oldest grant.
         _, rule = min(

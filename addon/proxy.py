@@ -25,6 +25,7 @@ from addon import audit
 from addon.guard import DestinationGuard
 from addon.hosts import BadAuthority, ResolveMap, normalize_host, parse_authority
 from addon.live import LivePolicy
+from addon.metrics import Metrics, StreakAlerts
 from addon.paths import BadPath, canonicalize
 from addon.policy import DEFAULT_PORTS, STATUS, Decision, Reason, Request, Rule
 from addon.redact import Decoder, Redactor
@@ -132,11 +133,18 @@ class Credproxy:
         live: LivePolicy,
         resolve: ResolveMap | None = None,
         guard: DestinationGuard | None = None,
+        alert_streak: int = 20,
     ) -> None:
         self.live = live
         self.resolve = resolve or ResolveMap({})
         self.guard = guard or DestinationGuard()
         self.log = audit.logger()
+        self.metrics = Metrics(
+            snapshot_age=lambda: time.monotonic() - getattr(live, "last_ok", 0.0),
+            store_up=lambda: bool(getattr(live, "store_up", False)),
+        )
+        live.on_reload = self.metrics.reloads.inc
+        self.alerts = StreakAlerts(alert_streak, self.log)
         self.tunnels: dict[str, Tunnel] = {}
         self.broken_clients: set[str] = set()
         # (client id, dialled address) -> the host name to use as upstream SNI.
@@ -330,6 +338,7 @@ class Credproxy:
             raise Denied(Reason.STORE_UNAVAILABLE, "the store did not answer") from e
         if not won:
             raise Denied(Reason.GRANT_CONSUMED, "this once-grant was already used")
+        self.metrics.once_consumed.inc()
 
     def _forward(
         self,
@@ -431,9 +440,11 @@ class Credproxy:
             scheme, _, encoded = values[0].partition(" ")
             if scheme.lower() == "basic":
                 try:
-                    name, sep, token = base64.b64decode(encoded.strip(), validate=True).decode(
-                        "utf-8"
-                    ).partition(":")
+                    name, sep, token = (
+                        base64.b64decode(encoded.strip(), validate=True)
+                        .decode("utf-8")
+                        .partition(":")
+                    )
                 except (binascii.Error, UnicodeDecodeError):
                     sep = ""
                 if sep and policy.authenticate(name, token):
@@ -458,26 +469,27 @@ class Credproxy:
     def _audit(self, pending: Pending, decision: str, **fields: Any) -> None:
         rule = pending.rule
         credential = rule.credential if rule is not None else None
-        self.log.info(
-            audit.REQUEST_EVENT,
-            **{
-                audit.REQUEST_ID: pending.request_id,
-                audit.PRINCIPAL: pending.principal,
-                audit.CLIENT: pending.client,
-                audit.METHOD: pending.method,
-                audit.HOST: pending.host,
-                audit.PORT: pending.port,
-                audit.PATH: pending.path,
-                audit.DECISION: decision,
-                audit.GRANT_ID: rule.grant_id if rule is not None else None,
-                audit.CREDENTIAL: credential.name if credential is not None else None,
-                audit.CREDENTIAL_FP: credential.fingerprint if credential is not None else None,
-                audit.BYTES_IN: pending.bytes_in,
-                audit.BYTES_OUT: pending.bytes_out,
-                audit.DURATION_MS: round((time.monotonic() - pending.start) * 1000, 2),
-                **fields,
-            },
-        )
+        line: dict[str, Any] = {
+            audit.REQUEST_ID: pending.request_id,
+            audit.PRINCIPAL: pending.principal,
+            audit.CLIENT: pending.client,
+            audit.METHOD: pending.method,
+            audit.HOST: pending.host,
+            audit.PORT: pending.port,
+            audit.PATH: pending.path,
+            audit.DECISION: decision,
+            audit.GRANT_ID: rule.grant_id if rule is not None else None,
+            audit.CREDENTIAL: credential.name if credential is not None else None,
+            audit.CREDENTIAL_FP: credential.fingerprint if credential is not None else None,
+            audit.BYTES_IN: pending.bytes_in,
+            audit.BYTES_OUT: pending.bytes_out,
+            audit.DURATION_MS: round((time.monotonic() - pending.start) * 1000, 2),
+            **fields,
+        }
+        self.log.info(audit.REQUEST_EVENT, **line)
+        line[audit.DECISION] = decision
+        self.metrics.observe(line)
+        self.alerts.observe(pending.principal, decision, line.get(audit.REASON))
 
 
 def _counter(pending: Pending, attribute: str) -> Callable[[bytes], bytes]:

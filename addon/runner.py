@@ -34,6 +34,7 @@ class RunConfig:
     guard: DestinationGuard
     max_stale: float
     admin: tuple[str, int] | None
+    alert_streak: int
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, settings: Settings) -> RunConfig:
@@ -52,7 +53,19 @@ class RunConfig:
         except ValueError as e:
             raise InvalidInput(str(e)) from e
         admin = _parse_listen(args.admin, "--admin") if args.admin else None
-        return cls(settings, host, port, upstream_ca, resolve, guard, args.max_stale, admin)
+        if args.alert_streak < 1:
+            raise InvalidInput("--alert-streak must be at least 1")
+        return cls(
+            settings,
+            host,
+            port,
+            upstream_ca,
+            resolve,
+            guard,
+            args.max_stale,
+            admin,
+            args.alert_streak,
+        )
 
 
 def _parse_listen(text: str, flag: str) -> tuple[str, int]:
@@ -87,6 +100,13 @@ def add_command(sub: Any, common: argparse.ArgumentParser) -> None:
         "--admin",
         metavar="HOST:PORT",
         help="serve /healthz and /readyz here (default: off); never through the proxy",
+    )
+    p.add_argument(
+        "--alert-streak",
+        type=int,
+        default=20,
+        metavar="N",
+        help="alert once when a principal is denied N times in a row (default 20)",
     )
     p.add_argument(
         "--max-stale",
@@ -142,7 +162,7 @@ async def serve(config: RunConfig, started: asyncio.Event | None = None) -> int:
     if config.upstream_ca is not None:
         update["ssl_verify_upstream_trusted_ca"] = str(_trust_bundle(config.upstream_ca, runtime))
     master.options.update(**update)
-    addon = Credproxy(live, config.resolve, config.guard)
+    addon = Credproxy(live, config.resolve, config.guard, config.alert_streak)
     master.addons.add(addon)
 
     loop = asyncio.get_running_loop()
@@ -179,7 +199,7 @@ async def serve(config: RunConfig, started: asyncio.Event | None = None) -> int:
             current = live.current()
             return current is not None, {"store_up": live.store_up}
 
-        admin = AdminServer(config.admin[0], config.admin[1], ready)
+        admin = AdminServer(config.admin[0], config.admin[1], ready, addon.metrics.render)
         try:
             admin_addr.append(await admin.start())
         except OSError as e:

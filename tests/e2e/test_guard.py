@@ -7,6 +7,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 import trustme
 
@@ -33,6 +34,8 @@ def open_proxy(
         "::1/128",
         "--admin",
         "127.0.0.1:0",
+        "--alert-streak",
+        "5",
     ]
     running = start_proxy(home, upstream_ca, [], extra=extra, template=initialised_home)
     yield running
@@ -82,3 +85,69 @@ def test_the_admin_listener_is_never_reachable_through_the_proxy(
     sock, connect_reply = connect(open_proxy.port, f"127.0.0.1:{port}", proxy_auth(agent, token))
     sock.close()
     assert connect_reply.status == 403
+
+
+def scrape(proxy: Proxy) -> str:
+    url = f"http://127.0.0.1:{admin_port(proxy)}/metrics"
+    with urllib.request.urlopen(url, timeout=5) as reply:
+        return reply.read().decode()
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    for line in text.splitlines():
+        if line.startswith(f"{name}{{{want}}} ") or (not labels and line.startswith(name + " ")):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_metrics_count_real_traffic(open_proxy: Proxy, upstream: Upstream, names):
+    agent = names("agent")
+    token = open_proxy.store.add_principal(agent)
+    open_proxy.store.add_credential(
+        names("c"), "bearer", [f"localhost:{upstream.port}"], Secret(b"metric-secret")
+    )
+    open_proxy.store.add_grant(agent, ["GET"], credential=names("c"), paths=["/echo-auth"])
+    open_proxy.wait_reload()
+    before = scrape(open_proxy)
+    with open_proxy.client(agent, token) as client:
+        assert client.get(f"https://localhost:{upstream.port}/echo-auth").status_code == 200
+        assert client.get(f"https://localhost:{upstream.port}/nope").status_code == 403
+    after = scrape(open_proxy)
+
+    def delta(name: str, **labels: str) -> float:
+        return metric(after, name, **labels) - metric(before, name, **labels)
+
+    assert delta("credproxy_requests_total", decision="allow", reason="") == 1
+    assert delta("credproxy_requests_total", decision="deny", reason="path-not-allowed") == 1
+    assert delta("credproxy_principal_requests_total", decision="allow", principal=agent) == 1
+    assert delta("credproxy_redactions_total") == 2
+    assert delta("credproxy_request_duration_seconds_count") == 2
+    assert metric(after, "credproxy_store_up") == 1
+    assert metric(after, "credproxy_policy_reloads_total") >= 1
+    assert "/nope" not in after and "metric-secret" not in after
+
+
+def test_a_denial_streak_alerts_once_per_streak(open_proxy: Proxy, upstream: Upstream, names):
+    agent = names("agent")
+    token = open_proxy.store.add_principal(agent)
+    open_proxy.store.add_grant(agent, ["GET"], hosts=[f"localhost:{upstream.port}"], paths=["/ok"])
+    open_proxy.wait_reload()
+
+    def alerts() -> list[dict]:
+        return [
+            line
+            for line in open_proxy.audit()
+            if line["event"] == "alert.denial_streak" and line["principal"] == agent
+        ]
+
+    with httpx.Client(proxy=open_proxy.url(agent, token)) as client:
+        for _ in range(7):
+            assert client.get(f"http://localhost:{upstream.port}/no").status_code == 403
+        assert len(alerts()) == 1
+        assert alerts()[0]["count"] == 5
+        assert alerts()[0]["last_reasons"] == ["path-not-allowed"] * 5
+        client.get(f"http://localhost:{upstream.port}/ok")
+        for _ in range(5):
+            client.get(f"http://localhost:{upstream.port}/no")
+    assert len(alerts()) == 2
