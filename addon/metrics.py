@@ -82,6 +82,8 @@ class StreakAlerts:
         self._failure_reasons: deque[str] = deque(maxlen=5)
 
     def observe(self, principal: str | None, decision: str, reason: str | None) -> None:
+        if decision not in ("allow", "deny"):
+            return  # the proxy's own endpoints neither break nor extend a streak
         if reason in FAILURE_REASONS:
             self._failures += 1
             self._failure_reasons.append(reason or "")

@@ -22,6 +22,7 @@ from mitmproxy import connection, ctx, exceptions, http, tls
 from mitmproxy.proxy import server_hooks
 
 from addon import audit
+from addon.access import HOW_TO_ASK, INTERNAL_HOST, RECORDED_REASONS, AccessRequests
 from addon.guard import DestinationGuard
 from addon.hosts import BadAuthority, ResolveMap, normalize_host, parse_authority
 from addon.live import LivePolicy
@@ -80,16 +81,18 @@ class Pending:
     bytes_out: int = 0
     redactor: Redactor | None = None
     decoder: Decoder | None = None
+    internal: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
 
 class Denied(Exception):
     """Raised inside a hook to end it with a deny; carries a fixed reason and detail."""
 
-    def __init__(self, reason: Reason, detail: str) -> None:
+    def __init__(self, reason: Reason, detail: str, extra: dict[str, Any] | None = None) -> None:
         super().__init__(reason.value)
         self.reason = reason
         self.detail = detail
+        self.extra = extra or {}
 
 
 def _guard_flow(hook: F) -> F:
@@ -102,7 +105,7 @@ def _guard_flow(hook: F) -> F:
             if isinstance(result, Awaitable):
                 await result
         except Denied as d:
-            self.deny(flow, d.reason, d.detail)
+            self.deny(flow, d.reason, d.detail, d.extra)
         except Exception as e:  # noqa: BLE001 - the fail-closed wrapper: it denies
             self.log.error("hook.failed", hook=hook.__name__, error_type=type(e).__name__)
             try:
@@ -145,6 +148,7 @@ class Credproxy:
         )
         live.on_reload = self.metrics.reloads.inc
         self.alerts = StreakAlerts(alert_streak, self.log)
+        self.access = AccessRequests(live, self.log)
         self.tunnels: dict[str, Tunnel] = {}
         self.broken_clients: set[str] = set()
         # (client id, dialled address) -> the host name to use as upstream SNI.
@@ -237,6 +241,7 @@ class Credproxy:
         request = flow.request
         pending = self._begin(flow)
         pending.method = request.data.method.decode("latin-1")
+        pending.host, pending.port = request.host, request.port
         tunnel = self.tunnels.get(flow.client_conn.id)
         if tunnel is None:
             principal = self._authenticate(flow)
@@ -261,10 +266,18 @@ class Credproxy:
 
         facts = Request(host, port, scheme, method, path, upgrade="upgrade" in request.headers)
         now = datetime.now(UTC)
+        if tunnel is None and host == INTERNAL_HOST:
+            pending.internal = True
+            return  # answered in the request hook, with the body; never forwarded
         decision = policy.decide(principal, facts, now)
         if not decision.allowed:
             assert decision.reason is not None
-            raise Denied(decision.reason, decision.detail)
+            extra = None
+            if decision.reason in RECORDED_REASONS:
+                asked = await self.access.on_denial(principal, host, port, method, path)
+                if asked is not None:
+                    extra = {"access_request": asked, "how_to_ask": HOW_TO_ASK}
+            raise Denied(decision.reason, decision.detail, extra)
         for header in METHOD_OVERRIDES:
             for value in request.headers.get_all(header):
                 override = _method(value.strip().encode("latin-1"))
@@ -374,6 +387,16 @@ class Credproxy:
         self.upstream_names[(flow.client_conn.id, address)] = host
         request.stream = _counter(pending, "bytes_out")
 
+    @_guard_flow
+    async def request(self, flow: http.HTTPFlow) -> None:
+        pending = self.pending.get(flow.id)
+        if pending is None or not pending.internal:
+            return
+        assert pending.principal is not None and pending.path is not None
+        flow.response = await self.access.handle(flow, pending.principal, pending.path)
+        self.pending.pop(flow.id, None)
+        self._audit(pending, "internal", status=flow.response.status_code)
+
     @_guard_response
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         pending = self.pending.get(flow.id)
@@ -451,12 +474,20 @@ class Credproxy:
                     return name
         raise Denied(Reason.AUTH_REQUIRED, "proxy authentication required")
 
-    def deny(self, flow: http.HTTPFlow, reason: Reason, detail: str) -> None:
+    def deny(
+        self,
+        flow: http.HTTPFlow,
+        reason: Reason,
+        detail: str,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
         status = STATUS.get(reason, 403)
         headers = {"content-type": "application/json", "x-credproxy-reason": reason.value}
         if reason is Reason.AUTH_REQUIRED:
             headers["proxy-authenticate"] = 'Basic realm="credproxy"'
-        body = json.dumps({"error": "denied", "reason": reason.value, "detail": detail})
+        body = json.dumps(
+            {"error": "denied", "reason": reason.value, "detail": detail, **(extra or {})}
+        )
         flow.request.stream = False
         flow.response = http.Response.make(status, body, headers)
         pending = self.pending.pop(flow.id, None)

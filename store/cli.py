@@ -1,4 +1,4 @@
-"""The operator's CLI: `credproxy init | principal | credential | grant | key`.
+"""The operator's CLI: `credproxy init | principal | credential | grant | request | key`.
 
 The `run` command is added by the addon package, which owns the proxy; the store stays
 free of mitmproxy.
@@ -20,7 +20,7 @@ from store.ca import PUBLIC_CERT, ensure_ca
 from store.crypto import KEY_ENV, MasterKey, Secret, load_master_key, write_key_file
 from store.errors import CredproxyError, InvalidInput, MasterKeyError
 from store.patterns import parse_expiry
-from store.repository import SCHEMES, Store
+from store.repository import APPROVED, DENIED, REQUEST_STATES, SCHEMES, Store
 
 DEFAULT_DB = "sqlite:///credproxy.db"
 DEFAULT_KEY_FILE = "credproxy.key"
@@ -155,6 +155,28 @@ def build_parser() -> tuple[argparse.ArgumentParser, Any, _Parser]:
     p = grant.add_parser("revoke", parents=[common])
     p.add_argument("id", type=int)
     p.set_defaults(func=cmd_grant_revoke)
+
+    request = sub.add_parser("request", help="access requests from agents").add_subparsers(
+        dest="action", required=True, parser_class=_Parser
+    )
+    p = request.add_parser("list", parents=[common])
+    p.add_argument("--state", choices=REQUEST_STATES)
+    _json_flag(p)
+    p.set_defaults(func=cmd_request_list)
+    p = request.add_parser("approve", parents=[common], help="turn it into a grant")
+    p.add_argument("id", type=int)
+    p.add_argument("--credential")
+    p.add_argument("--path", help="path pattern, instead of the requested path")
+    lifetime = p.add_mutually_exclusive_group()
+    lifetime.add_argument("--once", action="store_true", help="usable by exactly one request")
+    lifetime.add_argument("--expires", help="30s, 10m, 2h, 7d or an ISO-8601 time")
+    _json_flag(p)
+    p.set_defaults(func=cmd_request_approve)
+    p = request.add_parser("deny", parents=[common])
+    p.add_argument("id", type=int)
+    p.add_argument("--reason")
+    _json_flag(p)
+    p.set_defaults(func=cmd_request_deny)
 
     key = sub.add_parser("key", help="the master key").add_subparsers(
         dest="action", required=True, parser_class=_Parser
@@ -386,6 +408,32 @@ def cmd_grant_list(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_grant_revoke(args: argparse.Namespace, settings: Settings) -> int:
     settings.store().revoke_grant(args.id)
     print(f"revoked grant {args.id}")
+    return 0
+
+
+def cmd_request_list(args: argparse.Namespace, settings: Settings) -> int:
+    rows = settings.store().list_access_requests(args.state)
+    columns = ["id", "principal", "method", "host", "port", "path", "source", "state", "count"]
+    _emit(settings, rows, _table(rows, columns + ["last_seen", "grant_id", "purpose"]))
+    return 0
+
+
+def cmd_request_approve(args: argparse.Namespace, settings: Settings) -> int:
+    expires = parse_expiry(args.expires) if args.expires else None
+    grant_id = settings.store().approve_access_request(
+        args.id, credential=args.credential, path=args.path, once=args.once, expires_at=expires
+    )
+    _emit(
+        settings,
+        {"id": args.id, "grant_id": grant_id, "state": APPROVED},
+        [f"approved request {args.id}; added grant {grant_id}"],
+    )
+    return 0
+
+
+def cmd_request_deny(args: argparse.Namespace, settings: Settings) -> int:
+    settings.store().deny_access_request(args.id, args.reason)
+    _emit(settings, {"id": args.id, "state": DENIED}, [f"denied request {args.id}"])
     return 0
 
 

@@ -122,3 +122,26 @@ class Grant(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     consumed_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
+class AccessRequest(Base):
+    """An agent's request for access, recorded on a denial or asked for; the owner decides."""
+
+    __tablename__ = "access_requests"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    principal_id: Mapped[int] = mapped_column(ForeignKey("principals.id"))
+    host: Mapped[str] = mapped_column(String(253))
+    port: Mapped[int] = mapped_column(Integer)
+    method: Mapped[str] = mapped_column(String(32))
+    path: Mapped[str] = mapped_column(String(2048))
+    purpose: Mapped[str | None] = mapped_column(Text)
+    source: Mapped[str] = mapped_column(String(8))
+    state: Mapped[str] = mapped_column(String(8))
+    count: Mapped[int] = mapped_column(Integer, default=1)
+    first_seen: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    last_seen: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    decided_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    decision_reason: Mapped[str | None] = mapped_column(Text)
+    grant_id: Mapped[int | None] = mapped_column(ForeignKey("grants.id"))
+
+    __table_args__ = (Index("ix_access_requests_principal_state", "principal_id", "state"),)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Engine, create_engine, event, select, update
+from sqlalchemy import Engine, Select, create_engine, event, func, select, update
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, NoSuchModuleError
 from sqlalchemy.orm import Session, sessionmaker
@@ -26,7 +27,7 @@ from store.errors import (
     SealError,
     StoreUnavailable,
 )
-from store.models import Credential, Grant, Principal, StoreState, utcnow
+from store.models import AccessRequest, Credential, Grant, Principal, StoreState, utcnow
 from store.patterns import (
     HostPattern,
     parse_host,
@@ -39,6 +40,11 @@ from store.patterns import (
 from store.records import CredentialRecord, GrantRecord, Snapshot
 
 SCHEMES = ("bearer", "header", "basic", "query")
+PENDING, APPROVED, DENIED = "pending", "approved", "denied"
+REQUEST_STATES = (PENDING, APPROVED, DENIED)
+MAX_PENDING_PER_PRINCIPAL = 50
+MAX_REQUEST_PATH = 2048
+MAX_REQUEST_TEXT = 1000
 MIGRATIONS = Path(__file__).parent / "migrations"
 
 
@@ -256,6 +262,11 @@ class Store:
             principal = _need(_live_principal(session, name), "principal", name)
             now = utcnow()
             principal.disabled_at = now
+            session.execute(
+                update(AccessRequest)
+                .where(AccessRequest.principal_id == principal.id, AccessRequest.state == PENDING)
+                .values(state=DENIED, decided_at=now, decision_reason="principal removed")
+            )
             return _revoke_where(session, Grant.principal_id == principal.id, now)
 
     # -- credentials -----------------------------------------------------------------
@@ -337,45 +348,12 @@ class Store:
         expires_at: datetime | None = None,
         purpose: str | None = None,
     ) -> int:
-        if not methods:
-            raise InvalidInput("a grant needs at least one --method (or '*')")
-        method_list = sorted({validate_method(m) for m in methods})
-        if "*" in method_list and len(method_list) > 1:
-            raise InvalidInput("--method '*' already allows every method")
-        path_list = sorted({validate_path_pattern(p) for p in paths}) or ["/"]
-        patterns = _parse_hosts(hosts)
-        if expires_at is not None and expires_at <= utcnow():
-            raise InvalidInput("the grant's expiry is in the past")
+        spec = _grant_spec(methods, hosts, paths, expires_at)
         with self._change() as session:
             owner = _need(_live_principal(session, principal), "principal", principal)
-            credential_id = None
-            if credential is not None:
-                cred = _need(_live_credential(session, credential), "credential", credential)
-                credential_id = cred.id
-                allowed = [parse_host(h) for h in cred.hosts]
-                for pattern in patterns:
-                    if not any(a.covers(pattern) for a in allowed):
-                        raise InvalidInput(
-                            f"host {pattern} is outside credential {credential!r}'s hosts "
-                            f"({', '.join(cred.hosts)})"
-                        )
-            elif not patterns:
-                raise InvalidInput("a grant without --credential needs at least one --host")
-            grant = Grant(
-                principal_id=owner.id,
-                credential_id=credential_id,
-                hosts=[str(p) for p in patterns] or None,
-                methods=method_list,
-                paths=path_list,
-                once=once,
-                websocket=websocket,
-                expires_at=expires_at,
-                purpose=purpose,
-                created_at=utcnow(),
+            return _insert_grant(
+                session, owner.id, spec, credential, once=once, websocket=websocket, purpose=purpose
             )
-            session.add(grant)
-            session.flush()
-            return grant.id
 
     def list_grants(self, principal: str | None = None) -> list[dict[str, Any]]:
         query = (
@@ -430,6 +408,127 @@ class Store:
                 .values(consumed_at=now)
             )
             return bool(getattr(result, "rowcount", 0) == 1)
+
+    # -- access requests -------------------------------------------------------------
+
+    def record_access_request(
+        self,
+        principal: str,
+        host: str,
+        port: int,
+        method: str,
+        path: str,
+        purpose: str | None = None,
+        explicit: bool = False,
+    ) -> tuple[int, str] | None:
+        """Record what a principal was denied or asks for; returns (id, state).
+
+        Returns None when the principal already has MAX_PENDING_PER_PRINCIPAL pending requests.
+        Not a policy change, so the change counter stays.
+        """
+        _validate_request(host, port, method, path, purpose, explicit)
+        now = utcnow()
+        with self._session() as session, session.begin():
+            # The lock serialises one principal's requests across replicas: no duplicate
+            # rows, and the limit holds.
+            owner = _need(_live_principal(session, principal, lock=True), "principal", principal)
+            row = session.scalars(
+                select(AccessRequest).where(
+                    AccessRequest.principal_id == owner.id,
+                    AccessRequest.state == PENDING,
+                    AccessRequest.host == host,
+                    AccessRequest.port == port,
+                    AccessRequest.method == method,
+                    AccessRequest.path == path,
+                )
+            ).first()
+            if row is not None:
+                row.count += 1
+                row.last_seen = now
+                if explicit:
+                    row.source = "explicit"
+                    if purpose is not None:
+                        row.purpose = purpose
+                return row.id, row.state
+            pending = session.scalar(
+                select(func.count())
+                .select_from(AccessRequest)
+                .where(AccessRequest.principal_id == owner.id, AccessRequest.state == PENDING)
+            )
+            if (pending or 0) >= MAX_PENDING_PER_PRINCIPAL:
+                return None
+            row = AccessRequest(
+                principal_id=owner.id,
+                host=host,
+                port=port,
+                method=method,
+                path=path,
+                purpose=purpose,
+                source="explicit" if explicit else "auto",
+                state=PENDING,
+                count=1,
+                first_seen=now,
+                last_seen=now,
+            )
+            session.add(row)
+            session.flush()
+            return row.id, row.state
+
+    def get_access_request(self, principal: str, request_id: int) -> dict[str, Any] | None:
+        """One of `principal`'s own requests; another principal's id reads as None."""
+        with self._session() as session:
+            found = session.execute(
+                _requests_query().where(
+                    AccessRequest.id == request_id,
+                    Principal.name == principal,
+                    Principal.disabled_at.is_(None),
+                )
+            ).first()
+            return _request_dict(found[0], found[1]) if found else None
+
+    def list_access_requests(self, state: str | None = None) -> list[dict[str, Any]]:
+        query = _requests_query()
+        if state is not None:
+            if state not in REQUEST_STATES:
+                raise InvalidInput(
+                    f"invalid state {state!r}: use one of {', '.join(REQUEST_STATES)}"
+                )
+            query = query.where(AccessRequest.state == state)
+        with self._session() as session:
+            return [_request_dict(row, name) for row, name in session.execute(query).all()]
+
+    def approve_access_request(
+        self,
+        request_id: int,
+        credential: str | None = None,
+        path: str | None = None,
+        once: bool = False,
+        expires_at: datetime | None = None,
+    ) -> int:
+        """Turn a pending request into a grant, narrowed to `path` if given; returns its id."""
+        with self._change() as session:
+            row = _pending_request(session, request_id)
+            if path is None and "*" in row.path.split("/"):
+                raise InvalidInput(
+                    f"request {request_id}'s path {row.path} has a '*' segment, which a grant "
+                    "reads as any segment: approve it with --path"
+                )
+            host = HostPattern(row.host, None if row.port == 443 else row.port)
+            spec = _grant_spec([row.method], [str(host)], [path or row.path], expires_at)
+            purpose = f"access request {row.id}" + (f": {row.purpose}" if row.purpose else "")
+            grant_id = _insert_grant(
+                session, row.principal_id, spec, credential, once=once, websocket=False,
+                purpose=purpose,
+            )
+            row.state, row.decided_at, row.grant_id = APPROVED, utcnow(), grant_id
+            return grant_id
+
+    def deny_access_request(self, request_id: int, reason: str | None = None) -> None:
+        if reason is not None:
+            _check_text("reason", reason)
+        with self._session() as session, session.begin():
+            row = _pending_request(session, request_id)
+            row.state, row.decided_at, row.decision_reason = DENIED, utcnow(), reason
 
     # -- the proxy's view ------------------------------------------------------------
 
@@ -526,10 +625,9 @@ def _need(row: Any, kind: str, name: str) -> Any:
     return row
 
 
-def _live_principal(session: Session, name: str) -> Principal | None:
-    return session.scalars(
-        select(Principal).where(Principal.name == name, Principal.disabled_at.is_(None))
-    ).first()
+def _live_principal(session: Session, name: str, lock: bool = False) -> Principal | None:
+    query = select(Principal).where(Principal.name == name, Principal.disabled_at.is_(None))
+    return session.scalars(query.with_for_update() if lock else query).first()
 
 
 def _live_credential(session: Session, name: str) -> Credential | None:
@@ -586,3 +684,138 @@ def _grant_state(g: Grant, now: datetime) -> str:
     if g.expires_at is not None and g.expires_at <= now:
         return "expired"
     return "active"
+
+
+@dataclass(frozen=True)
+class _GrantSpec:
+    methods: list[str]
+    paths: list[str]
+    hosts: list[HostPattern]
+    expires_at: datetime | None
+
+
+def _grant_spec(
+    methods: Sequence[str], hosts: Sequence[str], paths: Sequence[str], expires_at: datetime | None
+) -> _GrantSpec:
+    if not methods:
+        raise InvalidInput("a grant needs at least one --method (or '*')")
+    method_list = sorted({validate_method(m) for m in methods})
+    if "*" in method_list and len(method_list) > 1:
+        raise InvalidInput("--method '*' already allows every method")
+    path_list = sorted({validate_path_pattern(p) for p in paths}) or ["/"]
+    patterns = _parse_hosts(hosts)
+    if expires_at is not None and expires_at <= utcnow():
+        raise InvalidInput("the grant's expiry is in the past")
+    return _GrantSpec(method_list, path_list, patterns, expires_at)
+
+
+def _insert_grant(
+    session: Session,
+    principal_id: int,
+    spec: _GrantSpec,
+    credential: str | None,
+    *,
+    once: bool,
+    websocket: bool,
+    purpose: str | None,
+) -> int:
+    credential_id = None
+    if credential is not None:
+        cred = _need(_live_credential(session, credential), "credential", credential)
+        credential_id = cred.id
+        allowed = [parse_host(h) for h in cred.hosts]
+        for pattern in spec.hosts:
+            if not any(a.covers(pattern) for a in allowed):
+                raise InvalidInput(
+                    f"host {pattern} is outside credential {credential!r}'s hosts "
+                    f"({', '.join(cred.hosts)})"
+                )
+    elif not spec.hosts:
+        raise InvalidInput("a grant without --credential needs at least one --host")
+    grant = Grant(
+        principal_id=principal_id,
+        credential_id=credential_id,
+        hosts=[str(p) for p in spec.hosts] or None,
+        methods=spec.methods,
+        paths=spec.paths,
+        once=once,
+        websocket=websocket,
+        expires_at=spec.expires_at,
+        purpose=purpose,
+        created_at=utcnow(),
+    )
+    session.add(grant)
+    session.flush()
+    return grant.id
+
+
+def _validate_request(
+    host: str, port: int, method: str, path: str, purpose: str | None, explicit: bool
+) -> None:
+    if validate_method(method) == "*":
+        raise InvalidInput("an access request names one method, not '*'")
+    if not 0 < port < 65536:
+        raise InvalidInput(f"invalid port {port}")
+    # The path and purpose come from the agent and end up on the owner's terminal.
+    if (
+        not path.startswith("/")
+        or len(path) > MAX_REQUEST_PATH
+        or not (path.isascii() and path.isprintable())
+        or " " in path
+    ):
+        raise InvalidInput(
+            f"invalid path: must start with '/', be printable ASCII without spaces, "
+            f"and be at most {MAX_REQUEST_PATH} characters"
+        )
+    if purpose is not None:
+        _check_text("purpose", purpose)
+    if explicit:
+        # The proxy has already normalised the host of a denied request; an asked-for one
+        # is the agent's own text.
+        pattern = parse_host(f"[{host}]" if ":" in host else host)
+        if pattern.wildcard or pattern.port is not None or pattern.host != host:
+            raise InvalidInput(f"invalid host {host!r}: name one host, without port or wildcard")
+
+
+def _check_text(what: str, text: str) -> None:
+    if len(text) > MAX_REQUEST_TEXT or not text.isprintable():
+        raise InvalidInput(
+            f"invalid {what}: one line of printable text, at most {MAX_REQUEST_TEXT} characters"
+        )
+
+
+def _pending_request(session: Session, request_id: int) -> AccessRequest:
+    row = session.get(AccessRequest, request_id, with_for_update=True)
+    if row is None:
+        raise NotFound(f"no access request with id {request_id}")
+    if row.state != PENDING:
+        raise InvalidInput(f"request {request_id} is {row.state}, not pending")
+    return row
+
+
+def _requests_query() -> Select[AccessRequest, str]:
+    return (
+        select(AccessRequest, Principal.name)
+        .join(Principal, AccessRequest.principal_id == Principal.id)
+        .order_by(AccessRequest.id)
+    )
+
+
+def _request_dict(row: AccessRequest, principal: str) -> dict[str, Any]:
+    return {
+        "id": row.id,
+        "principal": principal,
+        "host": row.host,
+        "port": row.port,
+        "method": row.method,
+        "path": row.path,
+        "purpose": row.purpose,
+        "source": row.source,
+        "state": row.state,
+        "count": row.count,
+        "first_seen": row.first_seen.isoformat(),
+        "last_seen": row.last_seen.isoformat(),
+        "decided_at": row.decided_at.isoformat() if row.decided_at else None,
+        "decision_reason": row.decision_reason,
+        "grant_id": row.grant_id,
+    }

@@ -11,7 +11,9 @@ from store.errors import StoreUnavailable
 from store.models import UTCDateTime
 from store.repository import MIGRATIONS, Store
 
-TABLES = {"alembic_version", "store_state", "principals", "credentials", "grants"}
+TABLES = {
+    "alembic_version", "store_state", "principals", "credentials", "grants", "access_requests"
+}
 CREATED = datetime(2024, 1, 2, 3, 4, 5, tzinfo=UTC)
 
 

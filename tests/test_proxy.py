@@ -8,17 +8,22 @@ from __future__ import annotations
 
 import base64
 import json
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from mitmproxy import connection
 from mitmproxy.proxy import context, server_hooks
 from mitmproxy.test import taddons, tflow
 
 from addon.hosts import ResolveMap
+from addon.paths import BadPath, canonicalize, path_matches
 from addon.policy import Policy
 from addon.proxy import Credproxy, Tunnel
 from store.crypto import hash_token
+from store.errors import StoreUnavailable
 from store.records import Snapshot
 from tests.test_policy import CRED, grant
 
@@ -38,6 +43,11 @@ class StaticLive:
 
     async def consume_once(self, grant_id: int) -> bool:
         return True
+
+    store = SimpleNamespace(record_access_request=None, get_access_request=None)
+
+    async def call(self, *args: Any) -> Any:
+        raise StoreUnavailable("no store behind the unit tests")
 
 
 def make_policy() -> Policy:
@@ -178,3 +188,33 @@ def test_tls_clienthello_pins_upstream_sni_and_flags_a_mismatch():
     assert ctx.server.sni == "api.test"
     assert addon.tunnels[client.id].sni_mismatch
     assert not data.ignore_connection
+
+
+SEGMENT = st.text(alphabet="abcXYZ019-._~%2e!$&'()*+,=:@", min_size=1, max_size=6)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    segments=st.lists(SEGMENT, min_size=1, max_size=5),
+    query=st.one_of(st.none(), st.text(alphabet="a=&b1%20", max_size=10)),
+)
+async def test_what_is_forwarded_is_what_was_matched(segments, query):
+    """Whatever the agent sends, the upstream gets the canonical path the policy matched."""
+    target = ("/v1/" + "/".join(segments)).encode() + (
+        b"?" + query.encode() if query is not None else b""
+    )
+    addon = Credproxy(StaticLive(make_policy()), ResolveMap.parse(["api.test=127.0.0.1:9"]))  # type: ignore[arg-type]
+    with taddons.context(addon):
+        flow = https_flow(addon, target)
+        await addon.requestheaders(flow)
+    try:
+        path, raw_query = canonicalize(target)
+    except BadPath:
+        assert flow.response is not None and reason(flow) == "bad-request"
+        return
+    if not path_matches("/v1/", path):
+        assert flow.response is not None and reason(flow) == "path-not-allowed"
+        return
+    assert flow.response is None
+    expected = path.encode() + (b"?" + raw_query if raw_query is not None else b"")
+    assert flow.request.data.path == expected

@@ -11,6 +11,8 @@ import signal
 import subprocess
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -75,7 +77,14 @@ def replicas(
     }
     subprocess.run([*CREDPROXY, "init"], env=env, cwd=shared, check=True, capture_output=True)
     resolve = [f"{n}=127.0.0.1:{shared_upstream.port}" for n in NAMES if n != "localhost"]
-    extra = ["--key-file", str(shared / "credproxy.key"), "--max-stale", str(MAX_STALE)]
+    extra = [
+        "--key-file",
+        str(shared / "credproxy.key"),
+        "--max-stale",
+        str(MAX_STALE),
+        "--admin",
+        "127.0.0.1:0",
+    ]
     running = []
     for label in ("a", "b"):
         home = tmp_path_factory.mktemp(f"replica-{label}")
@@ -178,6 +187,16 @@ def test_changes_reach_every_replica_within_a_second(replicas, upstream: Upstrea
     assert eventually(lambda: all(get_status(p, agent, token) == 407 for p in replicas))
 
 
+def readyz(proxy: Proxy) -> int:
+    started = next(line for line in proxy.audit() if line["event"] == "proxy.started")
+    url = f"http://{started['admin'][0]}/readyz"
+    try:
+        with urllib.request.urlopen(url, timeout=5) as reply:
+            return reply.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
 def get_status(proxy: Proxy, agent: str, token: str) -> int:
     try:
         return get(proxy, agent, token).status_code
@@ -194,6 +213,7 @@ def test_store_outage_serves_the_snapshot_then_refuses_then_recovers(
     relay.cut()
     try:
         assert eventually(lambda: any(e["event"] == "store.unavailable" for e in proxy.audit()), 3)
+        assert readyz(proxy) == 200  # still within --max-stale
         assert get(proxy, agent, token).status_code == 200
         once = get(proxy, once_agent, once_token)
         assert (once.status_code, once.headers["x-credproxy-reason"]) == (503, "store-unavailable")
@@ -203,10 +223,12 @@ def test_store_outage_serves_the_snapshot_then_refuses_then_recovers(
         sock.close()
         assert (stale.status, stale.reason) == (503, "store-unavailable")
         assert any(e["event"] == "store.stale" for e in proxy.audit())
+        assert readyz(proxy) == 503
     finally:
         relay.restore()
     assert eventually(lambda: get_status(proxy, agent, token) == 200, 8)
     assert any(e["event"] == "store.recovered" for e in proxy.audit())
+    assert readyz(proxy) == 200
     assert get(proxy, once_agent, once_token).status_code == 200
 
 

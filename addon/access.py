@@ -1,0 +1,153 @@
+"""Access requests: what an agent was refused, or asks for, waiting for an owner's decision.
+
+An agent can only ask. Requests are approved or denied from the CLI, never through the proxy.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import OrderedDict
+from typing import Any
+
+from mitmproxy import http
+
+from addon.hosts import parse_authority
+from addon.live import LivePolicy
+from addon.paths import canonicalize
+from addon.policy import Reason
+from store.errors import CredproxyError
+
+INTERNAL_HOST = "credproxy.internal"
+RECORDED_REASONS = frozenset({Reason.NO_GRANT, Reason.METHOD_NOT_ALLOWED, Reason.PATH_NOT_ALLOWED})
+HOW_TO_ASK = (
+    f"ask for access with POST http://{INTERNAL_HOST}/access-requests "
+    '{"host", "method", "path", "purpose"}'
+)
+# One store write per (principal, host, port, method, path) per window: a looping agent
+# cannot turn its denials into a write load.
+RECORD_WINDOW = 10.0
+CACHE_SIZE = 10_000
+MAX_BODY = 16 * 1024
+
+
+class AccessRequests:
+    def __init__(self, live: LivePolicy, log: Any) -> None:
+        self.live = live
+        self.log = log
+        self._recent: OrderedDict[tuple[str, str, int, str, str], tuple[float, int]] = OrderedDict()
+
+    async def on_denial(
+        self, principal: str, host: str, port: int, method: str, path: str
+    ) -> dict[str, Any] | None:
+        """Record (or re-count) the refused request; its id for the 403 body, or None."""
+        key = (principal, host, port, method, path)
+        now = time.monotonic()
+        cached = self._recent.get(key)
+        if cached is not None and now - cached[0] < RECORD_WINDOW:
+            return {"id": cached[1], "state": "pending"}
+        try:
+            recorded = await self.live.call(
+                self.live.store.record_access_request, principal, host, port, method, path
+            )
+        except CredproxyError:
+            return None
+        if recorded is None:
+            return None
+        request_id, state = recorded
+        self._recent[key] = (now, request_id)
+        self._recent.move_to_end(key)
+        while len(self._recent) > CACHE_SIZE:
+            self._recent.popitem(last=False)
+        if cached is None:
+            self.log.info(
+                "access_request.recorded",
+                id=request_id,
+                principal=principal,
+                host=host,
+                port=port,
+                method=method,
+                path=path,
+                source="auto",
+            )
+        return {"id": request_id, "state": state}
+
+    async def handle(self, flow: http.HTTPFlow, principal: str, path: str) -> http.Response:
+        """The agent's own endpoint: POST /access-requests, GET /access-requests/ID."""
+        method = flow.request.method
+        if path == "/access-requests" and method == "POST":
+            return await self._create(flow, principal)
+        prefix = "/access-requests/"
+        if path.startswith(prefix) and path[len(prefix) :].isdigit() and method == "GET":
+            found = await self.live.call(
+                self.live.store.get_access_request, principal, int(path[len(prefix) :])
+            )
+            if found is None:
+                return _reply(404, {"error": "not found"})
+            return _reply(200, _public(found))
+        return _reply(404, {"error": "not found", "detail": HOW_TO_ASK})
+
+    async def _create(self, flow: http.HTTPFlow, principal: str) -> http.Response:
+        raw = flow.request.get_content(strict=False) or b""
+        try:
+            if len(raw) > MAX_BODY:
+                raise ValueError("too large")
+            body = json.loads(raw)
+            fields = {k: body[k] for k in ("host", "method", "path")}
+            if not all(isinstance(v, str) for v in fields.values()):
+                raise ValueError("fields must be strings")
+            purpose = body.get("purpose")
+            if purpose is not None and not isinstance(purpose, str):
+                raise ValueError("purpose must be a string")
+            host, port_or_none = parse_authority(fields["host"])
+            port = port_or_none or 443
+            path, _ = canonicalize(fields["path"].encode("ascii"))
+        except (ValueError, KeyError, TypeError, UnicodeEncodeError):
+            return _reply(400, {"error": "bad request", "detail": HOW_TO_ASK})
+        try:
+            recorded = await self.live.call(
+                self.live.store.record_access_request,
+                principal,
+                host,
+                port,
+                fields["method"],
+                path,
+                purpose,
+                True,
+            )
+        except CredproxyError as e:
+            return _reply(400, {"error": "bad request", "detail": str(e)})
+        if recorded is None:
+            return _reply(429, {"error": "too many pending access requests"})
+        request_id, state = recorded
+        self.log.info(
+            "access_request.recorded",
+            id=request_id,
+            principal=principal,
+            host=host,
+            port=port,
+            method=fields["method"],
+            path=path,
+            source="explicit",
+        )
+        return _reply(202, {"id": request_id, "state": state})
+
+
+def _public(found: dict[str, Any]) -> dict[str, Any]:
+    keys = (
+        "id",
+        "host",
+        "port",
+        "method",
+        "path",
+        "purpose",
+        "state",
+        "count",
+        "grant_id",
+        "decision_reason",
+    )
+    return {k: found.get(k) for k in keys}
+
+
+def _reply(status: int, body: dict[str, Any]) -> http.Response:
+    return http.Response.make(status, json.dumps(body), {"content-type": "application/json"})
