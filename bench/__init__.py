@@ -1,0 +1,1 @@
+"""credproxy against bare mitmproxy and a direct connection, interleaved in one run."""

@@ -1,0 +1,95 @@
+"""`python -m bench` (`make bench`): run the benchmark, print and write the results."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from bench.processes import BenchError
+from bench.run import CONFIGS, Settings, run
+
+DEFAULT_OUT = Path(__file__).parent / "results.json"
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of integers: {text}") from e
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError("concurrency levels must be positive")
+    return values
+
+
+def _configs(text: str) -> tuple[str, ...]:
+    values = tuple(v.strip() for v in text.split(",") if v.strip())
+    unknown = [v for v in values if v not in CONFIGS]
+    if unknown or not values:
+        raise argparse.ArgumentTypeError(
+            f"unknown config {', '.join(unknown) or '(none)'}: use {', '.join(CONFIGS)}"
+        )
+    return values
+
+
+def parse(argv: Sequence[str] | None) -> Settings:
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    p.add_argument("--requests", type=int, help="requests per cell (default 1600; smoke 20)")
+    p.add_argument("--duration", type=float, help="seconds per cell instead of --requests")
+    p.add_argument("--concurrency", type=_ints, help="levels, e.g. 1,10,50 (smoke 1,2)")
+    p.add_argument("--configs", type=_configs, default=CONFIGS, help=", ".join(CONFIGS))
+    p.add_argument("--repeat", type=int, help="interleaved repetitions per cell (default 4)")
+    p.add_argument(
+        "--starts", type=int, help="starts per proxy; start-up is the median (default 3)"
+    )
+    p.add_argument(
+        "--new-connection",
+        action="store_true",
+        help="a new CONNECT + TLS connection per request instead of keep-alive",
+    )
+    p.add_argument("--client", choices=("raw", "httpx"), default="raw")
+    p.add_argument(
+        "--rss-requests",
+        type=int,
+        help="requests for credproxy-10k's RSS-growth run (default 50000; smoke 0 = skip)",
+    )
+    p.add_argument("--smoke", action="store_true", help="tiny counts, to check that it runs")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON results; .md beside it")
+    p.add_argument("--keep-workdir", action="store_true", help="keep stores and proxy logs")
+    args = p.parse_args(argv)
+    if args.client == "httpx" and args.new_connection:
+        p.error("--client httpx measures keep-alive only")
+    smoke = args.smoke
+    settings = Settings(
+        requests=args.requests or (20 if smoke else 1600),
+        duration=args.duration,
+        concurrency=args.concurrency or ((1, 2) if smoke else (1, 10, 50)),
+        configs=args.configs,
+        repeat=args.repeat or (1 if smoke else 4),
+        starts=args.starts or (1 if smoke else 3),
+        new_connection=args.new_connection,
+        client=args.client,
+        rss_requests=args.rss_requests
+        if args.rss_requests is not None
+        else (0 if smoke else 50_000),
+        out=args.out,
+        keep_workdir=args.keep_workdir,
+    )
+    if settings.repeat < 1 or settings.requests < settings.repeat:
+        p.error("--requests must be at least --repeat, and --repeat at least 1")
+    return settings
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    settings = parse(argv)
+    try:
+        print(run(settings), end="")
+    except BenchError as e:
+        print(f"bench: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,142 @@
+"""The processes under test: the upstream, bare mitmproxy and `credproxy run`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from addon.proxy import REQUIRED_OPTIONS
+from addon.runner import _trust_bundle
+
+ROOT = Path(__file__).resolve().parent.parent
+CREDPROXY = [sys.executable, "-m", "addon.main"]
+START_TIMEOUT = 60.0
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+class BenchError(Exception):
+    """A process under test did not start or misbehaved; the run cannot go on."""
+
+
+@dataclass
+class Running:
+    """A started process, its first JSON line, and how long it took to print it."""
+
+    name: str
+    process: subprocess.Popen[bytes]
+    output: Path
+    announce: dict[str, Any]
+    startup_s: float
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def port(self) -> int:
+        if "port" in self.announce:
+            return int(self.announce["port"])
+        return int(self.announce["listen"][0].rsplit(":", 1)[1])
+
+    def rss_mb(self) -> float:
+        return rss_mb(self.process.pid)
+
+    def cpu_s(self) -> float:
+        """User + system CPU seconds of the process, all threads, so far."""
+        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def rss_mb(pid: int) -> float:
+    """Resident set size from /proc/PID/status (VmRSS), in MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise BenchError(f"no VmRSS for process {pid}")
+
+
+def start(name: str, args: list[str], env: dict[str, str], output: Path, marker: str) -> Running:
+    """Run `args` with stdout to `output`; wait for the first JSON line containing `marker`."""
+    out = output.open("wb")
+    began = time.perf_counter()
+    process = subprocess.Popen(args, env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+    out.close()
+    deadline = time.monotonic() + START_TIMEOUT
+    while time.monotonic() < deadline:
+        for line in output.read_text(errors="replace").splitlines():
+            if marker in line:
+                try:
+                    announce = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                return Running(name, process, output, announce, time.perf_counter() - began)
+        if process.poll() is not None:
+            raise BenchError(f"{name} exited with {process.returncode}: {_tail(output)}")
+        time.sleep(0.005)
+    process.kill()
+    process.wait()
+    raise BenchError(f"{name} did not start within {START_TIMEOUT:.0f} s: {_tail(output)}")
+
+
+def _tail(path: Path) -> str:
+    return path.read_text(errors="replace")[-2000:].strip()
+
+
+def start_upstream(workdir: Path, cert: Path, key: Path) -> Running:
+    args = [sys.executable, "-m", "bench.upstream", str(cert), str(key)]
+    return start("upstream", args, dict(os.environ), workdir / "upstream.out", '"port"')
+
+
+def start_bare_mitmproxy(workdir: Path, certs: Path, upstream_ca: Path) -> Running:
+    # Built here, so that the bare process imports neither credproxy nor its store.
+    bundle = _trust_bundle(upstream_ca, workdir)
+    options = json.dumps(REQUIRED_OPTIONS)
+    args = [sys.executable, "-m", "bench.bare_mitmproxy", str(certs), str(bundle), options]
+    return start("mitmproxy", args, dict(os.environ), workdir / "mitmproxy.out", '"proxy.started"')
+
+
+def credproxy_env(workdir: Path, db: Path) -> dict[str, str]:
+    env = {
+        **os.environ,
+        "CREDPROXY_DB": f"sqlite:///{db}",
+        "CREDPROXY_KEY_FILE": str(workdir / "credproxy.key"),
+        "CREDPROXY_CERTS": str(workdir / "certs"),
+    }
+    env.pop("CREDPROXY_MASTER_KEY", None)
+    return env
+
+
+def credproxy_init(env: dict[str, str]) -> None:
+    result = subprocess.run(
+        [*CREDPROXY, "init"], env=env, cwd=ROOT, capture_output=True, text=True, check=False
+    )
+    if result.returncode != 0:
+        raise BenchError(f"credproxy init failed: {result.stderr.strip()}")
+
+
+def start_credproxy(
+    name: str, workdir: Path, env: dict[str, str], upstream_ca: Path, resolve: str
+) -> Running:
+    args = [
+        *CREDPROXY,
+        "run",
+        "--listen",
+        "127.0.0.1:0",
+        "--upstream-ca",
+        str(upstream_ca),
+        "--resolve",
+        resolve,
+    ]
+    return start(name, args, env, workdir / f"{name}.out", '"proxy.started"')

@@ -1,0 +1,298 @@
+"""One benchmark run: set up the upstream and the proxies, then interleave the cells."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import platform
+import shutil
+import ssl
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from functools import partial
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+import trustme
+
+from bench import report
+from bench.client import BadResponse, Outcome, Target, run_cell, run_cell_httpx
+from bench.population import HOST, PATH, Population, populate
+from bench.processes import (
+    BenchError,
+    Running,
+    credproxy_env,
+    credproxy_init,
+    start_bare_mitmproxy,
+    start_credproxy,
+    start_upstream,
+)
+from store.ca import PUBLIC_CERT, ensure_ca
+from store.crypto import load_master_key
+from store.repository import Store
+
+POPULATIONS = {
+    "credproxy-10": Population(principals=10, credentials=10, grants_per_principal=1),
+    "credproxy-10k": Population(principals=1000, credentials=1000, grants_per_principal=10),
+}
+CONFIGS = ("direct", "mitmproxy", *POPULATIONS)
+RSS_CONFIG = "credproxy-10k"
+RSS_CONCURRENCY = 10
+RSS_PER_CONNECTION = 100
+RSS_WARMUP = 2000
+RSS_SAMPLES = 5
+
+
+@dataclass(frozen=True)
+class Settings:
+    requests: int
+    duration: float | None
+    concurrency: tuple[int, ...]
+    configs: tuple[str, ...]
+    repeat: int
+    starts: int
+    new_connection: bool
+    client: str
+    rss_requests: int
+    out: Path
+    keep_workdir: bool
+
+
+def _log(message: str) -> None:
+    print(f"[bench] {message}", file=sys.stderr, flush=True)
+
+
+def _context(cafile: Path) -> ssl.SSLContext:
+    context = ssl.create_default_context(cafile=str(cafile))
+    context.set_alpn_protocols(["http/1.1"])
+    return context
+
+
+class Bench:
+    """The processes of one run and a Target for each configuration."""
+
+    def __init__(self, settings: Settings, workdir: Path) -> None:
+        self.settings = settings
+        self.workdir = workdir
+        self.processes: dict[str, Running] = {}
+        self.targets: dict[str, Target] = {}
+        self.grants: dict[str, int] = {}
+        self.populate_s: dict[str, float] = {}
+        self.startup: dict[str, list[float]] = {}
+
+    def start(self) -> None:
+        upstream_ca = self._upstream()
+        port = self.processes["upstream"].port
+        certs = self.workdir / "certs"
+        ensure_ca(certs)
+        proxy_context = _context(certs / PUBLIC_CERT)
+        resolve = f"{HOST}=127.0.0.1:{port}"
+        for config in self.settings.configs:
+            launch: Callable[[], Running]
+            if config == "mitmproxy":
+                launch = partial(start_bare_mitmproxy, self.workdir, certs, upstream_ca)
+                # Bare mitmproxy has no --resolve: it dials the address, as direct does.
+                target = Target("127.0.0.1", port, PATH, proxy_context)
+            elif config in POPULATIONS:
+                tokens = self._store(config, POPULATIONS[config])
+                env = credproxy_env(self.workdir, self.workdir / f"{config}.db")
+                launch = partial(start_credproxy, config, self.workdir, env, upstream_ca, resolve)
+                target = Target(HOST, 443, PATH, proxy_context, credentials=tuple(tokens))
+            else:
+                continue
+            running = self._launch(config, launch)
+            if config in POPULATIONS:
+                self.grants[config] = int(running.announce["grants"])
+                if self.grants[config] != POPULATIONS[config].grants:
+                    raise BenchError(f"{config} loaded {self.grants[config]} grants")
+            self.targets[config] = replace(target, proxy=("127.0.0.1", running.port))
+
+    def _upstream(self) -> Path:
+        """Start the upstream with a trustme certificate; returns the CA file that trusts it."""
+        ca = trustme.CA()
+        upstream_ca = self.workdir / "upstream-ca.pem"
+        ca.cert_pem.write_to_path(str(upstream_ca))
+        leaf = ca.issue_cert(HOST, "127.0.0.1")
+        cert, key = self.workdir / "upstream.pem", self.workdir / "upstream.key"
+        leaf.cert_chain_pems[0].write_to_path(str(cert))
+        leaf.private_key_pem.write_to_path(str(key))
+        upstream = start_upstream(self.workdir, cert, key)
+        self.processes["upstream"] = upstream
+        self.targets["direct"] = Target("127.0.0.1", upstream.port, PATH, _context(upstream_ca))
+        return upstream_ca
+
+    def _launch(self, config: str, launch: Callable[[], Running]) -> Running:
+        """Start `config` --starts times, one after the other; keep the last one running."""
+        samples = []
+        for attempt in range(self.settings.starts):
+            running = launch()
+            samples.append(running.startup_s)
+            if attempt < self.settings.starts - 1:
+                running.stop()
+        self.processes[config] = running
+        self.startup[config] = samples
+        _log(f"{config} listening on :{running.port}; start-up {_seconds(samples)}")
+        return running
+
+    def _store(self, config: str, population: Population) -> list[tuple[str, str]]:
+        db = self.workdir / f"{config}.db"
+        env = credproxy_env(self.workdir, db)
+        credproxy_init(env)
+        began = time.perf_counter()
+        key = load_master_key(self.workdir / "credproxy.key", {})
+        store = Store(env["CREDPROXY_DB"], key)
+        try:
+            tokens = populate(store, key, population)
+        finally:
+            store.close()
+        self.populate_s[config] = round(time.perf_counter() - began, 2)
+        _log(f"{config}: {population.grants:,} grants written in {self.populate_s[config]} s")
+        return tokens
+
+    def cell(
+        self,
+        config: str,
+        concurrency: int,
+        requests: int | None,
+        duration: float | None = None,
+        per_connection: int | None = None,
+    ) -> Outcome:
+        target = self.targets[config]
+        running = self.processes.get(config)
+        probe = running.cpu_s if running is not None else None
+        try:
+            if self.settings.client == "httpx":
+                assert requests is not None
+                return asyncio.run(run_cell_httpx(target, concurrency, requests, probe))
+            return asyncio.run(
+                run_cell(
+                    target,
+                    concurrency,
+                    requests,
+                    duration,
+                    per_connection=per_connection,
+                    probe=probe,
+                )
+            )
+        except (BadResponse, OSError, ssl.SSLError, TimeoutError) as e:
+            log = running.output if running is not None else None
+            raise BenchError(f"{config} at c={concurrency}: {e!r} (log: {log})") from e
+
+    def stop(self) -> None:
+        for running in reversed(self.processes.values()):
+            running.stop()
+
+
+def _seconds(samples: list[float]) -> str:
+    return ", ".join(f"{s:.2f}" for s in samples) + " s"
+
+
+def _share(total: int, parts: int, index: int) -> int:
+    return total // parts + (1 if index < total % parts else 0)
+
+
+def _matrix(bench: Bench, settings: Settings) -> list[dict[str, Any]]:
+    mode = "new-connection" if settings.new_connection else "keep-alive"
+    per_connection = 1 if settings.new_connection else None
+    configs = [c for c in settings.configs if c in bench.targets]
+    cells = {
+        (config, c): report.Cell(config, c, mode)
+        for c in settings.concurrency
+        for config in configs
+    }
+    for rep in range(settings.repeat):
+        for concurrency in settings.concurrency:
+            # Rotate the order each repetition, so no configuration always runs first.
+            order = configs[rep % len(configs) :] + configs[: rep % len(configs)]
+            for config in order:
+                requests = (
+                    None if settings.duration else _share(settings.requests, settings.repeat, rep)
+                )
+                duration = settings.duration / settings.repeat if settings.duration else None
+                outcome = bench.cell(config, concurrency, requests, duration, per_connection)
+                cell = cells[(config, concurrency)]
+                cell.add(outcome)
+                if config in bench.processes:
+                    cell.rss_mb = bench.processes[config].rss_mb()
+                _log(
+                    f"rep {rep + 1}/{settings.repeat} c={concurrency:<3} {config:<14} "
+                    f"{outcome.requests / outcome.elapsed:8.0f} rps, {outcome.errors} errors"
+                )
+    rows = [cells[(config, c)].row() for c in settings.concurrency for config in configs]
+    report.compare(rows)
+    return rows
+
+
+def _rss_growth(bench: Bench, settings: Settings) -> dict[str, Any] | None:
+    if settings.rss_requests <= 0 or RSS_CONFIG not in bench.processes:
+        return None
+    running = bench.processes[RSS_CONFIG]
+    bench.cell(RSS_CONFIG, RSS_CONCURRENCY, RSS_WARMUP, None, RSS_PER_CONNECTION)
+    before = running.rss_mb()
+    samples, errors, done = [], 0, 0
+    for i in range(RSS_SAMPLES):
+        n = _share(settings.rss_requests, RSS_SAMPLES, i)
+        errors += bench.cell(RSS_CONFIG, RSS_CONCURRENCY, n, None, RSS_PER_CONNECTION).errors
+        done += n
+        samples.append(running.rss_mb())
+        _log(f"RSS growth: {done:,} requests, {samples[-1]:.1f} MiB")
+    return {
+        "config": RSS_CONFIG,
+        "requests": settings.rss_requests,
+        "concurrency": RSS_CONCURRENCY,
+        "per_connection": RSS_PER_CONNECTION,
+        "warmup_requests": RSS_WARMUP,
+        "before_mb": round(before, 1),
+        "after_mb": round(samples[-1], 1),
+        "growth_mb": round(samples[-1] - before, 1),
+        "samples_mb": [round(s, 1) for s in samples],
+        "errors": errors,
+    }
+
+
+def run(settings: Settings) -> str:
+    """Run everything; write the JSON and markdown; return the markdown."""
+    workdir = Path(tempfile.mkdtemp(prefix="credproxy-bench-"))
+    bench = Bench(settings, workdir)
+    started = datetime.now(UTC).isoformat(timespec="seconds")
+    try:
+        bench.start()
+        rows = _matrix(bench, settings)
+        growth = _rss_growth(bench, settings)
+    finally:
+        bench.stop()
+        if settings.keep_workdir:
+            _log(f"work directory kept: {workdir}")
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+    results: dict[str, Any] = {
+        "meta": {
+            "started": started,
+            "mode": "new-connection" if settings.new_connection else "keep-alive",
+            "client": settings.client,
+            "repeat": settings.repeat,
+            "requests_per_cell": None if settings.duration else settings.requests,
+            "duration_per_cell_s": settings.duration,
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "mitmproxy": version("mitmproxy"),
+        },
+        "rows": rows,
+        "startup_s": {
+            name: round(statistics.median(samples), 3) for name, samples in bench.startup.items()
+        },
+        "startup_samples_s": {
+            name: [round(s, 3) for s in samples] for name, samples in bench.startup.items()
+        },
+        "grants": bench.grants,
+        "populate_s": bench.populate_s,
+        "rss_growth": growth,
+    }
+    results["targets"] = report.targets(results)
+    return report.write(results, settings.out)

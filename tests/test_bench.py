@@ -1,0 +1,88 @@
+"""The benchmark's smoke run, so that it never rots. Nothing here asserts a timing."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parent.parent
+CONCURRENCY = (1, 2)
+
+
+def _bench(out: Path, configs: tuple[str, ...], requests: int, *extra: str) -> dict[str, Any]:
+    args = [
+        *("--smoke", "--out", str(out), "--configs", ",".join(configs)),
+        *("--concurrency", ",".join(map(str, CONCURRENCY)), "--requests", str(requests)),
+        *extra,
+    ]
+    result = subprocess.run(
+        [sys.executable, "-m", "bench", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    results: dict[str, Any] = json.loads(out.read_text())
+    return results
+
+
+def _rows(results: dict[str, Any]) -> dict[tuple[str, int], dict[str, Any]]:
+    return {(r["config"], r["concurrency"]): r for r in results["rows"]}
+
+
+@pytest.mark.parametrize(
+    ("mode", "configs", "requests", "extra"),
+    [
+        pytest.param(
+            "keep-alive",
+            ("direct", "mitmproxy", "credproxy-10"),
+            20,
+            (),
+            id="keep-alive through every proxy and direct gives a row per config and level",
+        ),
+        pytest.param(
+            "new-connection",
+            ("mitmproxy", "credproxy-10"),
+            6,
+            ("--new-connection",),
+            id="a new connection per request gives the same rows",
+        ),
+    ],
+)
+def test_smoke_run(
+    tmp_path: Path, mode: str, configs: tuple[str, ...], requests: int, extra: tuple[str, ...]
+) -> None:
+    out = tmp_path / "results.json"
+    results = _bench(out, configs, requests, *extra)
+
+    rows = _rows(results)
+    assert set(rows) == {(config, c) for config in configs for c in CONCURRENCY}
+    for row in rows.values():
+        assert row["mode"] == mode
+        assert (row["requests"], row["errors"]) == (requests, 0), row["error_kinds"]
+        assert row["rps"] > 0
+        assert 0 < row["p50_ms"] <= row["p99_ms"]
+        if row["config"] == "direct":
+            assert row["rss_mb"] is None
+        else:
+            assert row["rss_mb"] > 0
+            assert row["cpu_ms"] is not None
+    for c in CONCURRENCY:
+        assert rows[("credproxy-10", c)]["rps_ratio"] > 0
+
+    proxies = {config for config in configs if config != "direct"}
+    assert set(results["startup_s"]) == proxies
+    assert results["grants"] == {"credproxy-10": 10}
+    assert results["rss_growth"] is None
+    markdown = out.with_suffix(".md").read_text()
+    assert markdown.startswith("# credproxy benchmark")
+    assert "| credproxy-10 | 1 |" in markdown
