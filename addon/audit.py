@@ -56,7 +56,7 @@ def configure(stream: TextIO | None = None, level: int = logging.WARNING) -> Non
             structlog.processors.JSONRenderer(),
         ],
         logger_factory=structlog.PrintLoggerFactory(stream),
-        cache_logger_on_first_use=False,
+        cache_logger_on_first_use=True,
     )
     handler = logging.StreamHandler(stream)
     handler.setFormatter(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import functools
 import re
 import zlib
 from collections.abc import Callable
@@ -25,6 +26,14 @@ def forms(secret: bytes) -> list[bytes]:
     return sorted((c for c in candidates if len(c) >= 4), key=len, reverse=True)
 
 
+@functools.lru_cache(maxsize=4096)
+def _compile(secrets: tuple[bytes, ...]) -> tuple[list[bytes], re.Pattern[bytes] | None]:
+    """Built once per secret, not per request: the hot path only scans."""
+    needles = sorted({f for s in secrets for f in forms(s)}, key=len, reverse=True)
+    pattern = re.compile(b"|".join(re.escape(n) for n in needles)) if needles else None
+    return needles, pattern
+
+
 class Redactor:
     """Replaces every form of the secrets in a stream, across chunk boundaries.
 
@@ -33,10 +42,7 @@ class Redactor:
     """
 
     def __init__(self, secrets: list[bytes]) -> None:
-        self._needles = sorted({f for s in secrets for f in forms(s)}, key=len, reverse=True)
-        self._pattern = (
-            re.compile(b"|".join(re.escape(n) for n in self._needles)) if self._needles else None
-        )
+        self._needles, self._pattern = _compile(tuple(secrets))
         self._tail = b""
         self.count = 0
 

@@ -9,10 +9,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, Select, create_engine, event, func, select, update
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, NoSuchModuleError
@@ -144,7 +140,10 @@ class Store:
 
     # -- schema and key --------------------------------------------------------------
 
-    def _alembic(self) -> Config:
+    def _alembic(self) -> Any:
+        # Alembic is imported where it is used: it costs a noticeable part of start-up.
+        from alembic.config import Config
+
         config = Config()
         config.set_main_option("script_location", str(MIGRATIONS))
         return config
@@ -155,6 +154,8 @@ class Store:
         try:
             with self.engine.begin() as connection:
                 config.attributes["connection"] = connection
+                from alembic import command
+
                 command.upgrade(config, revision)
         except DBAPIError as e:
             raise self._unreachable(e) from e
@@ -165,12 +166,19 @@ class Store:
     def schema_revision(self) -> str | None:
         try:
             with self.engine.connect() as connection:
-                return MigrationContext.configure(connection).get_current_revision()
+                from alembic.runtime.migration import MigrationContext
+
+                revision: str | None = MigrationContext.configure(
+                    connection
+                ).get_current_revision()
+                return revision
         except DBAPIError as e:
             raise self._unreachable(e) from e
 
     def check_ready(self) -> None:
         """Raise unless the schema is at head and the master key is the store's own."""
+        from alembic.script import ScriptDirectory
+
         head = ScriptDirectory.from_config(self._alembic()).get_current_head()
         current = self.schema_revision()
         if current != head:
