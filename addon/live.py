@@ -6,6 +6,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from addon import audit
@@ -44,6 +45,8 @@ class LivePolicy:
         self._stale_reported = False
         self._log = audit.logger()
         self.on_reload: Callable[[], None] = lambda: None
+        # Access-request decisions already written to the audit stream.
+        self._decided_since = datetime.now(UTC)
 
     def load(self) -> Policy:
         """Synchronous first load, before the proxy listens; raises CredproxyError."""
@@ -85,6 +88,7 @@ class LivePolicy:
                 policy = await self.call(self._build)
                 self._install(policy)
                 self.on_reload()
+                await self._log_decisions()
                 self._log.info(
                     "policy.reloaded",
                     counter=policy.counter,
@@ -102,6 +106,27 @@ class LivePolicy:
         if not self._stale_reported and self.current() is None:
             self._stale_reported = True
             self._log.error("store.stale", max_stale_s=self.max_stale)
+
+    async def _log_decisions(self) -> None:
+        """Approvals and denials happen in the CLI; the audit stream learns of them here."""
+        try:
+            decided = await self.call(self.store.decided_access_requests, self._decided_since)
+        except CredproxyError:
+            return  # the next reload tries again from the same point
+        for row in decided:
+            self._log.info(
+                f"access_request.{row['state']}",
+                id=row["id"],
+                principal=row["principal"],
+                host=row["host"],
+                port=row["port"],
+                method=row["method"],
+                path=row["path"],
+                grant_id=row["grant_id"],
+            )
+            self._decided_since = max(
+                self._decided_since, datetime.fromisoformat(row["decided_at"])
+            )
 
     def _down(self, error: CredproxyError) -> None:
         if self.store_up:

@@ -534,9 +534,21 @@ class Store:
     def deny_access_request(self, request_id: int, reason: str | None = None) -> None:
         if reason is not None:
             _check_text("reason", reason)
-        with self._session() as session, session.begin():
+        # A change like any other, so every proxy reloads and writes the decision's audit line.
+        with self._change() as session:
             row = _pending_request(session, request_id)
             row.state, row.decided_at, row.decision_reason = DENIED, utcnow(), reason
+
+    def decided_access_requests(self, since: datetime) -> list[dict[str, Any]]:
+        """Requests approved or denied after `since`, oldest first."""
+        query = (
+            _requests_query()
+            .where(AccessRequest.decided_at > since)
+            .order_by(None)
+            .order_by(AccessRequest.decided_at, AccessRequest.id)
+        )
+        with self._session() as session:
+            return [_request_dict(row, name) for row, name in session.execute(query).all()]
 
     # -- the proxy's view ------------------------------------------------------------
 

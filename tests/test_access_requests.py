@@ -93,13 +93,15 @@ def test_pending_requests_are_capped_per_principal(seeded: Store) -> None:
     _record(seeded, path="/p/new")
 
 
-def test_recording_is_no_policy_change(seeded: Store) -> None:
+def test_recording_is_no_policy_change_but_a_decision_is(seeded: Store) -> None:
     counter = seeded.change_counter()
     request_id = _record(seeded)
     _record(seeded)
     _record(seeded, purpose="why", explicit=True)
-    seeded.deny_access_request(request_id, "no")
     assert seeded.change_counter() == counter
+    # Proxies reload on a denial too, to write its audit line.
+    seeded.deny_access_request(request_id, "no")
+    assert seeded.change_counter() == counter + 1
 
 
 def test_an_unknown_or_removed_principal_is_not_found(seeded: Store) -> None:

@@ -82,6 +82,11 @@ def test_an_agent_asks_and_the_owner_approves_into_a_working_grant(
         state = client.get(f"{INTERNAL}/{request_id}").json()
     assert state["state"] == "approved"
     assert state["grant_id"] == json.loads(approved.stdout)["grant_id"]
+    assert [
+        e["grant_id"]
+        for e in proxy.audit()
+        if e["event"] == "access_request.approved" and e["id"] == request_id
+    ] == [state["grant_id"]]
 
 
 def test_the_owner_denies_and_others_cannot_see_the_request(proxy: Proxy, names):
@@ -99,6 +104,10 @@ def test_the_owner_denies_and_others_cannot_see_the_request(proxy: Proxy, names)
     assert denied.returncode == 0, denied.stderr
     with httpx.Client(proxy=proxy.url(agent, token)) as client:
         assert client.get(f"{INTERNAL}/{request_id}").json()["state"] == "denied"
+    proxy.wait_reload()
+    assert any(
+        e["event"] == "access_request.denied" and e["id"] == request_id for e in proxy.audit()
+    )
 
 
 def test_bad_access_requests_are_refused(proxy: Proxy, names):
