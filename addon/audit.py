@@ -55,7 +55,8 @@ def configure(stream: TextIO | None = None, level: int = logging.WARNING) -> Non
             structlog.processors.format_exc_info,
             structlog.processors.JSONRenderer(),
         ],
-        logger_factory=structlog.PrintLoggerFactory(stream),
+        # One write per line: the audit stream is on the hot path.
+        logger_factory=structlog.WriteLoggerFactory(stream),
         cache_logger_on_first_use=True,
     )
     handler = logging.StreamHandler(stream)
