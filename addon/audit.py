@@ -50,7 +50,6 @@ def configure(stream: TextIO | None = None, level: int = logging.WARNING) -> Non
     timestamper = structlog.processors.TimeStamper(fmt="iso", utc=True, key=TS)
     structlog.configure(
         processors=[
-            structlog.contextvars.merge_contextvars,
             timestamper,
             structlog.processors.format_exc_info,
             structlog.processors.JSONRenderer(),

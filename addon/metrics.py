@@ -20,6 +20,7 @@ class Metrics:
 
     def __init__(self, snapshot_age: Callable[[], float], store_up: Callable[[], bool]) -> None:
         self.registry = CollectorRegistry()
+        self._children: dict[tuple[Any, ...], Any] = {}
         self.requests = Counter(
             "credproxy_requests",
             "Requests by decision and reason",
@@ -58,12 +59,25 @@ class Metrics:
 
     def observe(self, line: dict[str, Any]) -> None:
         decision = line[audit.DECISION]
-        self.requests.labels(decision, line.get(audit.REASON) or "").inc()
-        if line.get(audit.PRINCIPAL) and line.get(audit.REASON) != "auth-required":
-            self.by_principal.labels(line[audit.PRINCIPAL], decision).inc()
+        reason = line.get(audit.REASON) or ""
+        self._child(self.requests, decision, reason).inc()
+        principal = line.get(audit.PRINCIPAL)
+        if principal and reason != "auth-required":
+            self._child(self.by_principal, principal, decision).inc()
         self.duration.observe(line[audit.DURATION_MS] / 1000)
         if line.get("redactions"):
             self.redactions.inc(line["redactions"])
+
+    def _child(self, metric: Counter, *labels: str) -> Any:
+        """metric.labels(...), looked up once per label set: labels() is slow on the hot path.
+
+        Bounded like the metric itself: decisions x reasons, principals x decisions.
+        """
+        key = (id(metric), *labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -43,6 +43,7 @@ STATUS = {
 }
 
 DEFAULT_PORTS = {"https": 443, "http": 80}
+CANDIDATE_CACHE = 1024
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,9 @@ class PrincipalPolicy:
 
     exact: dict[str, list[Rule]] = field(default_factory=lambda: defaultdict(list))
     wildcard: dict[str, list[Rule]] = field(default_factory=lambda: defaultdict(list))
+    # (host, port, scheme) -> candidates; the policy is immutable, so this never goes stale.
+    # Hosts come from agents: bounded, cleared whole when full.
+    _found: dict[tuple[str, int, str], tuple[Rule, ...]] = field(default_factory=dict)
 
     def add(self, rule: Rule) -> None:
         for pattern in rule.hosts:
@@ -110,7 +114,17 @@ class PrincipalPolicy:
             else:
                 self.exact[pattern.host].append(rule)
 
-    def candidates(self, host: str, port: int, scheme: str) -> Iterator[Rule]:
+    def candidates(self, host: str, port: int, scheme: str) -> tuple[Rule, ...]:
+        """The rules whose hosts (and credential's hosts) admit host:port, each once."""
+        key = (host, port, scheme)
+        found = self._found.get(key)
+        if found is None:
+            if len(self._found) >= CANDIDATE_CACHE:
+                self._found.clear()
+            found = self._found[key] = tuple(self._scan(host, port, scheme))
+        return found
+
+    def _scan(self, host: str, port: int, scheme: str) -> Iterator[Rule]:
         seen: set[int] = set()
         dot = host.find(".")
         buckets = [self.exact.get(host, ())]
@@ -150,13 +164,11 @@ class Policy:
         (grant-expired, grant-consumed) rather than the CONNECT failing without a reason.
         """
         rules = self._principals.get(principal)
-        return rules is not None and next(rules.candidates(host, port, "https"), None) is not None
+        return rules is not None and bool(rules.candidates(host, port, "https"))
 
     def decide(self, principal: str, request: Request, now: datetime) -> Decision:
         rules = self._principals.get(principal)
-        matching = (
-            list(rules.candidates(request.host, request.port, request.scheme)) if rules else []
-        )
+        matching = rules.candidates(request.host, request.port, request.scheme) if rules else ()
         if not matching:
             if request.scheme == "http" and rules and self._granted_on_https(rules, request):
                 return Decision.deny(Reason.INSECURE_SCHEME, "credentials are only sent over https")
@@ -194,7 +206,7 @@ class Policy:
     @staticmethod
     def _granted_on_https(rules: PrincipalPolicy, request: Request) -> bool:
         port = 443 if request.port == 80 else request.port
-        return next(rules.candidates(request.host, port, "https"), None) is not None
+        return bool(rules.candidates(request.host, port, "https"))
 
     def principals(self) -> Iterable[str]:
         return self._tokens.keys()

@@ -11,6 +11,7 @@ import base64
 import binascii
 import functools
 import json
+import re
 import socket
 import time
 from collections.abc import Awaitable, Callable
@@ -44,11 +45,10 @@ REQUIRED_OPTIONS = {
     "proxyauth": None,
     "stream_large_bodies": None,
 }
-METHOD_OVERRIDES = ("x-http-method-override", "x-http-method", "x-method-override")
+METHOD_OVERRIDES = (b"x-http-method-override", b"x-http-method", b"x-method-override")
 DNS_TIMEOUT = 5.0
-_TOKEN_CHARS = frozenset(
-    b"!#$%&'*+-.^_`|~0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
-)
+_TOKEN_RE = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_CONTROL_RE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -185,7 +185,8 @@ class Credproxy:
         pending = self._begin(flow)
         pending.method = "CONNECT"
         pending.host, pending.port = flow.request.host, flow.request.port
-        principal = self._authenticate(flow)
+        headers = _RequestHeaders.scan(flow.request.headers.fields)
+        principal = self._authenticate(flow, headers.get_all(b"proxy-authorization"))
         pending.principal = principal
         policy = self._policy()
         try:
@@ -242,11 +243,13 @@ class Credproxy:
         pending = self._begin(flow)
         pending.method = request.data.method.decode("latin-1")
         pending.host, pending.port = request.host, request.port
+        headers = _RequestHeaders.scan(request.headers.fields)
         tunnel = self.tunnels.get(flow.client_conn.id)
         if tunnel is None:
-            principal = self._authenticate(flow)
+            principal = self._authenticate(flow, headers.get_all(b"proxy-authorization"))
         else:
-            request.headers.pop("proxy-authorization", None)
+            if b"proxy-authorization" in headers.index:
+                request.headers.pop("proxy-authorization", None)
             principal = tunnel.principal
         pending.principal = principal
         policy = self._policy()
@@ -255,16 +258,16 @@ class Credproxy:
         if flow.client_conn.id in self.broken_clients or (tunnel and tunnel.broken):
             raise Denied(Reason.INTERNAL_ERROR, "internal error")
 
-        host, port, scheme = self._bind_destination(flow, tunnel, pending)
+        host, port, scheme = self._bind_destination(flow, tunnel, pending, headers)
         method = _method(request.data.method)
         try:
             path, query = canonicalize(request.data.path)
         except BadPath as e:
             raise Denied(Reason.BAD_REQUEST, e.detail) from e
         pending.path = path
-        _check_framing(request)
+        headers.check_framing()
 
-        facts = Request(host, port, scheme, method, path, upgrade="upgrade" in request.headers)
+        facts = Request(host, port, scheme, method, path, upgrade=b"upgrade" in headers.index)
         now = datetime.now(UTC)
         if tunnel is None and host == INTERNAL_HOST:
             pending.internal = True
@@ -279,8 +282,8 @@ class Credproxy:
                     extra = {"access_request": asked, "how_to_ask": HOW_TO_ASK}
             raise Denied(decision.reason, decision.detail, extra)
         for header in METHOD_OVERRIDES:
-            for value in request.headers.get_all(header):
-                override = _method(value.strip().encode("latin-1"))
+            for value in headers.get_all(header):
+                override = _method(value.strip())
                 if not policy.decide(principal, replace(facts, method=override), now).allowed:
                     raise Denied(Reason.METHOD_NOT_ALLOWED, "the method override is not granted")
         rule = decision.rule
@@ -305,7 +308,11 @@ class Credproxy:
         return str(address), port
 
     def _bind_destination(
-        self, flow: http.HTTPFlow, tunnel: Tunnel | None, pending: Pending
+        self,
+        flow: http.HTTPFlow,
+        tunnel: Tunnel | None,
+        pending: Pending,
+        headers: _RequestHeaders,
     ) -> tuple[str, int, str]:
         """Where mitmproxy will connect, the Host header and the SNI must name one host."""
         request = flow.request
@@ -317,16 +324,20 @@ class Credproxy:
         except BadAuthority as e:
             raise Denied(Reason.BAD_REQUEST, "invalid host") from e
         pending.host, pending.port = host, port
-        if len(request.headers.get_all("host")) > 1:
+        host_headers = headers.get_all(b"host")
+        if len(host_headers) > 1:
             raise Denied(Reason.BAD_REQUEST, "duplicate Host header")
         if tunnel is not None and (host, port) != (tunnel.host, tunnel.port):
             raise Denied(Reason.HOST_MISMATCH, "request does not go to the CONNECT authority")
-        authorities = [request.host_header, request.authority or None]
-        if authorities[0] is None:
+        # Every name the request carries: the Host header and the h2 :authority (or the
+        # absolute-form authority) alike. On h2 mitmproxy's host_header prefers :authority,
+        # but a Host header naming another host would still reach an HTTP/1 upstream.
+        authorities = [value.decode("utf-8", "surrogateescape") for value in host_headers]
+        if request.authority:
+            authorities.append(request.authority)
+        if not authorities or not (host_headers or request.is_http2):
             raise Denied(Reason.BAD_REQUEST, "missing Host header")
         for authority in authorities:
-            if authority is None:
-                continue
             try:
                 a_host, a_port = parse_authority(authority)
             except BadAuthority as e:
@@ -368,22 +379,25 @@ class Credproxy:
         if credential is not None:
             pending.redactor = Redactor([credential.secret.reveal()])
             # Redaction must see the body as sent: no compression on stamped requests.
-            request.headers["accept-encoding"] = "identity"
+            stamped = [(b"accept-encoding", b"identity")]
             header = header_for(credential)
             if header is not None:
                 # Replace, never append: a second value would let the upstream pick the agent's.
-                request.headers[header[0]] = header[1]
+                stamped.append((header[0].encode("ascii"), header[1].encode("ascii")))
             else:
                 assert credential.param_name is not None
                 query = stamp_query(query, credential.param_name, credential.secret.reveal())
+            replaced = {name.lower() for name, _ in stamped}
+            request.headers.fields = (
+                *(f for f in request.headers.fields if f[0].lower() not in replaced),
+                *stamped,
+            )
         # Forward exactly the path that was matched.
         request.data.path = path.encode("ascii") + (b"?" + query if query is not None else b"")
         if not request.is_http2:
             request.authority = ""
         # Dial the vetted (or --resolve) address; Host header and SNI keep the name.
-        host_header = request.host_header
         request.data.host, request.data.port = address
-        request.host_header = host_header
         self.upstream_names[(flow.client_conn.id, address)] = host
         request.stream = _counter(pending, "bytes_out")
 
@@ -405,22 +419,22 @@ class Credproxy:
             return
         redactor = pending.redactor
         if redactor is not None:
-            encoding = response.headers.get("content-encoding", "").strip().lower()
-            if encoding not in ("", "identity"):
+            fields = response.headers.fields
+            names = [n.lower() for n, _ in fields]
+            encoding = next((v for n, v in fields if n.lower() == b"content-encoding"), b"")
+            drop = set()
+            if encoding.strip().lower() not in (b"", b"identity"):
                 # Compressed anyway, despite Accept-Encoding: identity. Decode so redaction
                 # sees the plaintext; an encoding we cannot decode kills the flow.
-                pending.decoder = Decoder(encoding)
-                del response.headers["content-encoding"]
-                response.headers.pop("content-length", None)
-            response.headers.fields = tuple(
-                (name, redactor.text(value.decode("latin-1")).encode("latin-1"))
-                for name, value in response.headers.fields
-            )
-            if pending.decoder is not None or "content-length" in response.headers:
+                pending.decoder = Decoder(encoding.strip().lower().decode("latin-1"))
+                drop.add(b"content-encoding")
+            if pending.decoder is not None or b"content-length" in names:
                 # Redaction may change the length: re-frame instead of sending a wrong one.
-                response.headers.pop("content-length", None)
-                if not flow.request.is_http2 and flow.request.http_version == "HTTP/1.1":
-                    response.headers["transfer-encoding"] = "chunked"
+                drop.update((b"content-length", b"transfer-encoding"))
+            fields = tuple((n, redactor.header(v)) for n, v in fields if n.lower() not in drop)
+            if b"content-length" in drop and _chunked(flow.request):
+                fields += ((b"transfer-encoding", b"chunked"),)
+            response.headers.fields = fields
         response.stream = _response_stream(pending)
 
     @_guard_response
@@ -454,14 +468,14 @@ class Credproxy:
             raise Denied(Reason.STORE_UNAVAILABLE, "the policy is stale and the store unreachable")
         return policy
 
-    def _authenticate(self, flow: http.HTTPFlow) -> str:
+    def _authenticate(self, flow: http.HTTPFlow, values: list[bytes]) -> str:
         """The principal from Proxy-Authorization, which is removed and never forwarded."""
-        values = flow.request.headers.get_all("proxy-authorization")
-        flow.request.headers.pop("proxy-authorization", None)
+        if values:
+            flow.request.headers.pop("proxy-authorization", None)
         policy = self._policy()
         if len(values) == 1:
-            scheme, _, encoded = values[0].partition(" ")
-            if scheme.lower() == "basic":
+            scheme, _, encoded = values[0].partition(b" ")
+            if scheme.lower() == b"basic":
                 try:
                     name, sep, token = (
                         base64.b64decode(encoded.strip(), validate=True)
@@ -553,23 +567,49 @@ def _response_stream(pending: Pending) -> Callable[[bytes], bytes | list[bytes]]
     return stream
 
 
+def _chunked(request: http.Request) -> bool:
+    """May the response to this request be re-framed with chunked encoding?"""
+    return not request.is_http2 and request.http_version == "HTTP/1.1"
+
+
 def _method(raw: bytes) -> str:
-    if not raw or not set(raw) <= _TOKEN_CHARS:
+    if not _TOKEN_RE.fullmatch(raw):
         raise Denied(Reason.BAD_REQUEST, "invalid method")
     return raw.decode("ascii")
 
 
-def _check_framing(request: http.Request) -> None:
-    """Refuse what a front end and a back end could read two ways (smuggling, injection)."""
-    if "content-length" in request.headers and "transfer-encoding" in request.headers:
-        raise Denied(Reason.BAD_REQUEST, "both Content-Length and Transfer-Encoding")
-    if len(set(request.headers.get_all("content-length"))) > 1:
-        raise Denied(Reason.BAD_REQUEST, "conflicting Content-Length headers")
-    for name, value in request.headers.fields:
-        if not name or not set(name) <= _TOKEN_CHARS:
-            raise Denied(Reason.BAD_REQUEST, "invalid header name")
-        if any(b < 0x20 and b != 0x09 or b == 0x7F for b in value):
-            raise Denied(Reason.BAD_REQUEST, "control character in a header value")
+@dataclass
+class _RequestHeaders:
+    """One pass over a request's header fields: indexed by lower-case name, and checked."""
+
+    index: dict[bytes, list[bytes]]
+    problem: str | None = None
+
+    @classmethod
+    def scan(cls, fields: tuple[tuple[bytes, bytes], ...]) -> _RequestHeaders:
+        index: dict[bytes, list[bytes]] = {}
+        problem = None
+        for name, value in fields:
+            if problem is None:
+                if not _TOKEN_RE.fullmatch(name):
+                    problem = "invalid header name"
+                elif _CONTROL_RE.search(value):
+                    problem = "control character in a header value"
+            index.setdefault(name.lower(), []).append(value)
+        return cls(index, problem)
+
+    def get_all(self, name: bytes) -> list[bytes]:
+        return self.index.get(name, [])
+
+    def check_framing(self) -> None:
+        """Refuse what a front end and a back end could read two ways (smuggling, injection)."""
+        lengths = self.get_all(b"content-length")
+        if lengths and b"transfer-encoding" in self.index:
+            raise Denied(Reason.BAD_REQUEST, "both Content-Length and Transfer-Encoding")
+        if len(set(lengths)) > 1:
+            raise Denied(Reason.BAD_REQUEST, "conflicting Content-Length headers")
+        if self.problem is not None:
+            raise Denied(Reason.BAD_REQUEST, self.problem)
 
 
 def _is_ip(host: str) -> bool:

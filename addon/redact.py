@@ -76,12 +76,9 @@ class Redactor:
         emit, self._tail = data[: len(data) - hold], data[len(data) - hold :]
         return emit
 
-    def text(self, value: str) -> str:
-        """Redact a header value."""
-        if self._pattern is None:
-            return value
-        raw = value.encode("latin-1", "surrogateescape")
-        return self._sub(raw).decode("latin-1", "surrogateescape")
+    def header(self, value: bytes) -> bytes:
+        """Redact a header value, as raw bytes."""
+        return value if self._pattern is None else self._sub(value)
 
 
 class Decoder:

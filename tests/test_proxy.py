@@ -218,3 +218,26 @@ async def test_what_is_forwarded_is_what_was_matched(segments, query):
     assert flow.response is None
     expected = path.encode() + (b"?" + raw_query if raw_query is not None else b"")
     assert flow.request.data.path == expected
+
+
+@pytest.mark.parametrize(
+    ("authority", "host_header"),
+    [
+        pytest.param("api.test", "evil.test", id="h2 :authority granted, Host another"),
+        pytest.param("evil.test", "api.test", id="h2 Host granted, :authority another"),
+    ],
+)
+async def test_h2_authority_and_host_header_must_both_name_the_host(
+    authority: str, host_header: str
+):
+    # mitmproxy's host_header prefers :authority on h2; a Host header that names another
+    # host would still reach an h1 upstream (domain fronting) with the credential on it.
+    addon = Credproxy(StaticLive(make_policy()))  # type: ignore[arg-type]
+    with taddons.context(addon):
+        flow = https_flow(addon)
+        flow.request.http_version = "HTTP/2.0"
+        flow.request.authority = authority
+        flow.request.headers["host"] = host_header
+        await addon.requestheaders(flow)
+    assert reason(flow) == "host-mismatch"
+    assert flow.request.headers.get("authorization") is None

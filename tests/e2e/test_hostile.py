@@ -606,3 +606,65 @@ def test_proxy_authorization_inside_a_tunnel_is_dropped(proxy: Proxy, upstream: 
         reply = exchange(sock, req("GET /v1/x", OK_HOST + f"Proxy-Authorization: {other}\r\n"))
     assert reply.status == 200
     assert upstream.log.requests[0].header("proxy-authorization") == []
+
+
+def _h2_request(
+    sock: ssl.SSLSocket, headers: list[tuple[str, str]]
+) -> tuple[int | None, dict[str, str]]:
+    """One HTTP/2 request with exactly these header fields; (None, {}) on a connection error."""
+    import h2.config
+    import h2.connection
+    import h2.events
+
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(validate_outbound_headers=False))
+    conn.initiate_connection()
+    conn.send_headers(1, headers, end_stream=True)
+    sock.sendall(conn.data_to_send())
+    while True:
+        data = sock.recv(65536)
+        if not data:
+            raise ConnectionError("the proxy closed the h2 connection")
+        for event in conn.receive_data(data):
+            if isinstance(event, h2.events.ResponseReceived):
+                fields = {k.decode(): v.decode() for k, v in event.headers}
+                return int(fields[":status"]), fields
+            if isinstance(event, h2.events.ConnectionTerminated):
+                return None, {}
+        sock.sendall(conn.data_to_send())
+
+
+REFUSED = ((None, None), (403, "host-mismatch"))
+
+
+@pytest.mark.parametrize(
+    ("authority", "host", "outcomes"),
+    [
+        pytest.param("api.test", "api.test", ((200, None),), id="both name the granted host"),
+        pytest.param("api.test", "evil.test", REFUSED, id=":authority granted, Host another"),
+        pytest.param("evil.test", "api.test", REFUSED, id="Host granted, :authority another"),
+    ],
+)
+def test_h2_authority_and_host_header_must_agree(
+    proxy: Proxy, upstream: Upstream, agent, authority: str, host: str, outcomes
+):
+    sock, reply = connect(proxy.port, "api.test:443", proxy_auth(*agent))
+    assert reply.status == 200
+    context = ssl.create_default_context(cafile=str(proxy.ca_file))
+    context.set_alpn_protocols(["h2"])
+    with context.wrap_socket(sock, server_hostname="api.test") as tls:
+        assert tls.selected_alpn_protocol() == "h2"
+        status, fields = _h2_request(
+            tls,
+            [
+                (":method", "GET"),
+                (":scheme", "https"),
+                (":authority", authority),
+                (":path", "/v1/x"),
+                ("host", host),
+            ],
+        )
+    # mitmproxy's h2 stack refuses a mismatch itself (PROTOCOL_ERROR); the hook checks both
+    # names too (tests/test_proxy.py), so that a change of stack cannot open the gap.
+    assert (status, fields.get("x-credproxy-reason")) in outcomes
+    if status != 200:
+        assert upstream.log.connections == 0
