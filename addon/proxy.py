@@ -47,6 +47,9 @@ REQUIRED_OPTIONS = {
 }
 METHOD_OVERRIDES = (b"x-http-method-override", b"x-http-method", b"x-method-override")
 DNS_TIMEOUT = 5.0
+# Responses of known length up to this size are held whole and redacted in one piece;
+# anything longer, chunked or compressed is streamed and redacted chunk by chunk.
+BUFFER_LIMIT = 64 * 1024
 _TOKEN_RE = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _CONTROL_RE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
 
@@ -82,6 +85,7 @@ class Pending:
     redactor: Redactor | None = None
     decoder: Decoder | None = None
     internal: bool = False
+    buffered: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -418,31 +422,48 @@ class Credproxy:
         if pending is None or pending.rule is None or response is None:
             return
         redactor = pending.redactor
+        fields = response.headers.fields
+        lengths = [v for n, v in fields if n.lower() == b"content-length"]
+        encoding = next((v for n, v in fields if n.lower() == b"content-encoding"), b"")
+        encoding = encoding.strip().lower()
+        drop = set()
+        if redactor is not None and encoding not in (b"", b"identity"):
+            # Compressed anyway, despite Accept-Encoding: identity. Decode so redaction
+            # sees the plaintext; an encoding we cannot decode kills the flow.
+            pending.decoder = Decoder(encoding.decode("latin-1"))
+            drop.add(b"content-encoding")
+        elif len(lengths) == 1 and lengths[0].isdigit() and int(lengths[0]) <= BUFFER_LIMIT:
+            # Small and of known length: mitmproxy holds it whole, `response` redacts it, and
+            # it goes out as one write, as it would through bare mitmproxy.
+            pending.buffered = True
         if redactor is not None:
-            fields = response.headers.fields
-            names = [n.lower() for n, _ in fields]
-            encoding = next((v for n, v in fields if n.lower() == b"content-encoding"), b"")
-            drop = set()
-            if encoding.strip().lower() not in (b"", b"identity"):
-                # Compressed anyway, despite Accept-Encoding: identity. Decode so redaction
-                # sees the plaintext; an encoding we cannot decode kills the flow.
-                pending.decoder = Decoder(encoding.strip().lower().decode("latin-1"))
-                drop.add(b"content-encoding")
-            if pending.decoder is not None or b"content-length" in names:
+            if not pending.buffered and (pending.decoder is not None or lengths):
                 # Redaction may change the length: re-frame instead of sending a wrong one.
                 drop.update((b"content-length", b"transfer-encoding"))
             fields = tuple((n, redactor.header(v)) for n, v in fields if n.lower() not in drop)
             if b"content-length" in drop and _chunked(flow.request):
                 fields += ((b"transfer-encoding", b"chunked"),)
             response.headers.fields = fields
-        response.stream = _response_stream(pending)
+        if not pending.buffered:
+            response.stream = _response_stream(pending)
 
     @_guard_response
     def response(self, flow: http.HTTPFlow) -> None:
-        pending = self.pending.pop(flow.id, None)
-        if pending is not None and flow.response is not None:
-            redactions = pending.redactor.count if pending.redactor is not None else 0
-            self._audit(pending, "allow", status=flow.response.status_code, redactions=redactions)
+        pending = self.pending.get(flow.id)
+        response = flow.response
+        if pending is None or response is None:
+            return
+        if pending.buffered:
+            body = response.raw_content or b""
+            pending.bytes_in = len(body)
+            if pending.redactor is not None and body:
+                redacted = pending.redactor.feed(body) + pending.redactor.feed(b"")
+                if redacted != body:
+                    response.raw_content = redacted
+                    response.headers["content-length"] = str(len(redacted))
+        del self.pending[flow.id]
+        redactions = pending.redactor.count if pending.redactor is not None else 0
+        self._audit(pending, "allow", status=response.status_code, redactions=redactions)
 
     def error(self, flow: http.HTTPFlow) -> None:
         pending = self.pending.pop(flow.id, None)

@@ -403,14 +403,25 @@ def test_names_resolving_to_private_addresses_are_refused(proxy: Proxy, upstream
     assert upstream.log.connections == 0
 
 
-@pytest.mark.parametrize("path", ["/echo-auth", "/echo-auth-gzip"])
-def test_an_echoed_secret_is_redacted(proxy: Proxy, upstream: Upstream, grant, path):
+@pytest.mark.parametrize(
+    ("path", "redactions"),
+    [
+        pytest.param("/echo-auth", 2, id="small: held whole"),
+        pytest.param("/echo-auth-gzip", 2, id="compressed: decoded, streamed"),
+        pytest.param("/echo-auth-large", 3, id="over 64 KiB: streamed"),
+    ],
+)
+def test_an_echoed_secret_is_redacted(
+    proxy: Proxy, upstream: Upstream, grant, path: str, redactions: int
+):
     g = grant(paths=(path,))
     with proxy.client(g.agent, g.token) as client:
         reply = client.get(f"https://api.test{path}")
     assert reply.status_code == 200
-    assert reply.json() == {"authorization": "Bearer [REDACTED]"}
+    assert reply.json()["authorization"] == "Bearer [REDACTED]"
+    assert reply.json().get("again", "Bearer [REDACTED]") == "Bearer [REDACTED]"
     assert reply.headers["x-echo"] == "Bearer [REDACTED]"
     assert SECRET not in reply.text
     [line] = proxy.requests(g.agent)
-    assert line["redactions"] == 2
+    assert line["redactions"] == redactions
+    assert line["bytes_in"] > 0

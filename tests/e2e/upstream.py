@@ -71,6 +71,11 @@ class _Handler(BaseHTTPRequestHandler):
             if "gzip" in self.path:
                 # Compressed although the proxy asked for identity: redaction must still work.
                 payload, encoding = gzip.compress(payload), "gzip"
+            if "large" in self.path:
+                # Longer than the proxy buffers: streamed, redacted chunk by chunk.
+                pad = "x" * 100_000
+                auth = self.headers.get("authorization")
+                payload = json.dumps({"authorization": auth, "pad": pad, "again": auth}).encode()
         else:
             payload = json.dumps({"ok": True, "path": self.path}).encode()
         self.send_response(200)
