@@ -461,7 +461,7 @@ class Credproxy:
             body = response.raw_content or b""
             pending.bytes_in = len(body)
             if pending.redactor is not None and body:
-                redacted = pending.redactor.feed(body) + pending.redactor.feed(b"")
+                redacted = pending.redactor.whole(body)
                 if redacted != body:
                     response.raw_content = redacted
                     response.headers["content-length"] = str(len(redacted))

@@ -76,6 +76,10 @@ class Redactor:
         emit, self._tail = data[: len(data) - hold], data[len(data) - hold :]
         return emit
 
+    def whole(self, body: bytes) -> bytes:
+        """Redact a complete body (nothing held back: there is no next chunk)."""
+        return body if self._pattern is None else self._sub(body)
+
     def header(self, value: bytes) -> bytes:
         """Redact a header value, as raw bytes."""
         return value if self._pattern is None else self._sub(value)
