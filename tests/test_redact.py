@@ -51,3 +51,13 @@ def test_redaction_never_lets_the_secret_through(prefix, suffix, cuts):
     out = run(Redactor([SECRET]), chunks)
     assert SECRET not in out
     assert base64.b64encode(SECRET) not in out
+
+
+@given(body=st.binary(max_size=200), at=st.integers(min_value=0, max_value=200))
+@settings(max_examples=200)
+def test_a_held_body_is_redacted_like_a_stream(body: bytes, at: int):
+    body = body[:at] + SECRET + body[at:]
+    held, streamed = Redactor([SECRET]), Redactor([SECRET])
+    assert held.whole(body) == run(streamed, [body])
+    assert held.count == streamed.count >= 1
+    assert SECRET not in held.whole(body)
