@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import os
 import signal
 import tempfile
@@ -190,6 +191,7 @@ async def serve(config: RunConfig, started: asyncio.Event | None = None) -> int:
         )
         if started is not None:
             started.set()
+        gc.enable()  # main() kept the collector off for start-up
 
     admin = None
     admin_addr: list[tuple[str, int]] = []
@@ -210,6 +212,10 @@ async def serve(config: RunConfig, started: asyncio.Event | None = None) -> int:
     addon.guard = addon.guard.listening_on(admin_addr)
 
     announcer = loop.create_task(announce())
+    # What start-up built lives as long as the process: out of every later collection's scan.
+    # The ~2,000 start-up objects already garbage are kept too: cheaper than the full
+    # collection that would find them (0.1 s at 10,000 grants).
+    gc.freeze()
     try:
         await master.run()
     finally:

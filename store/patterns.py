@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from collections import defaultdict
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import cache
 
-from publicsuffix2 import PublicSuffixList
+from publicsuffix2 import PSL_FILE, PublicSuffixList
 
 from store.errors import InvalidInput
 
@@ -21,6 +22,7 @@ _METHOD_RE = re.compile(r"[A-Z][A-Z0-9_-]{0,31}")
 _HEADER_RE = re.compile(r"[A-Za-z0-9!#$%&'*+.^_`|~-]{1,64}")
 _PARAM_RE = re.compile(r"[A-Za-z0-9._~-]{1,64}")
 _PCHAR = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-._~!$&'()*+,=:@")
+_HEX_RE = re.compile(r"0x[0-9a-f]*")
 _DURATION_RE = re.compile(r"([1-9][0-9]{0,8})([smhd])")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
 # Headers a credential may never be written into: hop-by-hop, framing, or routing.
@@ -39,11 +41,41 @@ def validate_name(kind: str, name: str) -> str:
 
 
 @cache
-def _psl() -> PublicSuffixList:
-    return PublicSuffixList()
+def _suffix_rules() -> dict[str, list[str]]:
+    """The public suffix list's rules by their last label, IDNA-encoded as host names are."""
+    with open(PSL_FILE, encoding="utf-8") as f:
+        rules = [rule for rule in map(str.strip, f) if rule and not rule.startswith("//")]
+    encoded = {
+        label: label if label.isascii() else label.encode("idna").decode()
+        for label in {rule.rpartition(".")[2] for rule in rules}
+    }
+    by_tld: dict[str, list[str]] = defaultdict(list)
+    for rule in rules:
+        by_tld[encoded[rule.rpartition(".")[2]]].append(rule)
+    return dict(by_tld)
+
+
+@cache
+def _suffix_list(tld: str) -> PublicSuffixList:
+    return PublicSuffixList(_suffix_rules().get(tld, []))
+
+
+def _is_public_suffix(domain: str) -> bool:
+    """Does the public suffix list make `domain` (lower-case, punycode) a public suffix?
+
+    A lookup only reads the rules under the domain's last label, so only those are loaded:
+    the whole list takes 0.1 s, most of it IDNA-encoding rules of other TLDs.
+    """
+    tld = domain.rpartition(".")[2]
+    # Unknown TLDs share the empty list (only the implicit "*" rule), so the cache stays
+    # bounded whatever names arrive.
+    suffix: str | None = _suffix_list(tld if tld in _suffix_rules() else "").get_tld(domain)
+    return suffix == domain
 
 
 def _is_ip(host: str) -> bool:
+    if ":" not in host and not host.replace(".", "").isdigit():
+        return False  # neither IPv6 nor dotted decimal: spares ipaddress's exception
     try:
         ipaddress.ip_address(host)
     except ValueError:
@@ -124,11 +156,11 @@ def parse_host(spec: str) -> HostPattern:
     if len(text) > 253 or not all(_LABEL_RE.fullmatch(label) for label in labels):
         raise InvalidInput(f"invalid host {spec!r}")
     # What URL parsers read as IPv4 ("ends in a number", decimal or 0x-hex) is no host name.
-    if labels[-1].isdigit() or re.fullmatch(r"0x[0-9a-f]*", labels[-1]):
+    if labels[-1].isdigit() or _HEX_RE.fullmatch(labels[-1]):
         raise InvalidInput(f"invalid host {spec!r}: not a host name nor a canonical IP address")
     if wildcard:
         base = text[2:]
-        if len(labels) < 2 or _psl().get_tld(base) == base:
+        if len(labels) < 2 or _is_public_suffix(base):
             raise InvalidInput(f"invalid host {spec!r}: a wildcard may not cover a public suffix")
     return HostPattern(text, port)
 

@@ -9,7 +9,7 @@ from alembic.script import ScriptDirectory
 from store.crypto import MasterKey, hash_token
 from store.errors import StoreUnavailable
 from store.models import UTCDateTime
-from store.repository import MIGRATIONS, Store
+from store.repository import MIGRATIONS, SCHEMA_HEAD, Store
 
 TABLES = {
     "alembic_version", "store_state", "principals", "credentials", "grants", "access_requests"
@@ -23,6 +23,10 @@ def _head() -> str:
     head = ScriptDirectory.from_config(config).get_current_head()
     assert head is not None
     return head
+
+
+def test_the_head_run_checks_is_alembics() -> None:
+    assert SCHEMA_HEAD == _head()
 
 
 @pytest.fixture
@@ -142,4 +146,13 @@ def test_unmigrated_database_is_not_ready(bare: Store) -> None:
 def test_database_behind_head_is_not_ready(bare: Store) -> None:
     bare.migrate("0001")
     with pytest.raises(StoreUnavailable, match="schema 0001, not .*: run credproxy init"):
+        bare.check_ready()
+
+
+def test_database_with_two_versions_is_not_ready(bare: Store) -> None:
+    bare.migrate()
+    with bare.engine.begin() as conn:
+        conn.execute(sa.text("INSERT INTO alembic_version (version_num) VALUES ('0002')"))
+    assert bare.schema_revision() == f"0002, {_head()}"
+    with pytest.raises(StoreUnavailable, match=f"schema 0002, {_head()}, not {_head()}"):
         bare.check_ready()

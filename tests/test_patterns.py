@@ -1,10 +1,12 @@
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from publicsuffix2 import PSL_FILE, PublicSuffixList
 
 from store.errors import InvalidInput
 from store.patterns import (
     HostPattern,
+    _is_public_suffix,
     parse_expiry,
     parse_host,
     validate_header_name,
@@ -77,6 +79,20 @@ def test_parse_host_accepts(spec: str, expected: HostPattern) -> None:
 def test_parse_host_refuses(spec: str) -> None:
     with pytest.raises(InvalidInput, match="invalid"):
         parse_host(spec)
+
+
+def test_public_suffixes_are_those_of_the_whole_list() -> None:
+    whole = PublicSuffixList()
+    domains = {"example", "svc0.example", "a.b.example", "xn--unknown-tld.a"}
+    with open(PSL_FILE, encoding="utf-8") as f:
+        for line in f:
+            rule = line.strip()
+            if rule and not rule.startswith("//"):
+                name = rule.lstrip("!").replace("*", "x").encode("idna").decode()
+                domains |= {name, f"a.{name}", name.partition(".")[2]}
+    domains.discard("")
+    differ = [d for d in sorted(domains) if _is_public_suffix(d) != (whole.get_tld(d) == d)]
+    assert differ == []
 
 
 @pytest.mark.parametrize(

@@ -3,7 +3,7 @@ from collections.abc import Callable, Iterator
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import select, update
+from sqlalchemy import null, select, update
 from sqlalchemy.orm import Session
 
 from store.crypto import MasterKey, Secret, hash_token
@@ -423,6 +423,47 @@ def test_snapshot_leaves_out_expired_grants(store: Store) -> None:
             .values(expires_at=utcnow() - timedelta(seconds=1))
         )
     assert store.snapshot().grants == ()
+
+
+@pytest.mark.parametrize(
+    "stored",
+    [
+        pytest.param(None, id="grant hosts stored as JSON null read as the credential's"),
+        pytest.param(null(), id="grant hosts stored as SQL NULL read as the credential's"),
+    ],
+)
+def test_snapshot_grant_without_hosts_has_the_credentials(store: Store, stored: object) -> None:
+    grant_id = _seed(store)
+    with store.engine.begin() as conn:
+        conn.execute(update(Grant).where(Grant.id == grant_id).values(hosts=stored))
+    (grant,) = store.snapshot().grants
+    assert grant.hosts == (HostPattern("api.github.com"),)
+
+
+def test_snapshot_shares_what_grants_repeat(store: Store) -> None:
+    store.add_principal("agent")
+    for _ in range(2):
+        store.add_grant("agent", ["GET", "POST"], hosts=["pypi.org"], paths=["/a/", "/b/"])
+    first, second = store.snapshot().grants
+    assert first.methods is second.methods and first.paths is second.paths
+    assert first.hosts is second.hosts
+
+
+@pytest.mark.parametrize(
+    ("column", "value"),
+    [
+        pytest.param("hosts", ["API.github.com"], id="a stored host the grammar refuses"),
+        pytest.param("hosts", ["*.com"], id="a stored wildcard over a public suffix"),
+    ],
+)
+def test_snapshot_refuses_a_grant_the_cli_could_not_have_written(
+    store: Store, column: str, value: object
+) -> None:
+    grant_id = _seed(store)
+    with store.engine.begin() as conn:
+        conn.execute(update(Grant).where(Grant.id == grant_id).values({column: value}))
+    with pytest.raises(InvalidInput, match="invalid host"):
+        store.snapshot()
 
 
 def test_tampered_ciphertext_is_reported_unreadable_and_its_grants_dropped(
