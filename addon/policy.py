@@ -147,9 +147,10 @@ class Policy:
         self._tokens = dict(snapshot.token_hashes)
         self._principals: dict[str, PrincipalPolicy] = {}
         for grant in snapshot.grants:
-            self._principals.setdefault(grant.principal, PrincipalPolicy()).add(
-                _compile(grant, snapshot)
-            )
+            rules = self._principals.get(grant.principal)
+            if rules is None:
+                rules = self._principals[grant.principal] = PrincipalPolicy()
+            rules.add(_compile(grant, snapshot))
         self.grant_count = len(snapshot.grants)
 
     def authenticate(self, name: str, token: str) -> bool:

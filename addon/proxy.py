@@ -10,7 +10,6 @@ import asyncio
 import base64
 import binascii
 import functools
-import gc
 import json
 import re
 import socket
@@ -170,11 +169,6 @@ class Credproxy:
 
     def running(self) -> None:
         self._poller = asyncio.get_running_loop().create_task(self.live.run())
-        # Everything loaded so far (mitmproxy, SQLAlchemy, the compiled policy) lives as
-        # long as the process: keep it out of every later collection's scan. Measured: GC
-        # time under load 0.45 s -> 0.26 s per 3,300 requests.
-        gc.collect()
-        gc.freeze()
 
     def done(self) -> None:
         if self._poller is not None:
