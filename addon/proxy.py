@@ -350,6 +350,11 @@ class Credproxy:
             raise Denied(Reason.HOST_MISMATCH, "TLS SNI names another host")
         if flow.client_conn.tls and tunnel is None and flow.client_conn.sni is not None:
             raise Denied(Reason.HOST_MISMATCH, "TLS to the proxy without CONNECT")
+        if tunnel is None and scheme == "https":
+            # mitmproxy would dial TLS itself and reuse that connection by address for the
+            # next absolute-form request, whatever host it names: a credential could ride a
+            # connection whose certificate was verified for another host. Clients use CONNECT.
+            raise Denied(Reason.BAD_REQUEST, "https requests must use CONNECT")
         return host, port, scheme
 
     async def _consume(self, rule: Rule) -> None:
