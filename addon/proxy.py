@@ -427,10 +427,17 @@ class Credproxy:
         redactor = pending.redactor
         fields = response.headers.fields
         lengths = [v for n, v in fields if n.lower() == b"content-length"]
-        encoding = next((v for n, v in fields if n.lower() == b"content-encoding"), b"")
-        encoding = encoding.strip().lower()
+        # Every Content-Encoding field and list item: a second header must not hide gzip.
+        codings = [
+            coding.strip().lower()
+            for n, v in fields
+            if n.lower() == b"content-encoding"
+            for coding in v.split(b",")
+        ]
+        codings = [c for c in codings if c not in (b"", b"identity")]
+        encoding = b", ".join(codings)
         drop = set()
-        if redactor is not None and encoding not in (b"", b"identity"):
+        if redactor is not None and encoding:
             # Compressed anyway, despite Accept-Encoding: identity. Decode so redaction
             # sees the plaintext; an encoding we cannot decode kills the flow.
             pending.decoder = Decoder(encoding.decode("latin-1"))
