@@ -1,8 +1,11 @@
 """Security checks that no other test pinned: found by mutation-testing the addon.
 
-Each test names the check it holds in place. Removing or inverting that check turns the test
-red; the real code keeps it green. Most call the hooks directly, like tests/test_proxy.py; the
-one e2e test needs the real runner, which registers the proxy's own listeners with the guard.
+Each test names the check it holds in place: removing or inverting that check turns the test
+red, and the real code keeps it green. Most call the hooks directly, like tests/test_proxy.py;
+the e2e ones need the real runner (it registers the proxy's own listeners with the guard).
+
+Tests marked xfail(strict=True) reproduce holes found on the way that are still open. They
+report "xfailed" while the hole is open and fail (XPASS) once it is closed: then drop the marker.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from mitmproxy.options import Options
 from mitmproxy.proxy import context, server_hooks
 from mitmproxy.test import taddons, tflow
 
-import addon.policy
+import addon.policy as policy_module
 from addon.guard import DestinationGuard, is_public
 from addon.hosts import ResolveMap
 from addon.policy import Policy, Reason, Request, Rule
@@ -65,16 +68,15 @@ def req(
 
 
 class SpyLive(StaticLive):
-    """StaticLive that records once-grant consumption and can lose the race."""
+    """StaticLive that records which once-grants were consumed."""
 
-    def __init__(self, policy: Policy, won: bool = True) -> None:
+    def __init__(self, policy: Policy) -> None:
         super().__init__(policy)
         self.consumed: list[int] = []
-        self.won = won
 
     async def consume_once(self, grant_id: int) -> bool:
         self.consumed.append(grant_id)
-        return self.won
+        return True
 
 
 def make_addon(live: Any, resolve: list[str] | None = None) -> Credproxy:
@@ -148,7 +150,7 @@ def test_tokens_are_compared_in_constant_time(monkeypatch: pytest.MonkeyPatch) -
 def test_an_unknown_name_never_authenticates_whatever_the_comparison_says(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(addon.policy, "token_matches", lambda token, token_hash: True)
+    monkeypatch.setattr(policy_module, "token_matches", lambda token, token_hash: True)
     assert not snapshot_policy().authenticate("nobody", "anything")
 
 
@@ -251,6 +253,21 @@ async def test_tls_to_the_proxy_without_connect_is_refused() -> None:
         flow.request.headers["proxy-authorization"] = basic("a", "tok-a")
         await addon.requestheaders(flow)
     assert reason(flow) == "host-mismatch"
+    assert flow.request.headers.get("authorization") is None
+
+
+async def test_https_without_connect_is_refused() -> None:
+    # Absolute-form `GET https://...` on a plain proxy connection: mitmproxy would dial TLS
+    # itself and reuse that connection by address for the next host named (see the e2e
+    # two-host test below), so it is refused before any credential is stamped.
+    addon = make_addon(StaticLive(snapshot_policy(grant(1))))
+    with taddons.context(addon):
+        flow = plain_flow(host="api.test", port=443)
+        flow.request.scheme = "https"
+        flow.request.host_header = "api.test"
+        await addon.requestheaders(flow)
+    assert flow.response is not None and flow.response.status_code == 400
+    assert reason(flow) == "bad-request"
     assert flow.request.headers.get("authorization") is None
 
 
