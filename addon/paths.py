@@ -13,6 +13,7 @@ _UNRESERVED = frozenset(_ALPHANUMERIC + b"-._~")
 # RFC 3986 pchar without pct-encoded; bytes, for bytes.translate(None, delete).
 _PCHAR = _ALPHANUMERIC + b"-._~!$&'()*+,=:@"
 _PCHAR_SET = frozenset(_PCHAR)
+_PCHAR_SLASH = _PCHAR + b"/"
 _HEX = frozenset(b"0123456789ABCDEFabcdef")
 _CONTROLS = bytes(range(0x20)) + b"\x7f"
 # An escape of these is refused, not kept: a backend that decodes before routing would see a
@@ -65,7 +66,17 @@ def canonicalize(target: bytes) -> tuple[str, bytes | None]:
     query = raw_query if question else None
     if query is not None and len(query.translate(None, _CONTROLS + b" ")) != len(query):
         raise BadPath("control character")
+    if (
+        not raw_path.translate(None, _PCHAR_SLASH)
+        and b"/." not in raw_path
+        and b"//" not in raw_path
+    ):
+        # Already canonical: plain characters, no escapes, no dot or empty segments.
+        return raw_path.decode("ascii"), query
+    return _canonical_path(raw_path), query
 
+
+def _canonical_path(raw_path: bytes) -> str:
     raw_segments = raw_path.split(b"/")[1:]
     last = len(raw_segments) - 1
     kept: list[str] = []
@@ -86,7 +97,7 @@ def canonicalize(target: bytes) -> tuple[str, bytes | None]:
     # RFC 3986 remove_dot_segments: '/a/b/..' is '/a/', a directory, not '/a'.
     if kept and segment in ("", ".", ".."):
         path += "/"
-    return path, query
+    return path
 
 
 def _segment(raw: bytes) -> str:

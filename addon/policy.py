@@ -10,8 +10,10 @@ from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import NamedTuple
 
 from addon.paths import path_matches
+from addon.stamping import Stamp
 from store.crypto import token_matches
 from store.patterns import HostPattern
 from store.records import CredentialRecord, GrantRecord, Snapshot
@@ -73,8 +75,7 @@ class Rule:
         return max((len(p) for p in self.paths if path_matches(p, path)), default=-1)
 
 
-@dataclass(frozen=True)
-class Request:
+class Request(NamedTuple):
     """The facts of one request, already canonical: lower-case host, canonical path."""
 
     host: str
@@ -95,6 +96,17 @@ class Decision:
     @classmethod
     def deny(cls, reason: Reason, detail: str) -> Decision:
         return cls(False, reason, detail)
+
+
+# Why no candidate is left, by how far the furthest one got (see Policy.decide).
+_STAGE_DENIALS = (
+    Decision.deny(Reason.GRANT_EXPIRED, "every grant for this host has expired"),
+    Decision.deny(Reason.GRANT_CONSUMED, "this once-grant was already used"),
+    Decision.deny(Reason.METHOD_NOT_ALLOWED, "no grant allows this method here"),
+    Decision.deny(Reason.PATH_NOT_ALLOWED, "no grant allows this path"),
+    Decision.deny(Reason.UPGRADE_NOT_ALLOWED, "no grant allows protocol upgrades here"),
+    Decision.deny(Reason.INSECURE_SCHEME, "credentials are only sent over https"),
+)
 
 
 @dataclass
@@ -152,6 +164,15 @@ class Policy:
                 rules = self._principals[grant.principal] = PrincipalPolicy()
             rules.add(_compile(grant, snapshot))
         self.grant_count = len(snapshot.grants)
+        self._stamps: dict[str, Stamp] = {}
+        self._allowed: dict[int, Decision] = {}
+
+    def stamp(self, credential: CredentialRecord) -> Stamp:
+        """The credential's Stamp, built on first use: the snapshot fixes name -> record."""
+        stamp = self._stamps.get(credential.name)
+        if stamp is None:
+            stamp = self._stamps[credential.name] = Stamp(credential)
+        return stamp
 
     def authenticate(self, name: str, token: str) -> bool:
         token_hash = self._tokens.get(name)
@@ -174,35 +195,43 @@ class Policy:
             if request.scheme == "http" and rules and self._granted_on_https(rules, request):
                 return Decision.deny(Reason.INSECURE_SCHEME, "credentials are only sent over https")
             return Decision.deny(Reason.NO_GRANT, "no grant for this host and port")
-        unexpired = [r for r in matching if r.expires_at is None or r.expires_at > now]
-        if not unexpired:
-            return Decision.deny(Reason.GRANT_EXPIRED, "every grant for this host has expired")
-        live = [r for r in unexpired if not r.consumed]
-        if not live:
-            return Decision.deny(Reason.GRANT_CONSUMED, "this once-grant was already used")
-        by_method = [r for r in live if r.methods is None or request.method in r.methods]
-        if not by_method:
-            return Decision.deny(Reason.METHOD_NOT_ALLOWED, "no grant allows this method here")
-        by_path = [(r.longest_path(request.path), r) for r in by_method]
-        by_path = [(n, r) for n, r in by_path if n >= 0]
-        if not by_path:
-            return Decision.deny(Reason.PATH_NOT_ALLOWED, "no grant allows this path")
-        if request.upgrade:
-            by_path = [(n, r) for n, r in by_path if r.websocket]
-            if not by_path:
-                return Decision.deny(
-                    Reason.UPGRADE_NOT_ALLOWED, "no grant allows protocol upgrades here"
-                )
-        if request.scheme != "https":
-            by_path = [(n, r) for n, r in by_path if r.credential is None]
-            if not by_path:
-                return Decision.deny(Reason.INSECURE_SCHEME, "credentials are only sent over https")
-        # Standing grants before once-grants (never burn one needlessly), then the most
-        # specific path, then a credential over none, then the oldest grant.
-        _, rule = min(
-            by_path, key=lambda nr: (nr[1].once, -nr[0], nr[1].credential is None, nr[1].grant_id)
-        )
-        return Decision(True, rule=rule)
+        # One pass over the candidates. Each check narrows the rules still in play, in the
+        # order of _STAGE_DENIALS; when none is left, the reason is the check that stopped
+        # the rule that got furthest.
+        furthest = 0
+        best: Rule | None = None
+        best_key: tuple[bool, int, bool, int] | None = None
+        method, path = request.method, request.path
+        for r in matching:
+            if r.expires_at is not None and r.expires_at <= now:
+                continue
+            furthest = max(furthest, 1)
+            if r.consumed:
+                continue
+            furthest = max(furthest, 2)
+            if r.methods is not None and method not in r.methods:
+                continue
+            furthest = max(furthest, 3)
+            n = r.longest_path(path)
+            if n < 0:
+                continue
+            furthest = max(furthest, 4)
+            if request.upgrade and not r.websocket:
+                continue
+            furthest = max(furthest, 5)
+            if request.scheme != "https" and r.credential is not None:
+                continue  # credentials are only sent over https
+            # Standing grants before once-grants (never burn one needlessly), then the most
+            # specific path, then a credential over none, then the oldest grant.
+            key = (r.once, -n, r.credential is None, r.grant_id)
+            if best_key is None or key < best_key:
+                best, best_key = r, key
+        if best is None:
+            return _STAGE_DENIALS[furthest]
+        allowed = self._allowed.get(best.grant_id)
+        if allowed is None:
+            allowed = self._allowed[best.grant_id] = Decision(True, rule=best)
+        return allowed
 
     @staticmethod
     def _granted_on_https(rules: PrincipalPolicy, request: Request) -> bool:

@@ -14,8 +14,8 @@ import json
 import re
 import socket
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -29,9 +29,9 @@ from addon.hosts import BadAuthority, ResolveMap, normalize_host, parse_authorit
 from addon.live import LivePolicy
 from addon.metrics import Metrics, StreakAlerts
 from addon.paths import BadPath, canonicalize
-from addon.policy import DEFAULT_PORTS, STATUS, Decision, Reason, Request, Rule
+from addon.policy import DEFAULT_PORTS, STATUS, Decision, Policy, Reason, Request, Rule
 from addon.redact import Decoder, Redactor
-from addon.stamping import header_for, stamp_query
+from addon.stamping import stamp_query
 from store.errors import CredproxyError
 
 REQUIRED_OPTIONS = {
@@ -56,7 +56,7 @@ _CONTROL_RE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-@dataclass
+@dataclass(slots=True)
 class Tunnel:
     """What a CONNECT bound to its client connection."""
 
@@ -64,10 +64,9 @@ class Tunnel:
     host: str
     port: int
     sni_mismatch: bool = False
-    broken: bool = False
 
 
-@dataclass
+@dataclass(slots=True)
 class Pending:
     """One request's audit line, filled in as the flow moves."""
 
@@ -86,7 +85,6 @@ class Pending:
     decoder: Decoder | None = None
     internal: bool = False
     buffered: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class Denied(Exception):
@@ -106,7 +104,7 @@ def _guard_flow(hook: F) -> F:
     async def wrapper(self: Credproxy, flow: http.HTTPFlow) -> None:
         try:
             result = hook(self, flow)
-            if isinstance(result, Awaitable):
+            if result is not None:
                 await result
         except Denied as d:
             self.deny(flow, d.reason, d.detail, d.extra)
@@ -257,7 +255,7 @@ class Credproxy:
         policy = self._policy()
         if principal not in policy.principals():
             raise Denied(Reason.AUTH_REQUIRED, "the principal no longer exists")
-        if flow.client_conn.id in self.broken_clients or (tunnel and tunnel.broken):
+        if flow.client_conn.id in self.broken_clients:
             raise Denied(Reason.INTERNAL_ERROR, "internal error")
 
         host, port, scheme = self._bind_destination(flow, tunnel, pending, headers)
@@ -286,14 +284,14 @@ class Credproxy:
         for header in METHOD_OVERRIDES:
             for value in headers.get_all(header):
                 override = _method(value.strip())
-                if not policy.decide(principal, replace(facts, method=override), now).allowed:
+                if not policy.decide(principal, facts._replace(method=override), now).allowed:
                     raise Denied(Reason.METHOD_NOT_ALLOWED, "the method override is not granted")
         rule = decision.rule
         assert rule is not None
         address = self.resolve.lookup(host, port) or await self._vet(host, port)
         await self._consume(rule)
         pending.rule = rule
-        self._forward(flow, rule, host, path, query, address)
+        self._forward(flow, policy, rule, host, path, query, address)
 
     async def _vet(self, host: str, port: int) -> tuple[str, int]:
         """Resolve once here and dial exactly that address: no second lookup to rebind."""
@@ -321,10 +319,12 @@ class Credproxy:
         scheme = request.scheme
         if scheme not in DEFAULT_PORTS:
             raise Denied(Reason.BAD_REQUEST, "unsupported scheme")
-        try:
-            host, port = normalize_host(request.host), request.port
-        except BadAuthority as e:
-            raise Denied(Reason.BAD_REQUEST, "invalid host") from e
+        host, port = request.host, request.port
+        if tunnel is None or host != tunnel.host:  # the tunnel's host is already normal
+            try:
+                host = normalize_host(host)
+            except BadAuthority as e:
+                raise Denied(Reason.BAD_REQUEST, "invalid host") from e
         pending.host, pending.port = host, port
         host_headers = headers.get_all(b"host")
         if len(host_headers) > 1:
@@ -341,7 +341,7 @@ class Credproxy:
             raise Denied(Reason.BAD_REQUEST, "missing Host header")
         for authority in authorities:
             try:
-                a_host, a_port = parse_authority(authority)
+                a_host, a_port = _parse_authority(authority)
             except BadAuthority as e:
                 raise Denied(Reason.BAD_REQUEST, "invalid Host header or authority") from e
             if (a_host, a_port or DEFAULT_PORTS[scheme]) != (host, port):
@@ -374,6 +374,7 @@ class Credproxy:
     def _forward(
         self,
         flow: http.HTTPFlow,
+        policy: Policy,
         rule: Rule,
         host: str,
         path: str,
@@ -384,25 +385,20 @@ class Credproxy:
         pending = self.pending[flow.id]
         credential = rule.credential
         if credential is not None:
-            pending.redactor = Redactor([credential.secret.reveal()])
-            # Redaction must see the body as sent: no compression on stamped requests.
-            stamped = [(b"accept-encoding", b"identity")]
-            header = header_for(credential)
-            if header is not None:
-                # Replace, never append: a second value would let the upstream pick the agent's.
-                stamped.append((header[0].encode("ascii"), header[1].encode("ascii")))
-            else:
-                assert credential.param_name is not None
-                query = stamp_query(query, credential.param_name, credential.secret.reveal())
-            replaced = {name.lower() for name, _ in stamped}
+            stamp = policy.stamp(credential)
+            pending.redactor = Redactor((stamp.secret,))
+            if stamp.param is not None:
+                query = stamp_query(query, stamp.param, stamp.secret)
+            # Replace, never append: a second value would let the upstream pick the agent's.
+            names = stamp.names
             request.headers.fields = (
-                *(f for f in request.headers.fields if f[0].lower() not in replaced),
-                *stamped,
+                *[f for f in request.headers.fields if f[0].lower() not in names],
+                *stamp.fields,
             )
         # Forward exactly the path that was matched.
         request.data.path = path.encode("ascii") + (b"?" + query if query is not None else b"")
         if not request.is_http2:
-            request.authority = ""
+            request.data.authority = b""
         # Dial the vetted (or --resolve) address; Host header and SNI keep the name.
         request.data.host, request.data.port = address
         self.upstream_names[(flow.client_conn.id, address)] = host
@@ -450,7 +446,9 @@ class Credproxy:
             if not pending.buffered and (pending.decoder is not None or lengths):
                 # Redaction may change the length: re-frame instead of sending a wrong one.
                 drop.update((b"content-length", b"transfer-encoding"))
-            fields = tuple((n, redactor.header(v)) for n, v in fields if n.lower() not in drop)
+            if drop:
+                fields = tuple(f for f in fields if f[0].lower() not in drop)
+            fields = redactor.headers(fields)
             if b"content-length" in drop and _chunked(flow.request):
                 fields += ((b"transfer-encoding", b"chunked"),)
             response.headers.fields = fields
@@ -562,8 +560,7 @@ class Credproxy:
             audit.DURATION_MS: round((time.monotonic() - pending.start) * 1000, 2),
             **fields,
         }
-        self.log.info(audit.REQUEST_EVENT, **line)
-        line[audit.DECISION] = decision
+        audit.emit(audit.REQUEST_EVENT, line)
         self.metrics.observe(line)
         self.alerts.observe(pending.principal, decision, line.get(audit.REASON))
 
@@ -619,14 +616,19 @@ class _RequestHeaders:
     @classmethod
     def scan(cls, fields: tuple[tuple[bytes, bytes], ...]) -> _RequestHeaders:
         index: dict[bytes, list[bytes]] = {}
-        problem = None
         for name, value in fields:
-            if problem is None:
-                if not _TOKEN_RE.fullmatch(name):
-                    problem = "invalid header name"
-                elif _CONTROL_RE.search(value):
-                    problem = "control character in a header value"
             index.setdefault(name.lower(), []).append(value)
+        problem = None
+        # One regex call for all the names and one for all the values: non-empty tokens
+        # joined are one token, and tab (the separator) is allowed in values. Field by field
+        # only when something is wrong, to name the first problem.
+        names, values = zip(*fields, strict=True) if fields else ((), ())
+        if fields and (
+            not all(names)
+            or not _TOKEN_RE.fullmatch(b"".join(names))
+            or _CONTROL_RE.search(b"\t".join(values))
+        ):
+            problem = next((p for n, v in fields if (p := _field_problem(n, v))), None)
         return cls(index, problem)
 
     def get_all(self, name: bytes) -> list[bytes]:
@@ -641,6 +643,24 @@ class _RequestHeaders:
             raise Denied(Reason.BAD_REQUEST, "conflicting Content-Length headers")
         if self.problem is not None:
             raise Denied(Reason.BAD_REQUEST, self.problem)
+
+
+@functools.lru_cache(maxsize=64)
+def _parsed_authority(text: str) -> tuple[str, int | None]:
+    return parse_authority(text)
+
+
+def _parse_authority(text: str) -> tuple[str, int | None]:
+    """parse_authority, remembered for the few Host values a proxy sees again and again."""
+    return _parsed_authority(text) if len(text) <= 300 else parse_authority(text)
+
+
+def _field_problem(name: bytes, value: bytes) -> str | None:
+    if not _TOKEN_RE.fullmatch(name):
+        return "invalid header name"
+    if _CONTROL_RE.search(value):
+        return "control character in a header value"
+    return None
 
 
 def _is_ip(host: str) -> bool:

@@ -6,7 +6,7 @@ import base64
 import functools
 import re
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from urllib.parse import quote, quote_plus
 
 MARK = b"[REDACTED]"
@@ -41,7 +41,7 @@ class Redactor:
     not delayed when nothing in it resembles one.
     """
 
-    def __init__(self, secrets: list[bytes]) -> None:
+    def __init__(self, secrets: Sequence[bytes]) -> None:
         self._needles, self._pattern = _compile(tuple(secrets))
         self._tail = b""
         self.count = 0
@@ -78,11 +78,26 @@ class Redactor:
 
     def whole(self, body: bytes) -> bytes:
         """Redact a complete body (nothing held back: there is no next chunk)."""
-        return body if self._pattern is None else self._sub(body)
+        if self._pattern is None or len(body) < len(self._needles[-1]):
+            return body  # shorter than the shortest form of a secret
+        return self._sub(body)
 
-    def header(self, value: bytes) -> bytes:
-        """Redact a header value, as raw bytes."""
-        return value if self._pattern is None else self._sub(value)
+    def headers(self, fields: tuple[tuple[bytes, bytes], ...]) -> tuple[tuple[bytes, bytes], ...]:
+        """Redact header values; a field whose name holds a secret is dropped (and counted).
+
+        One search over every name and value decides; `fields` comes back as it is when it
+        holds no secret, the usual case.
+        """
+        pattern = self._pattern
+        if pattern is None or not pattern.search(b"\n".join(b"\n".join(f) for f in fields)):
+            return fields
+        kept = []
+        for name, value in fields:
+            if pattern.search(name):
+                self.count += 1
+            else:
+                kept.append((name, self._sub(value)))
+        return tuple(kept)
 
 
 class Decoder:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+from typing import NoReturn
 from urllib.parse import quote, unquote_to_bytes
 
 from store.records import CredentialRecord
@@ -19,6 +20,34 @@ def header_for(credential: CredentialRecord) -> tuple[str, str] | None:
         assert credential.header_name is not None
         return credential.header_name, secret.decode("ascii")
     return None
+
+
+class Stamp:
+    """What one credential writes onto every request it is stamped on, built once per policy.
+
+    `fields` replace every field of the same names (`names`, lower-case); a query credential
+    has `param` instead of a header. Accept-Encoding: identity is always among the fields:
+    redaction must see the response body as sent. Its repr never shows the secret.
+    """
+
+    __slots__ = ("fields", "names", "param", "secret")
+
+    def __init__(self, credential: CredentialRecord) -> None:
+        self.secret = credential.secret.reveal()
+        fields = [(b"accept-encoding", b"identity")]
+        header = header_for(credential)
+        if header is not None:
+            fields.append((header[0].encode("ascii"), header[1].encode("ascii")))
+        self.fields = tuple(fields)
+        self.names = frozenset(name.lower() for name, _ in fields)
+        self.param = credential.param_name if header is None else None
+        assert header is not None or self.param is not None
+
+    def __repr__(self) -> str:
+        return "Stamp([secure])"
+
+    def __reduce__(self) -> NoReturn:
+        raise TypeError("a Stamp cannot be pickled")
 
 
 def stamp_query(query: bytes | None, param: str, secret: bytes) -> bytes:

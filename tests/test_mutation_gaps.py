@@ -200,15 +200,6 @@ async def test_a_tunnel_whose_client_hello_hook_failed_is_refused() -> None:
     assert flow.request.headers.get("authorization") is None
 
 
-async def test_a_tunnel_marked_broken_is_refused() -> None:
-    addon = make_addon(StaticLive(snapshot_policy(grant(1))))
-    with taddons.context(addon):
-        flow = https_flow(addon)
-        addon.tunnels[flow.client_conn.id].broken = True
-        await addon.requestheaders(flow)
-    assert reason(flow) == "internal-error"
-
-
 # -- destination binding -------------------------------------------------------------------
 
 

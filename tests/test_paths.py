@@ -2,7 +2,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from addon.paths import DETAILS, BadPath, canonicalize, path_matches
+from addon.paths import DETAILS, BadPath, _canonical_path, canonicalize, path_matches
 from store.errors import InvalidInput
 from store.patterns import validate_path_pattern as validate_pattern
 
@@ -260,6 +260,18 @@ def test_canonicalize_is_idempotent(target: bytes) -> None:
     path = canonical_or_none(target)
     if path is not None:
         assert canonicalize(path.encode()) == (path, None)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.one_of(targets, any_targets))
+def test_the_fast_path_agrees_with_the_segment_by_segment_path(target: bytes) -> None:
+    """canonicalize returns a plain path unchanged without parsing it; the full parser must
+    give the same answer for every target the shortcut takes, and refuse none of them."""
+    try:
+        path, _ = canonicalize(target)
+    except BadPath:
+        return
+    assert _canonical_path(target.partition(b"?")[0]) == path
 
 
 @settings(max_examples=300, deadline=None)

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from addon.policy import Policy, Reason, Request
 from store.crypto import Secret, hash_token
@@ -198,3 +202,71 @@ def test_connect_gate_admits_spent_grants_so_the_request_gets_the_reason():
     p = policy(grant(1, once=True), grant(2, hosts=("*.wild.test",), expires=NOW))
     assert p.may_connect("a", "api.test", 443)
     assert p.may_connect("a", "x.wild.test", 443)
+
+
+def reference_decide(p: Policy, principal: str, request: Request, now: datetime) -> Any:
+    """The decision as the issue states it, stage by stage, each stage filtering the last:
+    the model that Policy.decide's single pass must agree with."""
+    rules = p._principals.get(principal)
+    matching = rules.candidates(request.host, request.port, request.scheme) if rules else ()
+    if not matching:
+        return None  # decided before the stages; covered by the table above
+    stages = [
+        (Reason.GRANT_EXPIRED, lambda r: r.expires_at is None or r.expires_at > now),
+        (Reason.GRANT_CONSUMED, lambda r: not r.consumed),
+        (Reason.METHOD_NOT_ALLOWED, lambda r: r.methods is None or request.method in r.methods),
+        (Reason.PATH_NOT_ALLOWED, lambda r: r.longest_path(request.path) >= 0),
+        (Reason.UPGRADE_NOT_ALLOWED, lambda r: not request.upgrade or r.websocket),
+        (Reason.INSECURE_SCHEME, lambda r: request.scheme == "https" or r.credential is None),
+    ]
+    left = list(matching)
+    for reason, keep in stages:
+        left = [r for r in left if keep(r)]
+        if not left:
+            return reason
+    rule = min(
+        left,
+        key=lambda r: (r.once, -r.longest_path(request.path), r.credential is None, r.grant_id),
+    )
+    return rule.grant_id
+
+
+grant_records = st.builds(
+    lambda gid, methods, paths, cred, once, ws, expires, consumed: replace(
+        grant(gid, methods=methods, paths=paths, cred=cred, once=once, websocket=ws),
+        expires_at=expires,
+        consumed=consumed,
+    ),
+    st.integers(1, 10**6),
+    st.sampled_from([("GET",), ("GET", "POST"), ("*",), ("DELETE",)]),
+    st.lists(st.sampled_from(["/", "/v1/", "/v1/x", "/v1/*/y", "/v2"]), min_size=1, max_size=3),
+    st.booleans(),
+    st.booleans(),
+    st.booleans(),
+    st.sampled_from([None, NOW - timedelta(seconds=1), NOW, NOW + timedelta(seconds=1)]),
+    st.booleans(),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.lists(grant_records, min_size=1, max_size=5, unique_by=lambda g: g.id),
+    st.sampled_from(["GET", "POST", "DELETE"]),
+    st.sampled_from(["/", "/v1/x", "/v1/a/y", "/v2", "/v3"]),
+    st.sampled_from(["https", "http"]),
+    st.booleans(),
+)
+def test_the_single_pass_decides_like_the_stage_by_stage_model(
+    grants: list[GrantRecord], method: str, path: str, scheme: str, upgrade: bool
+) -> None:
+    p = policy(*grants)
+    request = req(scheme=scheme, method=method, path=path, upgrade=upgrade)
+    expected = reference_decide(p, "a", request, NOW)
+    decision = p.decide("a", request, NOW)
+    if expected is None:
+        return
+    if isinstance(expected, Reason):
+        assert (decision.allowed, decision.reason) == (False, expected)
+    else:
+        assert decision.allowed and decision.rule is not None
+        assert decision.rule.grant_id == expected

@@ -61,3 +61,32 @@ def test_a_held_body_is_redacted_like_a_stream(body: bytes, at: int):
     assert held.whole(body) == run(streamed, [body])
     assert held.count == streamed.count >= 1
     assert SECRET not in held.whole(body)
+
+
+def test_header_values_holding_a_secret_are_redacted_and_names_holding_one_dropped():
+    redactor = Redactor([SECRET])
+    fields = (
+        (b"content-type", b"application/json"),
+        (b"x-echo", b"Bearer " + SECRET),
+        (b"x-" + base64.b64encode(SECRET), b"1"),
+        (b"www-authenticate", quote(SECRET, safe="").encode()),
+    )
+    assert redactor.headers(fields) == (
+        (b"content-type", b"application/json"),
+        (b"x-echo", b"Bearer " + MARK),
+        (b"www-authenticate", MARK),
+    )
+    assert redactor.count == 3
+
+
+def test_headers_without_a_secret_come_back_unchanged():
+    redactor = Redactor([SECRET])
+    fields = ((b"content-type", b"text/plain"), (b"x-part", SECRET[:6]), (b"x-rest", SECRET[6:]))
+    assert redactor.headers(fields) is fields
+    assert redactor.count == 0
+
+
+def test_a_held_body_exactly_as_long_as_the_shortest_form_is_redacted():
+    # whole() skips bodies shorter than every form; one of exactly that length is a secret.
+    assert Redactor([b"abcd"]).whole(b"abcd") == MARK
+    assert Redactor([b"abcd"]).whole(b"abc") == b"abc"
