@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import atexit
 import logging
 import re
 import sys
+import threading
 from typing import Any, TextIO
 
 import structlog
@@ -44,55 +47,131 @@ def _scrub_foreign(_: WrappedLogger, __: str, event_dict: EventDict) -> EventDic
     return event_dict
 
 
-class _Direct:
-    """The configured processors and writer, called without a bound logger in between.
+class AuditWriter:
+    """The audit stream's one writer: structlog events, mitmproxy's log records and request
+    lines all go through it, in order.
 
-    For the one event every request writes: a bound-logger call runs these same processors
-    through a lazy proxy, `bind` and `_process_event`, which cost more than the JSON itself
-    (the benchmark's profile: 2.8 % of the proxy's CPU). Same processors, same lock, same bytes.
+    Inside the event loop, lines queue and go out in one write at the loop's next iteration,
+    after the response a request line describes has been handed to the socket: neither the
+    JSON encoding nor the write is on the request's path, and requests that finish in the
+    same iteration share one write. Outside a running loop (the CLI, start-up, shutdown) a
+    line is written at once, after anything still queued.
+
+    A write that fails marks the stream broken until a later write succeeds; the proxy
+    refuses requests meanwhile (`writable`), as it did when a failed write ended the hook.
     """
 
-    def __init__(self, processors: list[Processor], stream: TextIO) -> None:
-        self.processors = processors
-        self.writer = structlog.WriteLogger(stream)
+    def __init__(self, stream: TextIO, render: Processor) -> None:
+        self._stream = stream
+        self._render = render
+        self._pending: list[str | dict[str, Any]] = []
+        self._scheduled: asyncio.AbstractEventLoop | None = None
+        self._lock = threading.Lock()
+        self.writable = True
 
-    def __call__(self, event: str, fields: dict[str, Any]) -> None:
-        fields[EVENT] = event
-        rendered: Any = fields
-        for processor in self.processors:
-            rendered = processor(self.writer, "info", rendered)
-        self.writer.msg(rendered)
+    def add(self, item: str | dict[str, Any]) -> None:
+        """Queue a line: text ending in a newline, or an event dict that is rendered later."""
+        try:
+            loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        with self._lock:
+            self._pending.append(item)
+            if loop is None:
+                self._drain()
+                return
+            if self._scheduled is loop:
+                return
+            self._scheduled = loop
+        loop.call_soon(self.drain)
+
+    def drain(self) -> None:
+        """Write everything queued, now."""
+        with self._lock:
+            self._drain()
+
+    def _drain(self) -> None:
+        self._scheduled = None
+        if not self._pending:
+            return
+        items, self._pending = self._pending, []
+        text = "".join(
+            item if isinstance(item, str) else f"{self._render(self, 'info', item)!s}\n"
+            for item in items
+        )
+        try:
+            self._stream.write(text)
+            self._stream.flush()
+        except (OSError, ValueError):  # ValueError: the stream was closed
+            self.writable = False
+        else:
+            self.writable = True
+
+    # structlog's logger interface: the rendered event, without its newline.
+    def msg(self, message: str) -> None:
+        self.add(message + "\n")
+
+    debug = info = warning = warn = error = critical = exception = fatal = log = msg
+
+    # A text stream, for logging.StreamHandler: records arrive with their newline.
+    def write(self, text: str) -> int:
+        self.add(text)
+        return len(text)
+
+    def flush(self) -> None:
+        self.drain()
 
 
-_direct: _Direct | None = None
+_writer: AuditWriter | None = None
+_pre_processors: list[Processor] = []
 
 
 def emit(event: str, fields: dict[str, Any]) -> None:
-    """Log `fields` (taken over, not copied) as `event` at info level, on the hot path."""
-    if _direct is None:
+    """Log `fields` (taken over, not copied) as `event` at info level, on the hot path.
+
+    structlog's configured processors run here, except the JSON renderer, which the writer
+    runs when it writes; a bound-logger call would add a lazy proxy, `bind` and
+    `_process_event` around the same processors (the benchmark's profile: 2.8 % of the
+    proxy's CPU).
+    """
+    if _writer is None:
         logger().info(event, **fields)  # not configured (unit tests): structlog's defaults
-    else:
-        _direct(event, fields)
+        return
+    fields[EVENT] = event
+    event_dict: Any = fields
+    for processor in _pre_processors:
+        event_dict = processor(_writer, "info", event_dict)
+    _writer.add(event_dict)
+
+
+def writable() -> bool:
+    """False while the audit stream cannot be written: requests must then be refused."""
+    return _writer is None or _writer.writable
+
+
+def drain() -> None:
+    """Write every queued line now (shutdown)."""
+    if _writer is not None:
+        _writer.drain()
 
 
 def configure(stream: TextIO | None = None, level: int = logging.WARNING) -> None:
     """Render structlog events and stdlib logging (mitmproxy) as JSON lines on `stream`."""
-    global _direct
+    global _writer, _pre_processors
     stream = stream or sys.stdout
     timestamper = structlog.processors.TimeStamper(fmt="iso", utc=True, key=TS)
-    processors: list[Processor] = [
-        timestamper,
-        structlog.processors.format_exc_info,
-        structlog.processors.JSONRenderer(),
-    ]
-    _direct = _Direct(processors, stream)
+    renderer = structlog.processors.JSONRenderer()
+    _pre_processors = [timestamper, structlog.processors.format_exc_info]
+    if _writer is not None:
+        _writer.drain()
+    writer = _writer = AuditWriter(stream, renderer)
+    atexit.register(writer.drain)
     structlog.configure(
-        processors=processors,
-        # One write per line: the audit stream is on the hot path.
-        logger_factory=structlog.WriteLoggerFactory(stream),
+        processors=[*_pre_processors, renderer],
+        logger_factory=lambda *args: writer,
         cache_logger_on_first_use=True,
     )
-    handler = logging.StreamHandler(stream)
+    handler = logging.StreamHandler(writer)  # type: ignore[arg-type]
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
             processor=structlog.processors.JSONRenderer(),

@@ -171,6 +171,7 @@ class Credproxy:
     def done(self) -> None:
         if self._poller is not None:
             self._poller.cancel()
+        audit.drain()
 
     def client_disconnected(self, client: connection.Client) -> None:
         self.tunnels.pop(client.id, None)
@@ -492,6 +493,8 @@ class Credproxy:
         return pending
 
     def _policy(self) -> Any:
+        if not audit.writable():
+            raise Denied(Reason.INTERNAL_ERROR, "the audit stream cannot be written")
         policy = self.live.current()
         if policy is None:
             raise Denied(Reason.STORE_UNAVAILABLE, "the policy is stale and the store unreachable")

@@ -76,9 +76,21 @@ class Proxy:
         context = ssl.create_default_context(cafile=str(self.ca_file))
         return httpx.Client(proxy=self.url(principal, token), verify=context, **kwargs)
 
+    def output(self) -> str:
+        """Everything the proxy wrote so far. It writes audit lines at its event loop's next
+        iteration, just after the response has gone out: wait until the output settles."""
+        text = self.stdout.read_text()
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline:
+            time.sleep(0.03)
+            again = self.stdout.read_text()
+            if again == text:
+                break
+            text = again
+        return text
+
     def audit(self) -> list[dict[str, Any]]:
-        lines = self.stdout.read_text().splitlines()
-        return [json.loads(line) for line in lines if line.strip()]
+        return [json.loads(line) for line in self.output().splitlines() if line.strip()]
 
     def requests(self, principal: str | None = None) -> list[dict[str, Any]]:
         return [

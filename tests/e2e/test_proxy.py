@@ -375,7 +375,7 @@ def test_audit_lines_are_complete_and_free_of_secrets(proxy: Proxy, upstream: Up
     assert allow["path"] == "/v1/x" and allow["status"] == 200 and allow["bytes_in"] > 0
     assert allow["credential"] == g.cred and allow["credential_fp"].startswith("fp-")
     assert deny["decision"] == "deny" and deny["reason"] == "path-not-allowed"
-    text = proxy.stdout.read_text()
+    text = proxy.output()
     for needle in (
         SECRET,
         quote(SECRET, safe=""),
