@@ -35,11 +35,11 @@ def _configs(text: str) -> tuple[str, ...]:
 
 def parse(argv: Sequence[str] | None) -> Settings:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
-    p.add_argument("--requests", type=int, help="requests per cell (default 1600; smoke 20)")
+    p.add_argument("--requests", type=int, help="requests per cell (default 9600; smoke 20)")
     p.add_argument("--duration", type=float, help="seconds per cell instead of --requests")
     p.add_argument("--concurrency", type=_ints, help="levels, e.g. 1,10,50 (smoke 1,2)")
     p.add_argument("--configs", type=_configs, default=CONFIGS, help=", ".join(CONFIGS))
-    p.add_argument("--repeat", type=int, help="interleaved repetitions per cell (default 4)")
+    p.add_argument("--repeat", type=int, help="interleaved repetitions per cell (default 32)")
     p.add_argument(
         "--starts", type=int, help="starts per proxy; start-up is the median (default 3)"
     )
@@ -57,16 +57,21 @@ def parse(argv: Sequence[str] | None) -> Settings:
     p.add_argument("--smoke", action="store_true", help="tiny counts, to check that it runs")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON results; .md beside it")
     p.add_argument("--keep-workdir", action="store_true", help="keep stores and proxy logs")
+    p.add_argument(
+        "--no-pin",
+        action="store_true",
+        help="do not give the proxy a CPU of its own (default: pinned with 2+ CPUs)",
+    )
     args = p.parse_args(argv)
     if args.client == "httpx" and args.new_connection:
         p.error("--client httpx measures keep-alive only")
     smoke = args.smoke
     settings = Settings(
-        requests=args.requests or (20 if smoke else 1600),
+        requests=args.requests or (20 if smoke else 9600),
         duration=args.duration,
         concurrency=args.concurrency or ((1, 2) if smoke else (1, 10, 50)),
         configs=args.configs,
-        repeat=args.repeat or (1 if smoke else 4),
+        repeat=args.repeat or (1 if smoke else 32),
         starts=args.starts or (1 if smoke else 3),
         new_connection=args.new_connection,
         client=args.client,
@@ -75,6 +80,7 @@ def parse(argv: Sequence[str] | None) -> Settings:
         else (0 if smoke else 50_000),
         out=args.out,
         keep_workdir=args.keep_workdir,
+        pin=not args.no_pin,
     )
     if settings.repeat < 1 or settings.requests < settings.repeat:
         p.error("--requests must be at least --repeat, and --repeat at least 1")

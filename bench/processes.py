@@ -67,11 +67,43 @@ def rss_mb(pid: int) -> float:
     raise BenchError(f"no VmRSS for process {pid}")
 
 
-def start(name: str, args: list[str], env: dict[str, str], output: Path, marker: str) -> Running:
+# CPU sets by role, when the run pins processes (see split_cpus); None: not pinned.
+AFFINITY: dict[str, set[int]] | None = None
+
+
+def split_cpus() -> dict[str, set[int]] | None:
+    """The proxy under test on a CPU of its own; the client and the upstream on the rest.
+
+    On a 2-CPU machine the client, the upstream and the proxy otherwise compete for both
+    CPUs and the scheduler's choices differ from cell to cell. None with fewer than 2 CPUs.
+    """
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return None
+    return {"proxy": {cpus[-1]}, "client": set(cpus[:-1])}
+
+
+def start(
+    name: str,
+    args: list[str],
+    env: dict[str, str],
+    output: Path,
+    marker: str,
+    role: str = "proxy",
+) -> Running:
     """Run `args` with stdout to `output`; wait for the first JSON line containing `marker`."""
     out = output.open("wb")
     began = time.perf_counter()
-    process = subprocess.Popen(args, env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+    cpus = AFFINITY[role] if AFFINITY else None
+    process = subprocess.Popen(
+        args,
+        env=env,
+        cwd=ROOT,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        # Set in the child before exec, so every thread the proxy starts inherits it.
+        preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
+    )
     out.close()
     deadline = time.monotonic() + START_TIMEOUT
     while time.monotonic() < deadline:
@@ -96,7 +128,9 @@ def _tail(path: Path) -> str:
 
 def start_upstream(workdir: Path, cert: Path, key: Path) -> Running:
     args = [sys.executable, "-m", "bench.upstream", str(cert), str(key)]
-    return start("upstream", args, dict(os.environ), workdir / "upstream.out", '"port"')
+    return start(
+        "upstream", args, dict(os.environ), workdir / "upstream.out", '"port"', role="client"
+    )
 
 
 def start_bare_mitmproxy(workdir: Path, certs: Path, upstream_ca: Path) -> Running:

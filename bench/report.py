@@ -32,6 +32,7 @@ class Cell:
     cpu_s: float | None = None
     latencies: list[float] = field(default_factory=list)
     rps_reps: list[float] = field(default_factory=list)
+    p50_reps: list[float | None] = field(default_factory=list)
     error_kinds: dict[str, int] = field(default_factory=dict)
     rss_mb: float | None = None
 
@@ -43,6 +44,9 @@ class Cell:
             self.cpu_s = (self.cpu_s or 0.0) + outcome.probed
         self.latencies += outcome.latencies
         self.rps_reps.append(outcome.requests / outcome.elapsed if outcome.elapsed else 0.0)
+        self.p50_reps.append(
+            statistics.median(outcome.latencies) * 1000 if outcome.latencies else None
+        )
         for kind, n in outcome.error_kinds.items():
             self.error_kinds[kind] = self.error_kinds.get(kind, 0) + n
 
@@ -73,6 +77,7 @@ class Cell:
             if self.cpu_s is not None and self.requests
             else None,
             "rps_reps": [round(r, 1) for r in self.rps_reps],
+            "p50_ms_reps": [_round(p, 3) for p in self.p50_reps],
             "error_kinds": self.error_kinds,
         }
 
@@ -86,19 +91,45 @@ def _by_key(rows: list[dict[str, Any]]) -> dict[tuple[str, int], dict[str, Any]]
 
 
 def compare(rows: list[dict[str, Any]]) -> None:
-    """Add `rps_ratio` and `p50_added_ms` against bare mitmproxy at the same concurrency."""
+    """Add the comparison with bare mitmproxy at the same concurrency.
+
+    `rps_ratio` and `p50_added_ms` are paired: each repetition's cell against mitmproxy's
+    cell of the same repetition (run moments apart), then the median over repetitions. The
+    machine's speed drifts over seconds by more than the differences measured here; pairing
+    cancels the drift, the median ignores the repetitions it hit hardest. `rps_ratio_iqr`
+    shows the spread; the `_pooled` figures compare the totals instead.
+    """
     index = _by_key(rows)
     for row in rows:
         base = index.get((BASELINE, row["concurrency"]))
         row["rps_ratio"] = row["p50_added_ms"] = row["cpu_ratio"] = None
+        row["rps_ratio_iqr"] = row["rps_ratio_pooled"] = row["p50_added_ms_pooled"] = None
         if base is None or row["config"] == BASELINE:
             continue
+        ratios = [r / b for r, b in zip(row["rps_reps"], base["rps_reps"], strict=True) if b]
+        if ratios:
+            row["rps_ratio"] = round(statistics.median(ratios), 3)
+            row["rps_ratio_iqr"] = [round(q, 3) for q in _quartiles(ratios)]
         if base["rps"]:
-            row["rps_ratio"] = round(row["rps"] / base["rps"], 3)
+            row["rps_ratio_pooled"] = round(row["rps"] / base["rps"], 3)
         if row["cpu_ms"] is not None and base["cpu_ms"]:
             row["cpu_ratio"] = round(row["cpu_ms"] / base["cpu_ms"], 3)
+        added = [
+            p - b
+            for p, b in zip(row["p50_ms_reps"], base["p50_ms_reps"], strict=True)
+            if p is not None and b is not None
+        ]
+        if added:
+            row["p50_added_ms"] = round(statistics.median(added), 3)
         if row["p50_ms"] is not None and base["p50_ms"] is not None:
-            row["p50_added_ms"] = round(row["p50_ms"] - base["p50_ms"], 3)
+            row["p50_added_ms_pooled"] = round(row["p50_ms"] - base["p50_ms"], 3)
+
+
+def _quartiles(values: list[float]) -> tuple[float, float]:
+    if len(values) < 2:
+        return values[0], values[0]
+    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return q1, q3
 
 
 def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
@@ -147,25 +178,43 @@ def _fmt(value: Any, spec: str = "") -> str:
 
 def markdown(results: dict[str, Any]) -> str:
     meta = results["meta"]
+    pinned = meta.get("pinned")
+    where = (
+        f"proxy pinned to CPU {','.join(map(str, pinned['proxy']))}, client and upstream to "
+        f"{','.join(map(str, pinned['client']))}"
+        if pinned
+        else "not pinned"
+    )
     lines = [
         "# credproxy benchmark",
         "",
         f"{meta['mode']} connections, {meta['client']} client, {meta['repeat']} interleaved "
-        f"repetition(s) per cell; {meta['cpus']} CPUs, Python {meta['python']}, "
+        f"repetition(s) per cell; {meta['cpus']} CPUs ({where}), Python {meta['python']}, "
         f"mitmproxy {meta['mitmproxy']}; {meta['started']}.",
         "",
+        "Against mitmproxy: the median over repetitions of each repetition's ratio (or "
+        "difference) with mitmproxy's cell of the same repetition; in brackets the middle half "
+        "of those ratios, and the ratio of the totals.",
+        "",
         "| config | c | requests | errors | rps (per rep) | rps ÷ mitmproxy | p50 ms | p99 ms "
-        "| p50 − mitmproxy ms | proxy CPU ms/req | CPU ÷ mitmproxy | RSS MiB |",
+        "| p50 − mitmproxy ms (totals) | proxy CPU ms/req | CPU ÷ mitmproxy | RSS MiB |",
         "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
     ]
     for r in results["rows"]:
         reps = r["rps_reps"]
         spread = f" ({min(reps):.0f}–{max(reps):.0f})" if len(reps) > 1 else ""
+        ratio = _fmt(r["rps_ratio"], ".3f")
+        if r.get("rps_ratio_iqr") is not None:
+            q1, q3 = r["rps_ratio_iqr"]
+            ratio += f" ({q1:.2f}–{q3:.2f}; {_fmt(r['rps_ratio_pooled'], '.2f')})"
+        added = _fmt(r["p50_added_ms"], "+.2f")
+        if r.get("p50_added_ms_pooled") is not None:
+            added += f" ({r['p50_added_ms_pooled']:+.2f})"
         lines.append(
             f"| {r['config']} | {r['concurrency']} | {r['requests']} | {r['errors']} "
-            f"| {_fmt(r['rps'], '.0f')}{spread} | {_fmt(r['rps_ratio'], '.2f')} "
+            f"| {_fmt(r['rps'], '.0f')}{spread} | {ratio} "
             f"| {_fmt(r['p50_ms'], '.2f')} | {_fmt(r['p99_ms'], '.2f')} "
-            f"| {_fmt(r['p50_added_ms'], '+.2f')} | {_fmt(r['cpu_ms'], '.2f')} "
+            f"| {added} | {_fmt(r['cpu_ms'], '.2f')} "
             f"| {_fmt(r['cpu_ratio'], '.2f')} | {_fmt(r['rss_mb'], '.1f')} |"
         )
     lines += [

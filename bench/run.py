@@ -21,7 +21,7 @@ from typing import Any
 
 import trustme
 
-from bench import report
+from bench import processes, report
 from bench.client import BadResponse, Outcome, Target, run_cell, run_cell_httpx
 from bench.population import HOST, PATH, Population, populate
 from bench.processes import (
@@ -62,6 +62,7 @@ class Settings:
     rss_requests: int
     out: Path
     keep_workdir: bool
+    pin: bool = True
 
 
 def _log(message: str) -> None:
@@ -259,6 +260,10 @@ def _rss_growth(bench: Bench, settings: Settings) -> dict[str, Any] | None:
 def run(settings: Settings) -> str:
     """Run everything; write the JSON and markdown; return the markdown."""
     workdir = Path(tempfile.mkdtemp(prefix="credproxy-bench-"))
+    affinity = processes.split_cpus() if settings.pin else None
+    processes.AFFINITY = affinity
+    if affinity is not None:
+        os.sched_setaffinity(0, affinity["client"])  # this process is the client
     bench = Bench(settings, workdir)
     started = datetime.now(UTC).isoformat(timespec="seconds")
     try:
@@ -280,6 +285,7 @@ def run(settings: Settings) -> str:
             "requests_per_cell": None if settings.duration else settings.requests,
             "duration_per_cell_s": settings.duration,
             "cpus": os.cpu_count(),
+            "pinned": {role: sorted(cpus) for role, cpus in affinity.items()} if affinity else None,
             "python": platform.python_version(),
             "mitmproxy": version("mitmproxy"),
         },

@@ -86,3 +86,49 @@ def test_smoke_run(
     markdown = out.with_suffix(".md").read_text()
     assert markdown.startswith("# credproxy benchmark")
     assert "| credproxy-10 | 1 |" in markdown
+
+
+def test_the_comparison_pairs_each_repetition_with_mitmproxys() -> None:
+    """A repetition that the machine slowed for everyone moves the totals, not the pairs."""
+    from bench.report import compare
+
+    def row(config: str, rps: list[float], p50: list[float]) -> dict[str, Any]:
+        return {
+            "config": config,
+            "concurrency": 1,
+            "rps": sum(rps) / len(rps),
+            "rps_reps": rps,
+            "p50_ms": sorted(p50)[len(p50) // 2],
+            "p50_ms_reps": p50,
+            "cpu_ms": None,
+        }
+
+    base = row("mitmproxy", [100, 300, 100], [10, 3, 10])
+    ours = row("credproxy-10", [95, 285, 95], [10.5, 3.5, 10.5])
+    compare([base, ours])
+    assert ours["rps_ratio"] == 0.95
+    assert ours["rps_ratio_iqr"] == [0.95, 0.95]
+    assert ours["rps_ratio_pooled"] == 0.95
+    assert ours["p50_added_ms"] == 0.5
+    slowed = row("credproxy-10", [95, 150, 95], [10.5, 6, 10.5])  # the second rep hit hard
+    compare([base, slowed])
+    assert slowed["rps_ratio"] == 0.95
+    assert slowed["rps_ratio_pooled"] == 0.68
+    assert slowed["p50_added_ms"] == 0.5
+
+
+def test_instruction_counts_run(tmp_path: Path) -> None:
+    """python -m bench.instructions under callgrind, tiny: it starts, counts and compares."""
+    result = subprocess.run(
+        [sys.executable, "-m", "bench.instructions", "--configs", "mitmproxy,credproxy-10"]
+        + ["--requests", "20", "--concurrency", "2"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    table = result.stdout
+    assert "| mitmproxy | " in table and "| credproxy-10 | " in table
+    counts = [line.split("|")[2] for line in table.splitlines()[2:]]
+    assert all(float(c.strip().removesuffix(" M")) > 0 for c in counts)
