@@ -36,6 +36,10 @@ ERROR = "error"
 
 REQUEST_EVENT = "request"
 
+# Queued text kept for the next write while the stream fails; beyond this it is dropped and
+# counted (an audit.lines_lost line once writes work again).
+RETRY_LIMIT = 64 * 1024 * 1024
+
 # Foreign log lines (mitmproxy's) may quote a request line; a query string can carry a key.
 _QUERY_RE = re.compile(r"\?[^\s'\"]*")
 
@@ -58,7 +62,8 @@ class AuditWriter:
     line is written at once, after anything still queued.
 
     A write that fails marks the stream broken until a later write succeeds; the proxy
-    refuses requests meanwhile (`writable`), as it did when a failed write ended the hook.
+    refuses requests meanwhile (`writable`), and the lines are kept and written with the
+    next successful write (beyond RETRY_LIMIT they are counted instead).
     """
 
     def __init__(self, stream: TextIO, render: Processor) -> None:
@@ -67,6 +72,7 @@ class AuditWriter:
         self._pending: list[str | dict[str, Any]] = []
         self._scheduled: asyncio.AbstractEventLoop | None = None
         self._lock = threading.Lock()
+        self._lost = 0
         self.writable = True
 
     def add(self, item: str | dict[str, Any]) -> None:
@@ -95,17 +101,32 @@ class AuditWriter:
         if not self._pending:
             return
         items, self._pending = self._pending, []
-        text = "".join(
-            item if isinstance(item, str) else f"{self._render(self, 'info', item)!s}\n"
-            for item in items
-        )
+        text = "".join(map(self._line, items))
         try:
             self._stream.write(text)
             self._stream.flush()
-        except (OSError, ValueError):  # ValueError: the stream was closed
+        except Exception:  # noqa: BLE001 - any failure: keep the lines, refuse requests
             self.writable = False
-        else:
-            self.writable = True
+            if len(text) <= RETRY_LIMIT:
+                # Kept for the next write; the newline ends whatever part already went out.
+                self._pending.insert(0, text if text.startswith("\n") else "\n" + text)
+            else:
+                self._lost += text.count("\n")
+            return
+        self.writable = True
+        if self._lost:
+            lost, self._lost = self._lost, 0
+            self._pending.append({EVENT: "audit.lines_lost", "count": lost})
+            self._drain()
+
+    def _line(self, item: str | dict[str, Any]) -> str:
+        if isinstance(item, str):
+            return item
+        try:
+            return f"{self._render(self, 'info', item)!s}\n"
+        except Exception as e:  # noqa: BLE001 - a line is still written, without the values
+            fallback = {EVENT: "audit.unrenderable", "error_type": type(e).__name__}
+            return f"{self._render(self, 'info', fallback)!s}\n"
 
     # structlog's logger interface: the rendered event, without its newline.
     def msg(self, message: str) -> None:

@@ -89,3 +89,17 @@ async def test_a_stream_that_cannot_be_written_refuses_requests_until_it_can(
         flow = https_flow(addon)
         await addon.requestheaders(flow)
         assert flow.response is None  # allowed
+    # Nothing was lost: the line from before the failure went out with the deny line.
+    got = [line for line in stream.getvalue().splitlines() if line]
+    assert json.loads(got[0])["n"] == 1
+    assert json.loads(got[1])["reason"] == "internal-error"
+
+
+async def test_a_line_that_cannot_be_rendered_is_still_a_line(stream: CountingStream) -> None:
+    audit.emit("request", {("not", "a", "str"): 1})  # type: ignore[dict-item]
+    audit.emit("request", {"n": 2})
+    await asyncio.sleep(0)
+    got = lines(stream)
+    assert got[0] == {"event": "audit.unrenderable", "error_type": "TypeError"}
+    assert got[1]["n"] == 2
+    assert audit.writable()
