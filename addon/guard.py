@@ -10,6 +10,13 @@ IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 _NAT64 = (ipaddress.IPv6Network("64:ff9b::/96"), ipaddress.IPv6Network("64:ff9b:1::/48"))
+# Deprecated forms Python still calls global. A translator or an old stack on the path could
+# route them to the IPv4 address they carry, loopback included; no public service uses them.
+_NEVER_PUBLIC = (
+    ipaddress.IPv6Network("::/96"),  # IPv4-compatible (RFC 4291 deprecated it)
+    ipaddress.IPv6Network("::ffff:0:0:0/96"),  # IPv4-translated (SIIT, RFC 2765)
+    ipaddress.IPv6Network("fec0::/10"),  # site-local (RFC 3879 deprecated it)
+)
 
 
 def _embedded(address: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address]:
@@ -31,6 +38,8 @@ def is_public(address: IPAddress) -> bool:
     if not address.is_global or address.is_multicast or address.is_unspecified:
         return False
     if isinstance(address, ipaddress.IPv6Address):
+        if any(address in net for net in _NEVER_PUBLIC):
+            return False
         if any(address in net for net in _NAT64) or address.sixtofour or address.teredo:
             return all(is_public(v4) for v4 in _embedded(address))
     return True

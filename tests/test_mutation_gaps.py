@@ -498,6 +498,10 @@ def ip(text: str) -> Any:
         pytest.param("64:ff9b::7f00:1", id="NAT64 of loopback"),
         pytest.param("64:ff9b::a00:1", id="NAT64 of 10/8"),
         pytest.param("2002:7f00:1::1", id="6to4 of loopback"),
+        pytest.param("::127.0.0.1", id="IPv4-compatible loopback"),
+        pytest.param("::8.8.8.8", id="IPv4-compatible, even of a public address"),
+        pytest.param("::ffff:0:127.0.0.1", id="IPv4-translated loopback"),
+        pytest.param("fec0::1", id="site-local"),
     ],
 )
 def test_non_public_addresses_python_calls_global_are_refused(address: str) -> None:
