@@ -450,6 +450,8 @@ class Credproxy:
             if drop:
                 fields = tuple(f for f in fields if f[0].lower() not in drop)
             fields = redactor.headers(fields)
+            if response.data.reason:  # the HTTP/1 reason phrase, sent with the headers
+                response.data.reason = redactor.whole(response.data.reason)
             if b"content-length" in drop and _chunked(flow.request):
                 fields += ((b"transfer-encoding", b"chunked"),)
             response.headers.fields = fields
@@ -470,6 +472,9 @@ class Credproxy:
                 if redacted != body:
                     response.raw_content = redacted
                     response.headers["content-length"] = str(len(redacted))
+        if pending.redactor is not None and response.trailers is not None:
+            # mitmproxy sends the trailers (h2, e.g. grpc-message) after this hook returns.
+            response.trailers.fields = pending.redactor.headers(response.trailers.fields)
         del self.pending[flow.id]
         redactions = pending.redactor.count if pending.redactor is not None else 0
         self._audit(pending, "allow", status=response.status_code, redactions=redactions)
