@@ -30,7 +30,7 @@ from mitmproxy.test import taddons, tflow
 import addon.policy as policy_module
 from addon.guard import DestinationGuard, is_public
 from addon.hosts import ResolveMap
-from addon.policy import Policy, Reason, Request, Rule
+from addon.policy import STATUS, Policy, Reason, Request, Rule
 from addon.proxy import Credproxy, Tunnel
 from addon.redact import MARK, Redactor
 from store.crypto import Secret, hash_token
@@ -77,6 +77,13 @@ class SpyLive(StaticLive):
     async def consume_once(self, grant_id: int) -> bool:
         self.consumed.append(grant_id)
         return True
+
+
+def assert_refused_unstamped(flow: Any, code: str) -> None:
+    """Denied with `code` and its status, and no credential was written onto the request."""
+    assert reason(flow) == code
+    assert flow.response.status_code == STATUS.get(Reason(code), 403)
+    assert flow.request.headers.get("authorization") is None
 
 
 def make_addon(live: Any, resolve: list[str] | None = None) -> Credproxy:
@@ -176,9 +183,7 @@ async def test_a_removed_principal_is_refused_inside_its_open_tunnel() -> None:
     with taddons.context(addon):
         flow = https_flow(addon)
         await addon.requestheaders(flow)
-    assert flow.response.status_code == 407
-    assert reason(flow) == "auth-required"
-    assert flow.request.headers.get("authorization") is None
+    assert_refused_unstamped(flow, "auth-required")
 
 
 async def test_a_tunnel_whose_client_hello_hook_failed_is_refused() -> None:
@@ -195,9 +200,7 @@ async def test_a_tunnel_whose_client_hello_hook_failed_is_refused() -> None:
     with taddons.context(addon):
         addon.tls_clienthello(tls.ClientHelloData(ctx, BrokenHello()))  # type: ignore[arg-type]
         await addon.requestheaders(flow)
-    assert flow.response.status_code == 500
-    assert reason(flow) == "internal-error"
-    assert flow.request.headers.get("authorization") is None
+    assert_refused_unstamped(flow, "internal-error")
 
 
 # -- destination binding -------------------------------------------------------------------
@@ -231,8 +234,7 @@ async def test_a_request_inside_a_tunnel_goes_only_to_the_connect_authority(
         flow.request.host, flow.request.port = host, port
         flow.request.host_header = host if port == 443 else f"{host}:{port}"
         await addon.requestheaders(flow)
-    assert reason(flow) == "host-mismatch"
-    assert flow.request.headers.get("authorization") is None
+    assert_refused_unstamped(flow, "host-mismatch")
 
 
 async def test_tls_to_the_proxy_without_connect_is_refused() -> None:
@@ -243,8 +245,7 @@ async def test_tls_to_the_proxy_without_connect_is_refused() -> None:
         flow.client_conn.sni = "api.test"
         flow.request.headers["proxy-authorization"] = basic("a", "tok-a")
         await addon.requestheaders(flow)
-    assert reason(flow) == "host-mismatch"
-    assert flow.request.headers.get("authorization") is None
+    assert_refused_unstamped(flow, "host-mismatch")
 
 
 async def test_https_without_connect_is_refused() -> None:
@@ -257,9 +258,7 @@ async def test_https_without_connect_is_refused() -> None:
         flow.request.scheme = "https"
         flow.request.host_header = "api.test"
         await addon.requestheaders(flow)
-    assert flow.response is not None and flow.response.status_code == 400
-    assert reason(flow) == "bad-request"
-    assert flow.request.headers.get("authorization") is None
+    assert_refused_unstamped(flow, "bad-request")
 
 
 async def test_an_unsupported_scheme_is_refused() -> None:
@@ -337,9 +336,7 @@ async def test_ambiguous_request_framing_is_refused(
         del flow.request.headers["content-length"]  # tflow's own
         flow.request.headers.fields += fields
         await addon.requestheaders(flow)
-    assert flow.response.status_code == 400
-    assert reason(flow) == "bad-request"
-    assert flow.request.headers.get("authorization") is None
+    assert_refused_unstamped(flow, "bad-request")
 
 
 # -- stamping ------------------------------------------------------------------------------
@@ -412,8 +409,7 @@ async def test_cleartext_inside_a_tunnel_never_carries_a_credential() -> None:
         flow.client_conn.sni = None
         flow.request.host_header = "api.test:443"
         await addon.requestheaders(flow)
-    assert reason(flow) == "insecure-scheme"
-    assert flow.request.headers.get("authorization") is None
+    assert_refused_unstamped(flow, "insecure-scheme")
 
 
 def test_decide_never_stamps_onto_cleartext_even_when_the_port_matches() -> None:
