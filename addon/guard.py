@@ -12,11 +12,11 @@ IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 _NAT64 = (ipaddress.IPv6Network("64:ff9b::/96"), ipaddress.IPv6Network("64:ff9b:1::/48"))
 # Deprecated forms Python still calls global. A translator or an old stack on the path could
 # route them to the IPv4 address they carry, loopback included; no public service uses them.
-_NEVER_PUBLIC = (
+_CARRY_IPV4 = (
     ipaddress.IPv6Network("::/96"),  # IPv4-compatible (RFC 4291 deprecated it)
     ipaddress.IPv6Network("::ffff:0:0:0/96"),  # IPv4-translated (SIIT, RFC 2765)
-    ipaddress.IPv6Network("fec0::/10"),  # site-local (RFC 3879 deprecated it)
 )
+_NEVER_PUBLIC = (*_CARRY_IPV4, ipaddress.IPv6Network("fec0::/10"))  # site-local (RFC 3879)
 
 
 def _embedded(address: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address]:
@@ -30,6 +30,16 @@ def _embedded(address: ipaddress.IPv6Address) -> list[ipaddress.IPv4Address]:
         found.append(address.sixtofour)
     if address.teredo is not None:
         found.extend(address.teredo)
+    return found
+
+
+def reachable(address: IPAddress) -> list[IPAddress]:
+    """The address and every IPv4 address a dual-stack or translating path may take it to."""
+    found: list[IPAddress] = [address]
+    if isinstance(address, ipaddress.IPv6Address):
+        found.extend(_embedded(address))
+        if any(address in net for net in _CARRY_IPV4):
+            found.append(ipaddress.IPv4Address(int(address) & 0xFFFFFFFF))
     return found
 
 
@@ -67,15 +77,28 @@ class DestinationGuard:
         own: set[tuple[IPAddress | None, int]] = set()
         for host, port in addresses:
             address = ipaddress.ip_address(host.split("%", 1)[0])
-            own.add((None if address.is_unspecified else address, port))
+            if address.is_unspecified:
+                own.add((None, port))
+            else:
+                own.update((a, port) for a in reachable(address))
         return DestinationGuard(self.allowed, frozenset(own))
 
     def permits(self, address: IPAddress, port: int) -> bool:
-        if (address, port) in self.own or ((None, port) in self.own and not is_public(address)):
+        if self._is_own(address, port):
             return False
         if any(address.version == net.version and address in net for net in self.allowed):
             return True
         return is_public(address)
+
+    def _is_own(self, address: IPAddress, port: int) -> bool:
+        """Could a connection to `address` reach one of the proxy's own listeners?"""
+        if address.is_unspecified:
+            # Linux connects 0.0.0.0 and :: to the local host: any listener on the port.
+            return any(own_port == port for _, own_port in self.own)
+        wildcard = (None, port) in self.own
+        return any(
+            (a, port) in self.own or (wildcard and not is_public(a)) for a in reachable(address)
+        )
 
     def vet(self, answers: Iterable[str], port: int) -> IPAddress | None:
         """The address to dial, or None when any answer is forbidden (or there is none)."""

@@ -13,7 +13,7 @@ import trustme
 
 from store.crypto import Secret
 from tests.e2e.conftest import Proxy, start_proxy, stop_proxy
-from tests.e2e.raw import connect, proxy_auth
+from tests.e2e.raw import connect, exchange, proxy_auth
 from tests.e2e.upstream import Upstream
 
 pytestmark = pytest.mark.e2e
@@ -32,6 +32,8 @@ def open_proxy(
         "127.0.0.0/8",
         "--allow-private",
         "::1/128",
+        "--allow-private",
+        "::ffff:0:0/96",
         "--admin",
         "127.0.0.1:0",
         "--alert-streak",
@@ -85,6 +87,29 @@ def test_the_admin_listener_is_never_reachable_through_the_proxy(
     sock, connect_reply = connect(open_proxy.port, f"127.0.0.1:{port}", proxy_auth(agent, token))
     sock.close()
     assert connect_reply.status == 403
+
+
+@pytest.mark.parametrize(
+    "spelling",
+    [
+        pytest.param("[::ffff:127.0.0.1]", id="IPv4-mapped, dotted"),
+        pytest.param("[::ffff:7f00:1]", id="IPv4-mapped, hex"),
+    ],
+)
+def test_no_spelling_of_the_admin_address_is_reachable_through_the_proxy(
+    open_proxy: Proxy, names, spelling: str
+):
+    port = admin_port(open_proxy)
+    agent = names("agent")
+    token = open_proxy.store.add_principal(agent)
+    open_proxy.store.add_grant(agent, ["*"], hosts=[f"{spelling}:{port}"])
+    open_proxy.wait_reload()
+    sock, tunnel = connect(open_proxy.port, f"{spelling}:{port}", proxy_auth(agent, token))
+    with sock:
+        assert tunnel.status == 200
+        reply = exchange(sock, f"GET /metrics HTTP/1.1\r\nHost: {spelling}:{port}\r\n\r\n".encode())
+    assert (reply.status, reply.reason) == (403, "destination-forbidden")
+    assert b"credproxy_requests_total" not in reply.body
 
 
 def scrape(proxy: Proxy) -> str:
