@@ -21,6 +21,9 @@ from typing import Any, TypeVar
 
 from mitmproxy import connection, ctx, exceptions, http, tls
 from mitmproxy.proxy import server_hooks
+from mitmproxy.proxy.layer import Layer
+from mitmproxy.proxy.layers.http import HttpLayer
+from mitmproxy.proxy.layers.tls import ClientTLSLayer
 
 from addon import audit
 from addon.access import HOW_TO_ASK, INTERNAL_HOST, RECORDED_REASONS, AccessRequests
@@ -190,6 +193,10 @@ class Credproxy:
         principal = self._authenticate(flow, headers.get_all(b"proxy-authorization"))
         pending.principal = principal
         policy = self._policy()
+        if flow.request.is_http2:
+            raise Denied(Reason.BAD_REQUEST, "CONNECT over HTTP/2 to the proxy is not supported")
+        if flow.client_conn.id in self.tunnels or flow.client_conn.id in self.broken_clients:
+            raise Denied(Reason.BAD_REQUEST, "CONNECT inside a tunnel")
         try:
             host, port = normalize_host(flow.request.host), flow.request.port
         except BadAuthority as e:
@@ -222,6 +229,23 @@ class Credproxy:
             self.log.error("hook.failed", hook="tls_clienthello", error_type=type(e).__name__)
             self.broken_clients.add(client_id)
 
+    def tls_start_client(self, data: tls.TlsData) -> None:
+        """TLS to the proxy's own listener speaks HTTP/1.1 only, never HTTP/2.
+
+        On an HTTP/2 connection to the proxy, mitmproxy shares one client and one server
+        connection object between all CONNECT streams: a principal, a tunnel or an SNI bound
+        to the connection would be another stream's. One CONNECT per connection keeps them
+        apart. (mitmproxy means to force this too, but its check misses our layer stack.)
+        """
+        client_id = data.context.client.id
+        try:
+            if _is_tls_to_the_proxy(data.context.layers):
+                assert data.ssl_conn is not None
+                data.ssl_conn.get_app_data()["client_alpn"] = b"http/1.1"
+        except Exception as e:  # noqa: BLE001 - fail closed: every request on it is denied
+            self.log.error("hook.failed", hook="tls_start_client", error_type=type(e).__name__)
+            self.broken_clients.add(client_id)
+
     def server_connect(self, data: server_hooks.ServerConnectionHookData) -> None:
         try:
             assert data.server.address is not None
@@ -248,9 +272,17 @@ class Credproxy:
         tunnel = self.tunnels.get(flow.client_conn.id)
         if tunnel is None:
             principal = self._authenticate(flow, headers.get_all(b"proxy-authorization"))
+            if request.is_http2:
+                # Streams of one HTTP/2 connection to the proxy would share its state.
+                raise Denied(Reason.BAD_REQUEST, "HTTP/2 to the proxy is not supported")
         else:
             if b"proxy-authorization" in headers.index:
                 request.headers.pop("proxy-authorization", None)
+                # Never judge one principal's request as another's: credentials inside the
+                # tunnel must be the tunnel's own, or the request is refused.
+                named = self._principal(headers.get_all(b"proxy-authorization"))
+                if named != tunnel.principal:
+                    raise Denied(Reason.AUTH_REQUIRED, "credentials differ from the tunnel's")
             principal = tunnel.principal
         pending.principal = principal
         policy = self._policy()
@@ -509,6 +541,13 @@ class Credproxy:
         """The principal from Proxy-Authorization, which is removed and never forwarded."""
         if values:
             flow.request.headers.pop("proxy-authorization", None)
+        principal = self._principal(values)
+        if principal is None:
+            raise Denied(Reason.AUTH_REQUIRED, "proxy authentication required")
+        return principal
+
+    def _principal(self, values: list[bytes]) -> str | None:
+        """Who exactly one valid Basic Proxy-Authorization value names, or None."""
         policy = self._policy()
         if len(values) == 1:
             scheme, _, encoded = values[0].partition(b" ")
@@ -523,7 +562,7 @@ class Credproxy:
                     sep = ""
                 if sep and policy.authenticate(name, token):
                     return name
-        raise Denied(Reason.AUTH_REQUIRED, "proxy authentication required")
+        return None
 
     def deny(
         self,
@@ -669,6 +708,16 @@ def _field_problem(name: bytes, value: bytes) -> str | None:
     if _CONTROL_RE.search(value):
         return "control character in a header value"
     return None
+
+
+def _is_tls_to_the_proxy(layers: list[Layer]) -> bool:
+    """Is the client TLS being set up the proxy's own, not a tunnel's (no HTTP layer before it)?
+
+    The HTTP layer above this TLS layer may already be in the list; only what precedes the
+    last client TLS layer tells.
+    """
+    last = max(i for i, layer in enumerate(layers) if isinstance(layer, ClientTLSLayer))
+    return not any(isinstance(layer, HttpLayer) for layer in layers[:last])
 
 
 def _is_ip(host: str) -> bool:

@@ -241,3 +241,44 @@ async def test_h2_authority_and_host_header_must_both_name_the_host(
         await addon.requestheaders(flow)
     assert reason(flow) == "host-mismatch"
     assert flow.request.headers.get("authorization") is None
+
+
+def connect_flow() -> Any:
+    flow = tflow.tflow()
+    flow.request.method = "CONNECT"
+    flow.request.host, flow.request.port = "api.test", 443
+    auth = base64.b64encode(b"a:tok-a").decode()
+    flow.request.headers["proxy-authorization"] = f"Basic {auth}"
+    return flow
+
+
+async def test_a_connect_over_h2_to_the_proxy_is_refused():
+    addon = Credproxy(StaticLive(make_policy()))  # type: ignore[arg-type]
+    with taddons.context(addon):
+        flow = connect_flow()
+        flow.request.http_version = "HTTP/2.0"
+        await addon.http_connect(flow)
+    assert reason(flow) == "bad-request"
+    assert flow.client_conn.id not in addon.tunnels
+
+
+async def test_a_second_connect_on_a_tunnelled_connection_is_refused():
+    addon = Credproxy(StaticLive(make_policy()))  # type: ignore[arg-type]
+    with taddons.context(addon):
+        flow = connect_flow()
+        addon.tunnels[flow.client_conn.id] = Tunnel("a", "other.test", 443)
+        await addon.http_connect(flow)
+    assert reason(flow) == "bad-request"
+    assert addon.tunnels[flow.client_conn.id].host == "other.test"
+
+
+async def test_an_h2_request_to_the_proxy_itself_is_refused():
+    addon = Credproxy(StaticLive(make_policy()))  # type: ignore[arg-type]
+    with taddons.context(addon):
+        flow = tflow.tflow()
+        flow.request.http_version = "HTTP/2.0"
+        auth = base64.b64encode(b"a:tok-a").decode()
+        flow.request.headers["proxy-authorization"] = f"Basic {auth}"
+        await addon.requestheaders(flow)
+    assert reason(flow) == "bad-request"
+    assert json.loads(flow.response.content)["detail"] == "HTTP/2 to the proxy is not supported"

@@ -7,7 +7,6 @@ A reason of None marks what mitmproxy's own HTTP parser refuses before any hook 
 
 from __future__ import annotations
 
-import base64
 import os
 import ssl
 
@@ -599,13 +598,31 @@ def test_a_well_formed_request_passes(proxy: Proxy, upstream: Upstream, agent):
     assert received.header("authorization") == ["Bearer hostile-secret"]
 
 
-def test_proxy_authorization_inside_a_tunnel_is_dropped(proxy: Proxy, upstream: Upstream, agent):
-    other = "Basic " + base64.b64encode(b"someone:else").decode()
+@pytest.mark.parametrize(
+    ("inner", "status", "reason"),
+    [
+        pytest.param(None, 200, None, id="the tunnel's own credentials: dropped, passes"),
+        pytest.param(("someone", "else"), 407, "auth-required", id="invalid credentials: refused"),
+        pytest.param("third", 407, "auth-required", id="another principal's: refused"),
+    ],
+)
+def test_proxy_authorization_inside_a_tunnel_is_never_another_principal(
+    proxy: Proxy, upstream: Upstream, agent, inner, status, reason
+):
+    if inner is None:
+        inner = agent
+    elif inner == "third":
+        name = "third-" + os.urandom(3).hex()
+        inner = (name, proxy.store.add_principal(name))
+        proxy.store.add_grant(name, ["GET"], hosts=["api.test"])
+        proxy.wait_reload()
     sock = tunnel(proxy.port, "api.test:443", proxy_auth(*agent), "api.test", proxy.ca_file)
     with sock:
-        reply = exchange(sock, req("GET /v1/x", OK_HOST + f"Proxy-Authorization: {other}\r\n"))
-    assert reply.status == 200
-    assert upstream.log.requests[0].header("proxy-authorization") == []
+        auth = f"Proxy-Authorization: {proxy_auth(*inner)}\r\n"
+        reply = exchange(sock, req("GET /v1/x", OK_HOST + auth))
+    assert (reply.status, reply.reason) == (status, reason)
+    assert all(r.header("proxy-authorization") == [] for r in upstream.log.requests)
+    assert len(upstream.log.requests) == (status == 200)
 
 
 def _h2_request(
