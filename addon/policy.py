@@ -35,6 +35,7 @@ class Reason(enum.StrEnum):
     UPGRADE_NOT_ALLOWED = "upgrade-not-allowed"
     STORE_UNAVAILABLE = "store-unavailable"
     INTERNAL_ERROR = "internal-error"
+    BODY_TOO_LARGE = "body-too-large"
 
 
 STATUS = {
@@ -42,6 +43,7 @@ STATUS = {
     Reason.BAD_REQUEST: 400,
     Reason.STORE_UNAVAILABLE: 503,
     Reason.INTERNAL_ERROR: 500,
+    Reason.BODY_TOO_LARGE: 413,
 }
 
 DEFAULT_PORTS = {"https": 443, "http": 80}

@@ -26,7 +26,7 @@ from mitmproxy.proxy.layers.http import HttpLayer
 from mitmproxy.proxy.layers.tls import ClientTLSLayer
 
 from addon import audit
-from addon.access import HOW_TO_ASK, INTERNAL_HOST, RECORDED_REASONS, AccessRequests
+from addon.access import HOW_TO_ASK, INTERNAL_HOST, MAX_BODY, RECORDED_REASONS, AccessRequests
 from addon.guard import DestinationGuard
 from addon.hosts import BadAuthority, ResolveMap, normalize_host, parse_authority
 from addon.live import LivePolicy
@@ -303,6 +303,7 @@ class Credproxy:
         facts = Request(host, port, scheme, method, path, upgrade=b"upgrade" in headers.index)
         now = datetime.now(UTC)
         if tunnel is None and host == INTERNAL_HOST:
+            _check_internal_body(request)
             pending.internal = True
             return  # answered in the request hook, with the body; never forwarded
         decision = policy.decide(principal, facts, now)
@@ -578,7 +579,13 @@ class Credproxy:
         body = json.dumps(
             {"error": "denied", "reason": reason.value, "detail": detail, **(extra or {})}
         )
-        flow.request.stream = False
+        request = flow.request
+        if "content-length" in request.headers or "transfer-encoding" in request.headers:
+            # The body is dropped unread (addon/refusals.py): this connection cannot go on.
+            headers["connection"] = "close"
+        # No "100 Continue": the client need not send a body that is refused.
+        request.headers.pop("expect", None)
+        request.stream = False
         flow.response = http.Response.make(status, body, headers)
         pending = self.pending.pop(flow.id, None)
         if pending is None:
@@ -645,6 +652,17 @@ def _response_stream(pending: Pending) -> Callable[[bytes], bytes | list[bytes]]
 def _chunked(request: http.Request) -> bool:
     """May the response to this request be re-framed with chunked encoding?"""
     return not request.is_http2 and request.http_version == "HTTP/1.1"
+
+
+def _check_internal_body(request: http.Request) -> None:
+    """The internal endpoint holds a body whole: only a declared length within its limit."""
+    if "transfer-encoding" in request.headers:
+        raise Denied(Reason.BODY_TOO_LARGE, "send a Content-Length to credproxy.internal")
+    length = request.headers.get("content-length", "0")
+    if not length.isdigit() or int(length) > MAX_BODY:
+        raise Denied(
+            Reason.BODY_TOO_LARGE, f"bodies to credproxy.internal are {MAX_BODY} bytes at most"
+        )
 
 
 def _method(raw: bytes) -> str:

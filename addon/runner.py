@@ -136,8 +136,11 @@ async def serve(config: RunConfig, started: asyncio.Event | None = None) -> int:
     from mitmproxy import options
     from mitmproxy.tools.dump import DumpMaster
 
+    from addon import refusals
     from addon.live import LivePolicy
     from addon.proxy import REQUIRED_OPTIONS, Credproxy
+
+    refusals.install()
 
     log = audit.logger()
     settings = config.settings

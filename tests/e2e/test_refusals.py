@@ -1,0 +1,158 @@
+"""A refused request's body costs the proxy nothing: answered at once, dropped unread.
+
+Each case pushes a large body at a request the proxy refuses and measures the proxy's resident
+memory (VmRSS from /proc) around it; a principal with a grant is served meanwhile.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import ssl
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+
+from store.crypto import Secret
+from tests.e2e.conftest import Proxy
+from tests.e2e.raw import Reply, connect, proxy_auth, read_reply
+from tests.e2e.upstream import Upstream
+
+pytestmark = pytest.mark.e2e
+
+BODY = 192 * 1024 * 1024
+GROWTH_BOUND = 32 * 1024 * 1024
+CHUNK = b"\0" * (1024 * 1024)
+
+
+def rss(proxy: Proxy) -> int:
+    status = Path(f"/proc/{proxy.process.pid}/status").read_text()
+    line = next(line for line in status.splitlines() if line.startswith("VmRSS:"))
+    return int(line.split()[1]) * 1024
+
+
+@pytest.fixture
+def agent(proxy: Proxy) -> tuple[str, str]:
+    name = "refuse-" + os.urandom(3).hex()
+    token = proxy.store.add_principal(name)
+    proxy.store.add_credential(name + "-c", "bearer", ["api.test"], Secret(b"refusal-secret"))
+    proxy.store.add_grant(name, ["GET", "POST"], credential=name + "-c", paths=["/v1/"])
+    proxy.wait_reload()
+    return name, token
+
+
+def push(sock: socket.socket | ssl.SSLSocket, head: bytes, total: int) -> Reply | None:
+    """Send `head`, then up to `total` body bytes until the proxy answers or stops reading."""
+    sock.sendall(head)
+    sock.settimeout(0.0)
+    sent = 0
+    data = b""
+    while sent < total:
+        try:
+            data += sock.recv(65536)
+            break  # the answer has started: it came before the body
+        except (BlockingIOError, ssl.SSLWantReadError):
+            pass
+        except OSError:
+            return None
+        try:
+            sent += sock.send(CHUNK[: min(len(CHUNK), total - sent)])
+        except (BlockingIOError, ssl.SSLWantWriteError):
+            threading.Event().wait(0.001)
+        except OSError:
+            break
+    sock.settimeout(10)
+
+    class Prefixed:
+        def __init__(self) -> None:
+            self.buffer = data
+
+        def recv(self, n: int) -> bytes:
+            if self.buffer:
+                out, self.buffer = self.buffer, b""
+                return out
+            return sock.recv(n)
+
+    return read_reply(Prefixed())  # type: ignore[arg-type]
+
+
+def served_meanwhile(proxy: Proxy, agent: tuple[str, str]) -> int:
+    with proxy.client(*agent) as client:
+        return client.get("https://api.test/v1/ok").status_code
+
+
+def test_a_refused_upload_is_answered_before_its_body_and_not_held(
+    proxy: Proxy, upstream: Upstream, agent
+):
+    before = rss(proxy)
+    sock, reply = connect(proxy.port, "api.test:443", proxy_auth(*agent))
+    assert reply.status == 200
+    context = ssl.create_default_context(cafile=str(proxy.ca_file))
+    context.set_alpn_protocols(["http/1.1"])
+    with context.wrap_socket(sock, server_hostname="api.test") as tls:
+        head = f"POST /denied HTTP/1.1\r\nHost: api.test\r\nContent-Length: {BODY}\r\n\r\n"
+        answer = push(tls, head.encode(), BODY)
+    assert answer is not None
+    assert (answer.status, answer.reason) == (403, "path-not-allowed")
+    assert answer.headers.get("connection") == "close"
+    assert rss(proxy) - before < GROWTH_BOUND
+    assert upstream.log.requests == []
+    assert served_meanwhile(proxy, agent) == 200
+
+
+def test_a_refused_request_asking_to_continue_gets_its_answer_instead(
+    proxy: Proxy, upstream: Upstream, agent
+):
+    head = (
+        "POST http://api.test/v1/x HTTP/1.1\r\nHost: api.test\r\n"
+        f"Proxy-Authorization: {proxy_auth(*agent)}\r\n"
+        f"Content-Length: {BODY}\r\nExpect: 100-continue\r\n\r\n"
+    )
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as sock:
+        sock.sendall(head.encode())
+        answer = read_reply(sock)
+    assert (answer.status, answer.reason) == (403, "insecure-scheme")
+    assert upstream.log.connections == 0
+
+
+@pytest.mark.parametrize(
+    ("framing", "sent"),
+    [
+        pytest.param(f"Content-Length: {BODY}", BODY, id="a declared body over the limit"),
+        pytest.param("Transfer-Encoding: chunked", BODY, id="a chunked body of any length"),
+    ],
+)
+def test_the_internal_endpoint_refuses_large_bodies_unread(proxy: Proxy, agent, framing, sent):
+    before = rss(proxy)
+    head = (
+        "POST http://credproxy.internal/access-requests HTTP/1.1\r\n"
+        f"Host: credproxy.internal\r\nProxy-Authorization: {proxy_auth(*agent)}\r\n"
+        f"Content-Type: application/json\r\n{framing}\r\n\r\n"
+    )
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as sock:
+        answer = push(sock, head.encode(), sent)
+    assert answer is not None
+    assert (answer.status, answer.reason) == (413, "body-too-large")
+    assert rss(proxy) - before < GROWTH_BOUND
+    assert served_meanwhile(proxy, agent) == 200
+
+
+def test_curl_sees_the_refusal_of_a_streamed_upload(proxy: Proxy, upstream: Upstream, agent):
+    before = rss(proxy)
+    url = proxy.url(*agent)
+    feed = subprocess.Popen(["head", "-c", str(BODY), "/dev/zero"], stdout=subprocess.PIPE)
+    result = subprocess.run(
+        ["curl", "-sS", "-x", url, "--cacert", str(proxy.ca_file), "-X", "POST", "-T", "-"]
+        + ["-o", "/dev/null", "-w", "%{http_code}", "--max-time", "30"]
+        + ["https://api.test/denied"],
+        stdin=feed.stdout,
+        capture_output=True,
+        timeout=60,
+    )
+    feed.kill()
+    feed.wait()
+    assert result.stdout == b"403", result.stderr
+    assert rss(proxy) - before < GROWTH_BOUND
+    assert upstream.log.requests == []
