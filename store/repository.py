@@ -49,7 +49,7 @@ from store.patterns import (
     validate_param_name,
     validate_path_pattern,
 )
-from store.records import CredentialRecord, GrantRecord, Snapshot
+from store.records import TOMBSTONE_RETENTION, CredentialRecord, GrantRecord, Snapshot
 
 SCHEMES = ("bearer", "header", "basic", "query")
 PENDING, APPROVED, DENIED = "pending", "approved", "denied"
@@ -602,8 +602,9 @@ class Store:
                     Credential.fingerprint,
                 ).where(Credential.removed_at.is_(None))
             ).all()
-            # Used once-grants stay in the snapshot until they expire, so that a later
-            # request is told grant-consumed rather than no-grant.
+            # Used once-grants, and grants expired within TOMBSTONE_RETENTION, stay in the
+            # snapshot as tombstones: a later request is told grant-consumed or grant-expired,
+            # by a restarted proxy as by one that watched the grant go.
             grants = connection.execute(
                 select(
                     Grant.id,
@@ -618,7 +619,8 @@ class Store:
                     Grant.consumed_at.is_not(None).label("consumed"),
                 ).where(
                     Grant.revoked_at.is_(None),
-                    (Grant.expires_at.is_(None)) | (Grant.expires_at > now),
+                    (Grant.expires_at.is_(None))
+                    | (Grant.expires_at > now - TOMBSTONE_RETENTION),
                 )
             ).all()
         # Thousands of grants repeat a few lists: each distinct text is decoded and parsed once.

@@ -6,10 +6,12 @@ import pytest
 from sqlalchemy import null, select, update
 from sqlalchemy.orm import Session
 
+from addon.policy import Policy, Reason, Request
 from store.crypto import MasterKey, Secret, hash_token
 from store.errors import Conflict, InvalidInput, MasterKeyError, NotFound, SealError
 from store.models import Credential, Grant, Principal, utcnow
 from store.patterns import HostPattern
+from store.records import TOMBSTONE_RETENTION
 from store.repository import Store
 
 SECRET = Secret(b"ghp_0123456789abcdef")
@@ -414,15 +416,53 @@ def test_snapshot_holds_live_records_with_open_secrets(store: Store) -> None:
     assert grants[host_only].paths == ("/simple/",)
 
 
-def test_snapshot_leaves_out_expired_grants(store: Store) -> None:
-    grant_id = _seed(store)
+def _expire(store: Store, grant_id: int, ago: timedelta) -> None:
     with store.engine.begin() as conn:
-        conn.execute(
-            update(Grant)
-            .where(Grant.id == grant_id)
-            .values(expires_at=utcnow() - timedelta(seconds=1))
-        )
-    assert store.snapshot().grants == ()
+        conn.execute(update(Grant).where(Grant.id == grant_id).values(expires_at=utcnow() - ago))
+
+
+def test_snapshot_keeps_expired_grants_as_tombstones_for_a_while(store: Store) -> None:
+    recent, old = _seed(store), store.add_grant("agent", ["POST"], credential="gh")
+    _expire(store, recent, timedelta(seconds=1))
+    _expire(store, old, TOMBSTONE_RETENTION + timedelta(seconds=1))
+    assert [g.id for g in store.snapshot().grants] == [recent]
+
+
+def _spent_grants(store: Store) -> tuple[int, int]:
+    """A standing grant on /v1/, and a once-grant and an expiring grant beside it."""
+    store.add_principal("agent")
+    store.add_credential("gh", "bearer", ["api.github.com"], SECRET)
+    store.add_grant("agent", ["GET"], credential="gh", paths=["/v1/"])
+    once = store.add_grant("agent", ["GET"], credential="gh", paths=["/once/"], once=True)
+    expiring = store.add_grant(
+        "agent",
+        ["GET"],
+        credential="gh",
+        paths=["/soon/"],
+        expires_at=utcnow() + timedelta(hours=1),
+    )
+    return once, expiring
+
+
+@pytest.mark.parametrize(
+    ("path", "reason"),
+    [
+        pytest.param("/once/x", Reason.GRANT_CONSUMED, id="a used once-grant says so"),
+        pytest.param("/soon/x", Reason.GRANT_EXPIRED, id="an expired grant says so"),
+        pytest.param("/other", Reason.PATH_NOT_ALLOWED, id="no grant for the path says so"),
+    ],
+)
+def test_a_fresh_snapshot_gives_a_spent_grant_its_own_reason(
+    store: Store, path: str, reason: Reason
+) -> None:
+    once, expiring = _spent_grants(store)
+    assert store.consume_once(once)
+    _expire(store, expiring, timedelta(seconds=1))
+    # What a restarted proxy, or a replica that reconnects, compiles.
+    policy = Policy(store.snapshot())
+    request = Request("api.github.com", 443, "https", "GET", path)
+    decision = policy.decide("agent", request, utcnow())
+    assert (decision.allowed, decision.reason) == (False, reason)
 
 
 @pytest.mark.parametrize(
