@@ -18,7 +18,7 @@ from addon import audit
 from addon.admin import AdminServer
 from addon.guard import DestinationGuard
 from addon.hosts import ResolveMap
-from store.cli import Settings
+from store.cli import Settings, count, seconds
 from store.errors import CredproxyError, InvalidInput
 from store.repository import Store
 
@@ -47,15 +47,11 @@ class RunConfig:
             resolve = ResolveMap.parse(args.resolve)
         except ValueError as e:
             raise InvalidInput(str(e)) from e
-        if args.max_stale < 0:
-            raise InvalidInput("--max-stale must not be negative")
         try:
             guard = DestinationGuard.parse(args.allow_private)
         except ValueError as e:
             raise InvalidInput(str(e)) from e
         admin = _parse_listen(args.admin, "--admin") if args.admin else None
-        if args.alert_streak < 1:
-            raise InvalidInput("--alert-streak must be at least 1")
         return cls(
             settings,
             host,
@@ -72,7 +68,9 @@ class RunConfig:
 def _parse_listen(text: str, flag: str) -> tuple[str, int]:
     host, sep, port_text = text.rpartition(":")
     host = host.strip("[]")
-    if not sep or not host or not port_text.isdigit() or not 0 <= int(port_text) < 65536:
+    if not sep or not host or not (port_text.isascii() and port_text.isdigit()):
+        raise InvalidInput(f"invalid {flag} {text!r}: use HOST:PORT")
+    if not 0 <= int(port_text) < 65536:
         raise InvalidInput(f"invalid {flag} {text!r}: use HOST:PORT")
     return host, int(port_text)
 
@@ -104,14 +102,14 @@ def add_command(sub: Any, common: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--alert-streak",
-        type=int,
+        type=count(1),
         default=20,
         metavar="N",
         help="alert once when a principal is denied N times in a row (default 20)",
     )
     p.add_argument(
         "--max-stale",
-        type=float,
+        type=seconds(),
         default=30.0,
         help="seconds to serve the last policy while the store is unreachable (default 30)",
     )

@@ -1,6 +1,7 @@
 import threading
 from collections.abc import Callable, Iterator
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from sqlalchemy import null, select, update
@@ -8,7 +9,14 @@ from sqlalchemy.orm import Session
 
 from addon.policy import Policy, Reason, Request
 from store.crypto import MasterKey, Secret, hash_token
-from store.errors import Conflict, InvalidInput, MasterKeyError, NotFound, SealError
+from store.errors import (
+    Conflict,
+    InvalidInput,
+    MasterKeyError,
+    NotFound,
+    SealError,
+    StoreUnavailable,
+)
 from store.models import Credential, Grant, Principal, utcnow
 from store.patterns import HostPattern
 from store.records import TOMBSTONE_RETENTION
@@ -599,3 +607,34 @@ def test_adopting_a_key_does_not_replace_the_stores_key(
     with pytest.raises(MasterKeyError):
         other.check_key(adopt=True)
     store.check_key()
+
+
+# -- what only init may do ------------------------------------------------------------------
+
+
+def test_a_schema_from_a_newer_credproxy_is_refused_in_one_line(store: Store) -> None:
+    with store.engine.begin() as conn:
+        conn.exec_driver_sql("UPDATE alembic_version SET version_num = '9999'")
+    for attempt in (store.migrate, store.check_ready):
+        with pytest.raises(StoreUnavailable, match="at schema 9999, newer than") as info:
+            attempt()
+        assert "\n" not in str(info.value)
+
+
+def test_an_sqlite_store_is_never_created_but_by_init(tmp_path: Path, key: MasterKey) -> None:
+    path = tmp_path / "gone.db"
+    with pytest.raises(StoreUnavailable, match="no store at"):
+        Store(f"sqlite:///{path}", key)
+    assert not path.exists()
+    created = Store(f"sqlite:///{path}", key, create=True)
+    created.migrate()
+    created.close()
+    opened = Store(f"sqlite:///{path}", key)
+    assert opened.schema_revision() is not None
+    # Deleted while open: a new connection must not bring an empty store into being.
+    opened.close()
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
+    with pytest.raises(StoreUnavailable):
+        opened.change_counter()
+    assert not path.exists()
