@@ -22,6 +22,10 @@ from store.cli import Settings, count, seconds
 from store.errors import CredproxyError, InvalidInput
 from store.repository import Store
 
+DRAIN_POLL = 0.05
+# After the drain deadline, how long closing the remaining connections may take.
+CLOSE_TIMEOUT = 2.0
+
 
 @dataclass(frozen=True)
 class RunConfig:
@@ -36,6 +40,7 @@ class RunConfig:
     max_stale: float
     admin: tuple[str, int] | None
     alert_streak: int
+    drain_timeout: float = 10.0
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, settings: Settings) -> RunConfig:
@@ -62,6 +67,7 @@ class RunConfig:
             args.max_stale,
             admin,
             args.alert_streak,
+            args.drain_timeout,
         )
 
 
@@ -112,6 +118,13 @@ def add_command(sub: Any, common: argparse.ArgumentParser) -> None:
         type=seconds(),
         default=30.0,
         help="seconds to serve the last policy while the store is unreachable (default 30)",
+    )
+    p.add_argument(
+        "--drain-timeout",
+        type=seconds(),
+        default=10.0,
+        metavar="SECONDS",
+        help="on SIGTERM or SIGINT, let in-flight requests finish this long (default 10)",
     )
     p.set_defaults(func=cmd_run)
 
@@ -165,8 +178,10 @@ async def serve(config: RunConfig, started: asyncio.Event | None = None) -> int:
     master.addons.add(addon)
 
     loop = asyncio.get_running_loop()
+    stopping = _Stopping(master, addon, config.drain_timeout, log)
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, master.shutdown)
+        loop.add_signal_handler(sig, stopping.begin, sig)
+    loop.add_signal_handler(signal.SIGHUP, stopping.reload, live)
 
     async def announce() -> None:
         proxyserver: Any = master.addons.get("proxyserver")
@@ -218,11 +233,71 @@ async def serve(config: RunConfig, started: asyncio.Event | None = None) -> int:
         await master.run()
     finally:
         announcer.cancel()
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            loop.remove_signal_handler(sig)
         if admin is not None:
             await admin.close()
         live.close()
         for child in runtime.iterdir():
             child.unlink()
         runtime.rmdir()
-        log.info("proxy.stopped")
+        log.info("proxy.stopped", cut=stopping.cut)
     return 0
+
+
+class _Stopping:
+    """SIGTERM/SIGINT: stop accepting, drain in-flight requests, then stop. SIGHUP: reload."""
+
+    def __init__(self, master: Any, addon: Any, drain_timeout: float, log: Any) -> None:
+        self.master = master
+        self.addon = addon
+        self.drain_timeout = drain_timeout
+        self.log = log
+        self.cut = 0  # requests still in flight at the deadline
+        self._hurry = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def begin(self, sig: signal.Signals) -> None:
+        if self._hurry.is_set() or any(t.get_name() == "drain" for t in self._tasks):
+            self._hurry.set()  # a second signal: stop waiting
+            return
+        self.log.info(
+            "proxy.stopping",
+            signal=sig.name,
+            in_flight=len(self.addon.pending),
+            drain_timeout_s=self.drain_timeout,
+        )
+        self._spawn(self._drain(), "drain")
+
+    def reload(self, live: Any) -> None:
+        self.log.info("proxy.reload_requested", signal="SIGHUP")
+        self._spawn(live.poll(force=True), "reload")
+
+    def _spawn(self, coro: Any, name: str) -> None:
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _drain(self) -> None:
+        try:
+            proxyserver: Any = self.master.addons.get("proxyserver")
+            for server in list(proxyserver.servers):
+                if server.is_running:
+                    await server.stop()
+            await self._wait(lambda: not self.addon.pending, self.drain_timeout)
+            self.cut = len(self.addon.pending)
+            # Idle keep-alives, open tunnels and WebSockets, and whatever missed the deadline:
+            # closed here, so their audit lines are written before proxy.stopped.
+            for handler in list(proxyserver.connections.values()):
+                io = handler.transports.get(handler.client)
+                if io is not None and io.handler is not None:
+                    io.handler.cancel("credproxy is stopping")
+            await self._wait(lambda: not proxyserver.connections, CLOSE_TIMEOUT)
+        finally:
+            self.master.shutdown()
+
+    async def _wait(self, done: Any, timeout: float) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while not done() and loop.time() < deadline and not self._hurry.is_set():
+            await asyncio.sleep(DRAIN_POLL)

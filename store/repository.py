@@ -34,6 +34,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from store.crypto import MasterKey, Secret, hash_token, new_token
 from store.errors import (
     Conflict,
+    CredproxyError,
     InvalidInput,
     MasterKeyError,
     NotFound,
@@ -149,9 +150,46 @@ class Store:
     def __init__(self, url: str, key: MasterKey | None, *, create: bool = False) -> None:
         self.url = normalize_url(url)
         self.display_url = display_url(self.url)
-        self.engine = make_engine(self.url, create=create)
         self.key = key
+        self._open(create)
+
+    def _open(self, create: bool = False) -> None:
+        self._file = sqlite_path(self.url)
+        self.engine = make_engine(self.url, create=create)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        self._identity = self._file_identity()
+
+    def _file_identity(self) -> tuple[int, int] | None:
+        """(st_dev, st_ino) of the SQLite file; None for PostgreSQL or before it exists."""
+        if self._file is None:
+            return None
+        try:
+            st = self._file.stat()
+        except OSError:
+            return None
+        return st.st_dev, st.st_ino
+
+    def reopen_if_replaced(self) -> bool:
+        """Reopen the store if another file now stands at its SQLite path (a restore).
+
+        Returns True when it did. Raises StoreUnavailable when the file is gone, or the new
+        one is not ready: never serve on from an unlinked file.
+        """
+        if self._file is None:
+            return False
+        identity = self._file_identity()
+        if identity is None:
+            raise StoreUnavailable(f"the store file {self._file} is gone")
+        if identity == self._identity:
+            return False
+        self.engine.dispose()
+        self._open()
+        try:
+            self.check_ready()
+        except CredproxyError:
+            self._identity = None  # checked again at the next poll
+            raise
+        return True
 
     def restrict_file(self) -> None:
         """Make an SQLite database file private to its owner: it holds sealed secrets."""
