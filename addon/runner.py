@@ -74,9 +74,8 @@ class RunConfig:
 def _parse_listen(text: str, flag: str) -> tuple[str, int]:
     host, sep, port_text = text.rpartition(":")
     host = host.strip("[]")
-    if not sep or not host or not (port_text.isascii() and port_text.isdigit()):
-        raise InvalidInput(f"invalid {flag} {text!r}: use HOST:PORT")
-    if not 0 <= int(port_text) < 65536:
+    digits = port_text.isascii() and port_text.isdigit()
+    if not sep or not host or not digits or not 0 <= int(port_text) < 65536:
         raise InvalidInput(f"invalid {flag} {text!r}: use HOST:PORT")
     return host, int(port_text)
 
@@ -254,13 +253,15 @@ class _Stopping:
         self.drain_timeout = drain_timeout
         self.log = log
         self.cut = 0  # requests still in flight at the deadline
+        self._draining = False
         self._hurry = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
 
     def begin(self, sig: signal.Signals) -> None:
-        if self._hurry.is_set() or any(t.get_name() == "drain" for t in self._tasks):
+        if self._draining:
             self._hurry.set()  # a second signal: stop waiting
             return
+        self._draining = True
         self.log.info(
             "proxy.stopping",
             signal=sig.name,

@@ -68,8 +68,13 @@ class Running:
 
 @pytest.fixture
 def running(
-    tmp_path: Path, shared_upstream: Upstream, upstream_ca: trustme.CA, initialised_home: Path
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    shared_upstream: Upstream,
+    upstream_ca: trustme.CA,
+    initialised_home: Path,
 ) -> Iterator[Running]:
+    """A proxy of its own; indirect parametrisation adds flags to `credproxy run`."""
     home = tmp_path / "home"
     shutil.copytree(initialised_home, home)
     ca_pem = home / "upstream-ca.pem"
@@ -83,6 +88,7 @@ def running(
     for name in NAMES:
         if name != "localhost":
             args += ["--resolve", f"{name}=127.0.0.1:{shared_upstream.port}"]
+    args += getattr(request, "param", [])
     with (home / "proxy.out").open("wb") as out, (home / "proxy.err").open("wb") as err:
         process = subprocess.Popen(args, env=env, cwd=home, stdout=out, stderr=err)
     proxy = Running(process, 0, home, store, token)
@@ -144,6 +150,21 @@ def test_sigterm_lets_an_in_flight_stream_finish_and_then_stops(
     assert audit.index(line) < len(audit) - 1
     assert audit[-1]["cut"] == 0
     assert SECRET not in running.stdout.read_text()
+
+
+@pytest.mark.parametrize("running", [["--drain-timeout", "0.2"]], indirect=True)
+def test_a_stream_past_the_drain_deadline_is_cut_and_still_audited(running: Running) -> None:
+    with running.client() as client, client.stream("GET", "https://api.test/sse") as reply:
+        chunks = reply.iter_raw()
+        next(chunks)
+        running.process.send_signal(signal.SIGTERM)
+        with pytest.raises(httpx.RemoteProtocolError):
+            b"".join(chunks)
+    _stopped_cleanly(running)
+    audit = running.audit()
+    (line,) = [a for a in audit if a.get("event") == "request" and a.get("path") == "/sse"]
+    assert audit.index(line) < len(audit) - 1
+    assert audit[-1]["cut"] == 1
 
 
 def test_sigterm_on_an_idle_proxy_stops_at_once(running: Running) -> None:
