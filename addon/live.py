@@ -56,7 +56,8 @@ class LivePolicy:
 
     def current(self) -> Policy | None:
         """The policy to decide with, or None when it is older than --max-stale."""
-        if self.policy is None or time.monotonic() - self.last_ok > self.max_stale:
+        # Written so that a NaN limit reads as stale: fail closed, whatever slipped through.
+        if self.policy is None or not time.monotonic() - self.last_ok <= self.max_stale:
             return None
         return self.policy
 
