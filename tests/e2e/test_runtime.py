@@ -37,6 +37,25 @@ class Running:
     home: Path
     store: Store
     token: str
+    args: list[str]
+
+    def start(self) -> None:
+        """Start (or start again) `credproxy run`; its output goes on in the same files."""
+        env = _env(self.home)
+        with self.stdout.open("ab") as out, self.stderr.open("ab") as err:
+            self.process = subprocess.Popen(
+                self.args, env=env, cwd=self.home, stdout=out, stderr=err
+            )
+        before = self.events().count("proxy.started")
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            assert self.process.poll() is None, self.stderr.read_text()
+            started = [line for line in self.audit() if line["event"] == "proxy.started"]
+            if len(started) > before:
+                self.port = int(started[-1]["listen"][0].rsplit(":", 1)[1])
+                return
+            time.sleep(0.05)
+        raise AssertionError("credproxy did not start")
 
     @property
     def stdout(self) -> Path:
@@ -47,6 +66,8 @@ class Running:
         return self.home / "proxy.err"
 
     def audit(self) -> list[dict[str, Any]]:
+        if not self.stdout.exists():
+            return []
         return [json.loads(line) for line in self.stdout.read_text().splitlines() if line.strip()]
 
     def events(self) -> list[str]:
@@ -79,8 +100,7 @@ def running(
     shutil.copytree(initialised_home, home)
     ca_pem = home / "upstream-ca.pem"
     upstream_ca.cert_pem.write_to_path(str(ca_pem))
-    env = _env(home)
-    store = Store(env["CREDPROXY_DB"], load_master_key(home / "credproxy.key", {}))
+    store = Store(_env(home)["CREDPROXY_DB"], load_master_key(home / "credproxy.key", {}))
     token = store.add_principal("agent")
     store.add_credential("gh", "bearer", ["api.test"], _secret())
     store.add_grant("agent", ["GET"], credential="gh")
@@ -89,21 +109,12 @@ def running(
         if name != "localhost":
             args += ["--resolve", f"{name}=127.0.0.1:{shared_upstream.port}"]
     args += getattr(request, "param", [])
-    with (home / "proxy.out").open("wb") as out, (home / "proxy.err").open("wb") as err:
-        process = subprocess.Popen(args, env=env, cwd=home, stdout=out, stderr=err)
-    proxy = Running(process, 0, home, store, token)
-    deadline = time.monotonic() + 15
-    while not proxy.port and time.monotonic() < deadline:
-        assert process.poll() is None, proxy.stderr.read_text()
-        for line in proxy.audit():
-            if line["event"] == "proxy.started":
-                proxy.port = int(line["listen"][0].rsplit(":", 1)[1])
-        time.sleep(0.05)
-    assert proxy.port, "credproxy did not start"
+    proxy = Running(None, 0, home, store, token, args)  # type: ignore[arg-type]
+    proxy.start()
     yield proxy
-    if process.poll() is None:
-        process.kill()
-        process.wait(5)
+    if proxy.process.poll() is None:
+        proxy.process.kill()
+        proxy.process.wait(5)
     store.close()
 
 
@@ -228,3 +239,31 @@ def test_a_store_file_deleted_under_the_proxy_is_an_outage(running: Running) -> 
     assert not db.exists()
     running.process.send_signal(signal.SIGTERM)
     _stopped_cleanly(running)
+
+
+def test_spent_grants_keep_their_reasons_across_a_restart(running: Running) -> None:
+    store = running.store
+    (standing,) = store.list_grants()
+    store.revoke_grant(standing["id"])
+    store.add_grant("agent", ["GET"], credential="gh", paths=["/v1/"])
+    store.add_grant("agent", ["GET"], credential="gh", paths=["/once/"], once=True)
+    target = store.change_counter()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        loaded = [a["counter"] for a in running.audit() if a["event"] == "policy.reloaded"]
+        if loaded and loaded[-1] >= target:
+            break
+        time.sleep(0.05)
+
+    def reasons() -> list[str | None]:
+        with running.client() as client:
+            return [
+                client.get(f"https://api.test{path}").headers.get("x-credproxy-reason")
+                for path in ("/once/a", "/once/a", "/other")
+            ]
+
+    assert reasons() == [None, "grant-consumed", "path-not-allowed"]
+    running.process.send_signal(signal.SIGTERM)
+    _stopped_cleanly(running)
+    running.start()
+    assert reasons() == ["grant-consumed", "grant-consumed", "path-not-allowed"]
