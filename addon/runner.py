@@ -7,6 +7,7 @@ import asyncio
 import gc
 import os
 import signal
+import socket
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -78,6 +79,19 @@ def _parse_listen(text: str, flag: str) -> tuple[str, int]:
     if not sep or not host or not digits or not 0 <= int(port_text) < 65536:
         raise InvalidInput(f"invalid {flag} {text!r}: use HOST:PORT")
     return host, int(port_text)
+
+
+def _check_listen(host: str, port: int) -> None:
+    """One line and status 2 for an address mitmproxy could not listen on, not its exit 1."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(address)
+    except OSError as e:
+        raise InvalidInput(f"cannot listen on --listen {host}:{port}: {e.strerror}") from e
 
 
 def add_command(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -157,6 +171,11 @@ async def serve(config: RunConfig, started: asyncio.Event | None = None) -> int:
         live = LivePolicy(store, max_stale=config.max_stale, reload_key=settings.key)
         policy = live.load()
     except CredproxyError:
+        store.close()
+        raise
+    try:
+        _check_listen(config.listen_host, config.listen_port)
+    except InvalidInput:
         store.close()
         raise
     runtime = Path(tempfile.mkdtemp(prefix="credproxy-"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -151,6 +152,7 @@ class Store:
         self.url = normalize_url(url)
         self.display_url = display_url(self.url)
         self.key = key
+        self._reopening = threading.Lock()
         self._open(create)
 
     def _open(self, create: bool = False) -> None:
@@ -177,19 +179,20 @@ class Store:
         """
         if self._file is None:
             return False
-        identity = self._file_identity()
-        if identity is None:
-            raise StoreUnavailable(f"the store file {self._file} is gone")
-        if identity == self._identity:
-            return False
-        self.engine.dispose()
-        self._open()
-        try:
-            self.check_ready()
-        except CredproxyError:
-            self._identity = None  # checked again at the next poll
-            raise
-        return True
+        with self._reopening:  # the poll and a SIGHUP reload may both look
+            identity = self._file_identity()
+            if identity is None:
+                raise StoreUnavailable(f"the store file {self._file} is gone")
+            if identity == self._identity:
+                return False
+            self.engine.dispose()
+            self._open()
+            try:
+                self.check_ready()
+            except CredproxyError:
+                self._identity = None  # checked again at the next poll
+                raise
+            return True
 
     def restrict_file(self) -> None:
         """Make an SQLite database file private to its owner: it holds sealed secrets."""

@@ -11,6 +11,7 @@ import json
 import os
 import secrets
 import shutil
+import socket
 import stat
 import subprocess
 import sys
@@ -534,3 +535,14 @@ def test_a_newer_schema_is_one_line_for_every_command(
     (line,) = result.stderr.splitlines()
     assert line.startswith("credproxy: error: ")
     assert "is at schema 9999, newer than this credproxy's" in line
+
+
+def test_run_on_an_address_in_use_is_one_line(session: Session) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = session.cli.run(Call(("run", "--listen", f"127.0.0.1:{port}")))
+    assert (result.returncode, result.stdout) == (2, ""), result.stderr
+    (line,) = result.stderr.splitlines()
+    assert line.startswith(f"credproxy: error: cannot listen on --listen 127.0.0.1:{port}")
