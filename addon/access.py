@@ -24,28 +24,45 @@ HOW_TO_ASK = (
     f"ask for access with POST http://{INTERNAL_HOST}/access-requests "
     '{"host", "method", "path", "purpose"}'
 )
-# One store write per (principal, host, port, method, path) per window: a looping agent
-# cannot turn its denials into a write load.
+# One store write per (principal, host, port, method, path) per window, for denials and for
+# explicit asks alike: a looping agent cannot turn either into a write load under its row lock.
 RECORD_WINDOW = 10.0
 CACHE_SIZE = 10_000
 MAX_BODY = 16 * 1024
+
+
+# (principal, host, port, method, path, explicit)
+_Key = tuple[str, str, int, str, str, bool]
 
 
 class AccessRequests:
     def __init__(self, live: LivePolicy, log: Any) -> None:
         self.live = live
         self.log = log
-        self._recent: OrderedDict[tuple[str, str, int, str, str], tuple[float, int]] = OrderedDict()
+        self._recent: OrderedDict[_Key, tuple[float, int]] = OrderedDict()
+
+    def _within_window(self, key: _Key) -> int | None:
+        """The request id written for `key` less than RECORD_WINDOW ago, if any."""
+        cached = self._recent.get(key)
+        if cached is not None and time.monotonic() - cached[0] < RECORD_WINDOW:
+            return cached[1]
+        return None
+
+    def _written(self, key: _Key, request_id: int) -> None:
+        self._recent[key] = (time.monotonic(), request_id)
+        self._recent.move_to_end(key)
+        while len(self._recent) > CACHE_SIZE:
+            self._recent.popitem(last=False)
 
     async def on_denial(
         self, principal: str, host: str, port: int, method: str, path: str
     ) -> dict[str, Any] | None:
         """Record (or re-count) the refused request; its id for the 403 body, or None."""
-        key = (principal, host, port, method, path)
-        now = time.monotonic()
-        cached = self._recent.get(key)
-        if cached is not None and now - cached[0] < RECORD_WINDOW:
-            return {"id": cached[1], "state": "pending"}
+        key = (principal, host, port, method, path, False)
+        seen_before = key in self._recent
+        recent = self._within_window(key)
+        if recent is not None:
+            return {"id": recent, "state": "pending"}
         try:
             recorded = await self.live.call(
                 self.live.store.record_access_request, principal, host, port, method, path
@@ -55,11 +72,8 @@ class AccessRequests:
         if recorded is None:
             return None
         request_id, state = recorded
-        self._recent[key] = (now, request_id)
-        self._recent.move_to_end(key)
-        while len(self._recent) > CACHE_SIZE:
-            self._recent.popitem(last=False)
-        if cached is None:
+        self._written(key, request_id)
+        if not seen_before:
             self.log.info(
                 "access_request.recorded",
                 id=request_id,
@@ -104,6 +118,11 @@ class AccessRequests:
             path, _ = canonicalize(fields["path"].encode("ascii"))
         except (ValueError, KeyError, TypeError, UnicodeEncodeError):
             return _reply(400, {"error": "bad request", "detail": HOW_TO_ASK})
+        key = (principal, host, port, fields["method"], path, True)
+        recent = self._within_window(key)
+        if recent is not None:
+            # Asked again within the window: the same answer, no write (a new purpose waits).
+            return _reply(202, {"id": recent, "state": "pending"})
         try:
             recorded = await self.live.call(
                 self.live.store.record_access_request,
@@ -120,6 +139,7 @@ class AccessRequests:
         if recorded is None:
             return _reply(429, {"error": "too many pending access requests"})
         request_id, state = recorded
+        self._written(key, request_id)
         self.log.info(
             "access_request.recorded",
             id=request_id,

@@ -56,7 +56,8 @@ class LivePolicy:
 
     def current(self) -> Policy | None:
         """The policy to decide with, or None when it is older than --max-stale."""
-        if self.policy is None or time.monotonic() - self.last_ok > self.max_stale:
+        # Written so that a NaN limit reads as stale: fail closed, whatever slipped through.
+        if self.policy is None or not time.monotonic() - self.last_ok <= self.max_stale:
             return None
         return self.policy
 
@@ -81,10 +82,14 @@ class LivePolicy:
             await self.poll()
             await asyncio.sleep(self.poll_interval)
 
-    async def poll(self) -> None:
+    async def poll(self, *, force: bool = False) -> None:
+        """One look at the store; `force` rebuilds the policy even if nothing changed."""
         try:
+            if await self.call(self.store.reopen_if_replaced):
+                self._log.warning("store.replaced", db=self.store.display_url)
+                force = True
             counter = await self.call(self.store.change_counter)
-            if self.policy is None or counter != self.policy.counter:
+            if force or self.policy is None or counter != self.policy.counter:
                 policy = await self.call(self._build)
                 self._install(policy)
                 self.on_reload()

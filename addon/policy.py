@@ -16,7 +16,7 @@ from addon.paths import path_matches
 from addon.stamping import Stamp
 from store.crypto import token_matches
 from store.patterns import HostPattern
-from store.records import CredentialRecord, GrantRecord, Snapshot
+from store.records import TOMBSTONE_RETENTION, CredentialRecord, GrantRecord, Snapshot
 
 
 class Reason(enum.StrEnum):
@@ -100,14 +100,17 @@ class Decision:
         return cls(False, reason, detail)
 
 
-# Why no candidate is left, by how far the furthest one got (see Policy.decide).
+# Why no candidate is left, by how far the furthest one got (see Policy.decide). Expired and
+# used grants are tombstones checked last: one that matches the request names its own state,
+# whatever the other grants on the host say, on every replica and after every restart.
 _STAGE_DENIALS = (
-    Decision.deny(Reason.GRANT_EXPIRED, "every grant for this host has expired"),
-    Decision.deny(Reason.GRANT_CONSUMED, "this once-grant was already used"),
+    Decision.deny(Reason.NO_GRANT, "no grant for this host and port"),
     Decision.deny(Reason.METHOD_NOT_ALLOWED, "no grant allows this method here"),
     Decision.deny(Reason.PATH_NOT_ALLOWED, "no grant allows this path"),
     Decision.deny(Reason.UPGRADE_NOT_ALLOWED, "no grant allows protocol upgrades here"),
     Decision.deny(Reason.INSECURE_SCHEME, "credentials are only sent over https"),
+    Decision.deny(Reason.GRANT_EXPIRED, "the grant for this request has expired"),
+    Decision.deny(Reason.GRANT_CONSUMED, "this once-grant was already used"),
 )
 
 
@@ -204,25 +207,31 @@ class Policy:
         best: Rule | None = None
         best_key: tuple[bool, int, bool, int] | None = None
         method, path = request.method, request.path
+        # The store forgets a grant TOMBSTONE_RETENTION after it expired; so does a policy
+        # that has not been reloaded since.
+        forgotten = now - TOMBSTONE_RETENTION
         for r in matching:
-            if r.expires_at is not None and r.expires_at <= now:
+            if r.expires_at is not None and r.expires_at <= forgotten:
                 continue
             furthest = max(furthest, 1)
-            if r.consumed:
-                continue
-            furthest = max(furthest, 2)
             if r.methods is not None and method not in r.methods:
                 continue
-            furthest = max(furthest, 3)
+            furthest = max(furthest, 2)
             n = r.longest_path(path)
             if n < 0:
                 continue
-            furthest = max(furthest, 4)
+            furthest = max(furthest, 3)
             if request.upgrade and not r.websocket:
                 continue
-            furthest = max(furthest, 5)
+            furthest = max(furthest, 4)
             if request.scheme != "https" and r.credential is not None:
                 continue  # credentials are only sent over https
+            furthest = max(furthest, 5)
+            if r.expires_at is not None and r.expires_at <= now:
+                continue
+            furthest = max(furthest, 6)
+            if r.consumed:
+                continue
             # Standing grants before once-grants (never burn one needlessly), then the most
             # specific path, then a credential over none, then the oldest grant.
             key = (r.once, -n, r.credential is None, r.grant_id)

@@ -7,6 +7,7 @@ import asyncio
 import gc
 import os
 import signal
+import socket
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,9 +19,13 @@ from addon import audit
 from addon.admin import AdminServer
 from addon.guard import DestinationGuard
 from addon.hosts import ResolveMap
-from store.cli import Settings
+from store.cli import Settings, count, seconds
 from store.errors import CredproxyError, InvalidInput
 from store.repository import Store
+
+DRAIN_POLL = 0.05
+# After the drain deadline, how long closing the remaining connections may take.
+CLOSE_TIMEOUT = 2.0
 
 
 @dataclass(frozen=True)
@@ -36,6 +41,7 @@ class RunConfig:
     max_stale: float
     admin: tuple[str, int] | None
     alert_streak: int
+    drain_timeout: float = 10.0
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, settings: Settings) -> RunConfig:
@@ -47,15 +53,11 @@ class RunConfig:
             resolve = ResolveMap.parse(args.resolve)
         except ValueError as e:
             raise InvalidInput(str(e)) from e
-        if args.max_stale < 0:
-            raise InvalidInput("--max-stale must not be negative")
         try:
             guard = DestinationGuard.parse(args.allow_private)
         except ValueError as e:
             raise InvalidInput(str(e)) from e
         admin = _parse_listen(args.admin, "--admin") if args.admin else None
-        if args.alert_streak < 1:
-            raise InvalidInput("--alert-streak must be at least 1")
         return cls(
             settings,
             host,
@@ -66,15 +68,30 @@ class RunConfig:
             args.max_stale,
             admin,
             args.alert_streak,
+            args.drain_timeout,
         )
 
 
 def _parse_listen(text: str, flag: str) -> tuple[str, int]:
     host, sep, port_text = text.rpartition(":")
     host = host.strip("[]")
-    if not sep or not host or not port_text.isdigit() or not 0 <= int(port_text) < 65536:
+    digits = port_text.isascii() and port_text.isdigit()
+    if not sep or not host or not digits or not 0 <= int(port_text) < 65536:
         raise InvalidInput(f"invalid {flag} {text!r}: use HOST:PORT")
     return host, int(port_text)
+
+
+def _check_listen(host: str, port: int) -> None:
+    """One line and status 2 for an address mitmproxy could not listen on, not its exit 1."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(address)
+    except OSError as e:
+        raise InvalidInput(f"cannot listen on --listen {host}:{port}: {e.strerror}") from e
 
 
 def add_command(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -104,16 +121,23 @@ def add_command(sub: Any, common: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--alert-streak",
-        type=int,
+        type=count(1),
         default=20,
         metavar="N",
         help="alert once when a principal is denied N times in a row (default 20)",
     )
     p.add_argument(
         "--max-stale",
-        type=float,
+        type=seconds(),
         default=30.0,
         help="seconds to serve the last policy while the store is unreachable (default 30)",
+    )
+    p.add_argument(
+        "--drain-timeout",
+        type=seconds(),
+        default=10.0,
+        metavar="SECONDS",
+        help="on SIGTERM or SIGINT, let in-flight requests finish this long (default 10)",
     )
     p.set_defaults(func=cmd_run)
 
@@ -152,6 +176,11 @@ async def serve(config: RunConfig, started: asyncio.Event | None = None) -> int:
     except CredproxyError:
         store.close()
         raise
+    try:
+        _check_listen(config.listen_host, config.listen_port)
+    except InvalidInput:
+        store.close()
+        raise
     runtime = Path(tempfile.mkdtemp(prefix="credproxy-"))
     master = DumpMaster(options.Options(), with_termlog=False, with_dumper=False)
     update: dict[str, Any] = {
@@ -170,8 +199,10 @@ async def serve(config: RunConfig, started: asyncio.Event | None = None) -> int:
     master.addons.add(addon)
 
     loop = asyncio.get_running_loop()
+    stopping = _Stopping(master, addon, config.drain_timeout, log)
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, master.shutdown)
+        loop.add_signal_handler(sig, stopping.begin, sig)
+    loop.add_signal_handler(signal.SIGHUP, stopping.reload, live)
 
     async def announce() -> None:
         proxyserver: Any = master.addons.get("proxyserver")
@@ -223,11 +254,73 @@ async def serve(config: RunConfig, started: asyncio.Event | None = None) -> int:
         await master.run()
     finally:
         announcer.cancel()
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            loop.remove_signal_handler(sig)
         if admin is not None:
             await admin.close()
         live.close()
         for child in runtime.iterdir():
             child.unlink()
         runtime.rmdir()
-        log.info("proxy.stopped")
+        log.info("proxy.stopped", cut=stopping.cut)
     return 0
+
+
+class _Stopping:
+    """SIGTERM/SIGINT: stop accepting, drain in-flight requests, then stop. SIGHUP: reload."""
+
+    def __init__(self, master: Any, addon: Any, drain_timeout: float, log: Any) -> None:
+        self.master = master
+        self.addon = addon
+        self.drain_timeout = drain_timeout
+        self.log = log
+        self.cut = 0  # requests still in flight at the deadline
+        self._draining = False
+        self._hurry = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def begin(self, sig: signal.Signals) -> None:
+        if self._draining:
+            self._hurry.set()  # a second signal: stop waiting
+            return
+        self._draining = True
+        self.log.info(
+            "proxy.stopping",
+            signal=sig.name,
+            in_flight=len(self.addon.pending),
+            drain_timeout_s=self.drain_timeout,
+        )
+        self._spawn(self._drain(), "drain")
+
+    def reload(self, live: Any) -> None:
+        self.log.info("proxy.reload_requested", signal="SIGHUP")
+        self._spawn(live.poll(force=True), "reload")
+
+    def _spawn(self, coro: Any, name: str) -> None:
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _drain(self) -> None:
+        try:
+            proxyserver: Any = self.master.addons.get("proxyserver")
+            for server in list(proxyserver.servers):
+                if server.is_running:
+                    await server.stop()
+            await self._wait(lambda: not self.addon.pending, self.drain_timeout)
+            self.cut = len(self.addon.pending)
+            # Idle keep-alives, open tunnels and WebSockets, and whatever missed the deadline:
+            # closed here, so their audit lines are written before proxy.stopped.
+            for handler in list(proxyserver.connections.values()):
+                io = handler.transports.get(handler.client)
+                if io is not None and io.handler is not None:
+                    io.handler.cancel("credproxy is stopping")
+            await self._wait(lambda: not proxyserver.connections, CLOSE_TIMEOUT)
+        finally:
+            self.master.shutdown()
+
+    async def _wait(self, done: Any, timeout: float) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while not done() and loop.time() < deadline and not self._hurry.is_set():
+            await asyncio.sleep(DRAIN_POLL)

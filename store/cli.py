@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import getpass
 import json
+import math
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -27,6 +28,7 @@ DEFAULT_KEY_FILE = "credproxy.key"
 DEFAULT_CERTS = "certs"
 DEFAULT_ADVERTISE = "127.0.0.1:8080"
 MAX_SECRET = 64 * 1024
+MAX_ID = 2**63 - 1  # the databases' BIGINT; past it SQLite raises rather than finds nothing
 
 Handler = Callable[[argparse.Namespace, "Settings"], int]
 
@@ -60,6 +62,38 @@ class Settings:
         store = Store(self.db, self.key())
         store.check_ready()
         return store
+
+
+def seconds(*, allow_inf: bool = False) -> Callable[[str], float]:
+    """An argparse type: a non-negative number of seconds; never NaN, `inf` only if allowed."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid number of seconds {text!r}") from None
+        if math.isnan(value) or value < 0 or (math.isinf(value) and not allow_inf):
+            finite = "" if allow_inf else "finite, "
+            raise argparse.ArgumentTypeError(f"{text!r} must be a {finite}non-negative number")
+        return value
+
+    return parse
+
+
+def count(minimum: int, maximum: int = MAX_ID) -> Callable[[str], int]:
+    """An argparse type: a whole number in [minimum, maximum], in plain ASCII digits."""
+
+    def parse(text: str) -> int:
+        if not (text.isascii() and text.isdigit()) or not minimum <= int(text) <= maximum:
+            raise argparse.ArgumentTypeError(
+                f"{text!r} must be a whole number from {minimum} to {maximum}"
+            )
+        return int(text)
+
+    return parse
+
+
+identifier = count(1)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -153,7 +187,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, Any, _Parser]:
     _json_flag(p)
     p.set_defaults(func=cmd_grant_list)
     p = grant.add_parser("revoke", parents=[common])
-    p.add_argument("id", type=int)
+    p.add_argument("id", type=identifier)
     p.set_defaults(func=cmd_grant_revoke)
 
     request = sub.add_parser("request", help="access requests from agents").add_subparsers(
@@ -164,7 +198,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, Any, _Parser]:
     _json_flag(p)
     p.set_defaults(func=cmd_request_list)
     p = request.add_parser("approve", parents=[common], help="turn it into a grant")
-    p.add_argument("id", type=int)
+    p.add_argument("id", type=identifier)
     p.add_argument("--credential")
     p.add_argument("--path", help="path pattern, instead of the requested path")
     lifetime = p.add_mutually_exclusive_group()
@@ -173,7 +207,7 @@ def build_parser() -> tuple[argparse.ArgumentParser, Any, _Parser]:
     _json_flag(p)
     p.set_defaults(func=cmd_request_approve)
     p = request.add_parser("deny", parents=[common])
-    p.add_argument("id", type=int)
+    p.add_argument("id", type=identifier)
     p.add_argument("--reason")
     _json_flag(p)
     p.set_defaults(func=cmd_request_deny)
@@ -198,6 +232,9 @@ def run(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> i
         return 2
     except KeyboardInterrupt:
         return 130
+    except Exception as e:  # noqa: BLE001 - a traceback is a bug; its text may hold a secret
+        print(f"credproxy: error: unexpected {type(e).__name__} (a bug)", file=sys.stderr)
+        return 2
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -251,7 +288,7 @@ def read_secret() -> Secret:
 
 
 def cmd_init(args: argparse.Namespace, settings: Settings) -> int:
-    store = Store(settings.db, None)
+    store = Store(settings.db, None, create=True)
     store.migrate()
     revision = store.schema_revision()
     created_key = False

@@ -232,4 +232,7 @@ def parse_expiry(text: str, now: datetime | None = None) -> datetime:
         when = when.replace(tzinfo=UTC)
     if when <= now:
         raise InvalidInput(f"invalid --expires {text!r}: it is in the past")
-    return when.astimezone(UTC)
+    try:
+        return when.astimezone(UTC)
+    except OverflowError as e:  # a time zone that pushes it past the year 9999
+        raise InvalidInput(f"invalid --expires {text!r}: too far away") from e

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from store.crypto import Secret
 from store.patterns import HostPattern
+
+# An expired grant stays in the snapshot this long, so that it answers grant-expired rather
+# than reading as never granted; then every replica forgets it alike.
+TOMBSTONE_RETENTION = timedelta(days=7)
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -10,6 +11,7 @@ from datetime import datetime
 from functools import cache
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import quote
 
 from sqlalchemy import (
     Connection,
@@ -33,6 +35,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from store.crypto import MasterKey, Secret, hash_token, new_token
 from store.errors import (
     Conflict,
+    CredproxyError,
     InvalidInput,
     MasterKeyError,
     NotFound,
@@ -49,7 +52,7 @@ from store.patterns import (
     validate_param_name,
     validate_path_pattern,
 )
-from store.records import CredentialRecord, GrantRecord, Snapshot
+from store.records import TOMBSTONE_RETENTION, CredentialRecord, GrantRecord, Snapshot
 
 SCHEMES = ("bearer", "header", "basic", "query")
 PENDING, APPROVED, DENIED = "pending", "approved", "denied"
@@ -61,6 +64,10 @@ MIGRATIONS = Path(__file__).parent / "migrations"
 # The newest revision in MIGRATIONS, so that `run` checks the schema without importing Alembic
 # (0.15 s of its start-up). tests/test_migrations.py holds it to Alembic's own head.
 SCHEMA_HEAD = "0003"
+# Every revision this code can migrate from; anything else was written by a newer credproxy.
+KNOWN_SCHEMAS = frozenset(
+    p.name.split("_", 1)[0] for p in (MIGRATIONS / "versions").glob("0*_*.py")
+)
 _VERSIONS = table("alembic_version", column("version_num"))
 
 T = TypeVar("T")
@@ -79,7 +86,19 @@ def display_url(url: str) -> str:
         return "<unparseable database URL>"
 
 
-def make_engine(url: str) -> Engine:
+def sqlite_path(url: str) -> Path | None:
+    """The file behind an SQLite URL; None for PostgreSQL and in-memory databases."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        return None
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return None
+    return Path(parsed.database)
+
+
+def make_engine(url: str, *, create: bool = False) -> Engine:
+    """An engine for `url`; only with `create` may an SQLite file come into being."""
     try:
         parsed = make_url(url)
     except ArgumentError as e:
@@ -99,6 +118,15 @@ def make_engine(url: str) -> Engine:
         )
     elif parsed.get_backend_name() == "sqlite":
         kwargs["connect_args"] = {"timeout": 5}
+        path = sqlite_path(url)
+        if path is not None and not create:
+            if not path.is_file():
+                raise StoreUnavailable(f"no store at {path}: run credproxy init")
+            # Open read-write, never create: a store deleted or moved away must not be
+            # replaced by an empty one at the next connection.
+            parsed = parsed.set(
+                database=f"file:{quote(str(path))}", query={"mode": "rw", "uri": "true"}
+            )
     else:
         raise InvalidInput(f"unsupported database {display_url(url)}: use sqlite or postgresql")
     try:
@@ -120,19 +148,58 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
 class Store:
     """The store behind one database URL; `key` may be None for commands that need no secret."""
 
-    def __init__(self, url: str, key: MasterKey | None) -> None:
+    def __init__(self, url: str, key: MasterKey | None, *, create: bool = False) -> None:
         self.url = normalize_url(url)
         self.display_url = display_url(self.url)
-        self.engine = make_engine(self.url)
         self.key = key
+        self._reopening = threading.Lock()
+        self._open(create)
+
+    def _open(self, create: bool = False) -> None:
+        self._file = sqlite_path(self.url)
+        self.engine = make_engine(self.url, create=create)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        self._identity = self._file_identity()
+
+    def _file_identity(self) -> tuple[int, int] | None:
+        """(st_dev, st_ino) of the SQLite file; None for PostgreSQL or before it exists."""
+        if self._file is None:
+            return None
+        try:
+            st = self._file.stat()
+        except OSError:
+            return None
+        return st.st_dev, st.st_ino
+
+    def reopen_if_replaced(self) -> bool:
+        """Reopen the store if another file now stands at its SQLite path (a restore).
+
+        Returns True when it did. Raises StoreUnavailable when the file is gone, or the new
+        one is not ready: never serve on from an unlinked file.
+        """
+        if self._file is None:
+            return False
+        with self._reopening:  # the poll and a SIGHUP reload may both look
+            identity = self._file_identity()
+            if identity is None:
+                raise StoreUnavailable(f"the store file {self._file} is gone")
+            if identity == self._identity:
+                return False
+            self.engine.dispose()
+            self._open()
+            try:
+                self.check_ready()
+            except CredproxyError:
+                self._identity = None  # checked again at the next poll
+                raise
+            return True
 
     def restrict_file(self) -> None:
         """Make an SQLite database file private to its owner: it holds sealed secrets."""
-        parsed = make_url(self.url)
-        if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
+        database = sqlite_path(self.url)
+        if database is not None:
             for suffix in ("", "-wal", "-shm"):
-                path = Path(f"{parsed.database}{suffix}")
+                path = Path(f"{database}{suffix}")
                 if path.exists():
                     path.chmod(0o600)
 
@@ -181,15 +248,28 @@ class Store:
 
     def migrate(self, revision: str = "head") -> None:
         """Bring the schema to `revision`; harmless when already there."""
+        self._refuse_newer(self.schema_revision())
         config = self._alembic()
+        from alembic import command
+        from alembic.util import CommandError
+
         try:
             with self.engine.begin() as connection:
                 config.attributes["connection"] = connection
-                from alembic import command
-
                 command.upgrade(config, revision)
         except DBAPIError as e:
             raise self._unreachable(e) from e
+        except CommandError as e:
+            raise StoreUnavailable(
+                f"cannot migrate database {self.display_url}: {str(e).splitlines()[0][:200]}"
+            ) from e
+
+    def _refuse_newer(self, current: str | None) -> None:
+        if current is not None and not KNOWN_SCHEMAS.issuperset(current.split(", ")):
+            raise StoreUnavailable(
+                f"database {self.display_url} is at schema {current}, newer than this "
+                f"credproxy's {SCHEMA_HEAD}: upgrade credproxy"
+            )
 
     def _unreachable(self, e: DBAPIError) -> StoreUnavailable:
         return StoreUnavailable(f"cannot reach database {self.display_url}: {_first_line(e)}")
@@ -209,6 +289,7 @@ class Store:
     def check_ready(self) -> None:
         """Raise unless the schema is at head and the master key is the store's own."""
         current = self.schema_revision()
+        self._refuse_newer(current)
         if current != SCHEMA_HEAD:
             raise StoreUnavailable(
                 f"database {self.display_url} is at schema {current or 'none'}, "
@@ -602,8 +683,9 @@ class Store:
                     Credential.fingerprint,
                 ).where(Credential.removed_at.is_(None))
             ).all()
-            # Used once-grants stay in the snapshot until they expire, so that a later
-            # request is told grant-consumed rather than no-grant.
+            # Used once-grants, and grants expired within TOMBSTONE_RETENTION, stay in the
+            # snapshot as tombstones: a later request is told grant-consumed or grant-expired,
+            # by a restarted proxy as by one that watched the grant go.
             grants = connection.execute(
                 select(
                     Grant.id,
@@ -618,7 +700,8 @@ class Store:
                     Grant.consumed_at.is_not(None).label("consumed"),
                 ).where(
                     Grant.revoked_at.is_(None),
-                    (Grant.expires_at.is_(None)) | (Grant.expires_at > now),
+                    (Grant.expires_at.is_(None))
+                    | (Grant.expires_at > now - TOMBSTONE_RETENTION),
                 )
             ).all()
         # Thousands of grants repeat a few lists: each distinct text is decoded and parsed once.

@@ -83,7 +83,7 @@ def key() -> MasterKey:
 @pytest.fixture
 def store(db_url: str, key: MasterKey) -> Iterator[Store]:
     """A migrated store whose master key is `key`."""
-    s = Store(db_url, key)
+    s = Store(db_url, key, create=True)
     s.migrate()
     s.check_key(adopt=True)
     yield s

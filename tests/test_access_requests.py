@@ -11,7 +11,11 @@ from datetime import timedelta
 from typing import Any, NamedTuple
 
 import pytest
+from mitmproxy.test import tflow
 
+from addon import audit
+from addon.access import AccessRequests
+from addon.live import LivePolicy
 from store.crypto import Secret
 from store.errors import InvalidInput, NotFound
 from store.models import utcnow
@@ -71,6 +75,48 @@ def test_an_explicit_ask_for_a_pending_request_adds_its_purpose(seeded: Store) -
     request = _request(seeded, first)
     assert (request["count"], request["source"]) == (2, "explicit")
     assert request["purpose"] == "file the nightly report"
+
+
+async def _ask_repeatedly(store: Store, times: int, **body: str) -> list[Any]:
+    """`times` identical explicit asks through the proxy's endpoint, one after another."""
+    live = LivePolicy(store)
+    access = AccessRequests(live, audit.logger())
+    writes = []
+    record = store.record_access_request
+
+    def counted(*args: Any) -> Any:
+        writes.append(args)
+        return record(*args)
+
+    store.record_access_request = counted  # type: ignore[method-assign]
+    ask = {"host": "api.github.com", "method": "POST", "path": ISSUES} | body
+    replies = []
+    try:
+        for _ in range(times):
+            flow = tflow.tflow()
+            flow.request.method = "POST"
+            flow.request.content = json.dumps(ask).encode()
+            replies.append(await access.handle(flow, "agent", "/access-requests"))
+    finally:
+        live.close()
+    return [(r.status_code, json.loads(r.content)) for r in replies] + [len(writes)]
+
+
+async def test_identical_explicit_asks_make_one_store_write_per_window(seeded: Store) -> None:
+    *replies, writes = await _ask_repeatedly(seeded, 12, purpose="file the report")
+    assert writes == 1
+    (first_status, first), *rest = replies
+    assert first_status == 202
+    assert all(reply == (202, {"id": first["id"], "state": "pending"}) for reply in rest)
+    (request,) = seeded.list_access_requests()
+    assert (request["id"], request["count"], request["source"]) == (first["id"], 1, "explicit")
+
+
+async def test_a_refused_explicit_ask_is_not_remembered(seeded: Store) -> None:
+    *replies, writes = await _ask_repeatedly(seeded, 3, purpose="two\nlines")
+    assert [status for status, _ in replies] == [400, 400, 400]
+    assert writes == 3
+    assert seeded.list_access_requests() == []
 
 
 def test_a_decided_request_is_not_reused(seeded: Store) -> None:
@@ -461,7 +507,7 @@ BAD_INPUT = {
     "an expiry in the past": Bad(
         ("request", "approve", "{pending}", "--expires", "2000-01-01T00:00:00Z"), ("past",)
     ),
-    "an id that is no number": Bad(("request", "deny", "seven"), ("invalid int value",)),
+    "an id that is no number": Bad(("request", "deny", "seven"), ("must be a whole number",)),
     "an unknown state": Bad(("request", "list", "--state", "open"), ("invalid choice",)),
 }
 

@@ -11,6 +11,7 @@ import json
 import os
 import secrets
 import shutil
+import socket
 import stat
 import subprocess
 import sys
@@ -417,3 +418,131 @@ def test_failed_commands_leave_the_store_unchanged(bad: Outcomes) -> None:
     assert [p[0] for p in principals] == ["agent"]
     assert [c[0] for c in credentials] == ["basic", "ex", "gh", "maps"]
     assert len(grants) == 1
+
+
+def test_an_expiry_past_the_year_9999_is_one_line(session: Session) -> None:
+    result = session.cli.run(Call((*GRANT, "--expires", "9999-12-31T23:59:59-01:00")))
+    assert (result.returncode, result.stdout) == (2, "")
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("credproxy: error: ") and "too far away" in line
+
+
+# -- numbers: never NaN, never negative, infinite only where stated ----------------------------
+
+BAD_NUMBERS = {
+    "max-stale nan": (("run", "--max-stale", "nan"), "--max-stale"),
+    "max-stale inf": (("run", "--max-stale", "inf"), "--max-stale"),
+    "max-stale overflowing to inf": (("run", "--max-stale", "1e999"), "--max-stale"),
+    "max-stale negative": (("run", "--max-stale", "-1"), "--max-stale"),
+    "alert-streak zero": (("run", "--alert-streak", "0"), "--alert-streak"),
+    "alert-streak negative": (("run", "--alert-streak", "-3"), "--alert-streak"),
+    "alert-streak fractional": (("run", "--alert-streak", "2.5"), "--alert-streak"),
+    "alert-streak in other digits": (("run", "--alert-streak", "\u0663"), "--alert-streak"),
+    "grant id negative": (("grant", "revoke", "-1"), "id"),
+    "grant id zero": (("grant", "revoke", "0"), "id"),
+    "grant id past BIGINT": (("grant", "revoke", "99999999999999999999"), "id"),
+    "request id past BIGINT": (("request", "approve", "99999999999999999999"), "id"),
+    "request id not a number": (("request", "deny", "nan"), "id"),
+}
+
+
+@pytest.fixture(scope="module")
+def bad_numbers(session: Session) -> dict[str, subprocess.CompletedProcess[str]]:
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        futures = {
+            name: pool.submit(session.cli.run, Call(args))
+            for name, (args, _) in BAD_NUMBERS.items()
+        }
+        return {name: f.result() for name, f in futures.items()}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, id=n) for n in BAD_NUMBERS])
+def test_a_bad_number_is_one_line_and_status_2(
+    bad_numbers: dict[str, subprocess.CompletedProcess[str]], name: str
+) -> None:
+    result = bad_numbers[name]
+    assert (result.returncode, result.stdout) == (2, ""), result.stderr
+    (line,) = result.stderr.splitlines()
+    assert "error:" in line and BAD_NUMBERS[name][1] in line
+
+
+# -- stores this CLI must not touch ----------------------------------------------------------
+
+COMMANDS_ON_A_STORE = {
+    "run": ("run", "--listen", "127.0.0.1:0"),
+    "principal list": ("principal", "list"),
+    "principal add": ("principal", "add", "agent2"),
+    "grant list": ("grant", "list"),
+    "grant revoke": ("grant", "revoke", "1"),
+    "request list": ("request", "list"),
+    "key rotate": ("key", "rotate"),
+}
+
+
+@pytest.fixture(scope="module")
+def missing_store(session: Session) -> tuple[Cli, dict[str, subprocess.CompletedProcess[str]]]:
+    """Every command against a store whose file was deleted (the key and CA remain)."""
+    root = session.cli.root.parent / "deleted-store"
+    root.mkdir()
+    cli = Cli(root)
+    shutil.copyfile(session.cli.key_file, cli.key_file)
+    cli.key_file.chmod(0o600)
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        futures = {n: pool.submit(cli.run, Call(a)) for n, a in COMMANDS_ON_A_STORE.items()}
+        return cli, {name: f.result() for name, f in futures.items()}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, id=n) for n in COMMANDS_ON_A_STORE])
+def test_only_init_creates_a_store(
+    missing_store: tuple[Cli, dict[str, subprocess.CompletedProcess[str]]], name: str
+) -> None:
+    cli, results = missing_store
+    result = results[name]
+    assert (result.returncode, result.stdout) == (2, ""), result.stderr
+    (line,) = result.stderr.splitlines()
+    assert line == f"credproxy: error: no store at {cli.db_file}: run credproxy init"
+    assert not cli.db_file.exists()
+
+
+@pytest.fixture(scope="module")
+def newer_store(session: Session) -> dict[str, subprocess.CompletedProcess[str]]:
+    """A copy of the session's store whose schema a newer credproxy wrote."""
+    root = session.cli.root.parent / "newer-store"
+    root.mkdir()
+    cli = Cli(root)
+    for name in ("credproxy.db", "credproxy.key"):
+        shutil.copy2(session.cli.root / name, root / name)
+    store = cli.store()
+    with store.engine.begin() as connection:
+        connection.exec_driver_sql("UPDATE alembic_version SET version_num = '9999'")
+    store.close()
+    commands = {
+        "init": ("init",),
+        "run": ("run", "--listen", "127.0.0.1:0"),
+        "grant list": ("grant", "list"),
+    }
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        futures = {n: pool.submit(cli.run, Call(a)) for n, a in commands.items()}
+        return {name: f.result() for name, f in futures.items()}
+
+
+@pytest.mark.parametrize("name", ["init", "run", "grant list"])
+def test_a_newer_schema_is_one_line_for_every_command(
+    newer_store: dict[str, subprocess.CompletedProcess[str]], name: str
+) -> None:
+    result = newer_store[name]
+    assert (result.returncode, result.stdout) == (2, ""), result.stderr
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("credproxy: error: ")
+    assert "is at schema 9999, newer than this credproxy's" in line
+
+
+def test_run_on_an_address_in_use_is_one_line(session: Session) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = session.cli.run(Call(("run", "--listen", f"127.0.0.1:{port}")))
+    assert (result.returncode, result.stdout) == (2, ""), result.stderr
+    (line,) = result.stderr.splitlines()
+    assert line.startswith(f"credproxy: error: cannot listen on --listen 127.0.0.1:{port}")

@@ -32,7 +32,7 @@ def test_the_head_run_checks_is_alembics() -> None:
 @pytest.fixture
 def bare(db_url: str) -> Iterator[Store]:
     """A store on an empty database, without a master key."""
-    s = Store(db_url, None)
+    s = Store(db_url, None, create=True)
     yield s
     s.close()
 

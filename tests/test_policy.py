@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from addon.policy import Policy, Reason, Request
 from store.crypto import Secret, hash_token
 from store.patterns import parse_host
+from store.records import TOMBSTONE_RETENTION as RETENTION
 from store.records import CredentialRecord, GrantRecord, Snapshot
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
@@ -145,6 +146,48 @@ def req(host="api.test", port=443, scheme="https", method="GET", path="/v1/x", u
             [grant(1, expires=NOW + timedelta(seconds=1))], req(), 1, id="grant before expiry"
         ),
         pytest.param(
+            [grant(1, once=True, paths=("/v1/x",)), grant(2, paths=("/v2/",))],
+            req(),
+            1,
+            id="an unused once-grant serves beside a grant on another path",
+        ),
+        pytest.param(
+            [
+                replace(grant(1, once=True, paths=("/v1/x",)), consumed=True),
+                grant(2, paths=("/v2/",)),
+            ],
+            req(),
+            Reason.GRANT_CONSUMED,
+            id="a used once-grant says so beside a grant on another path",
+        ),
+        pytest.param(
+            [grant(1, expires=NOW - timedelta(seconds=1)), grant(2, paths=("/v2/",))],
+            req(),
+            Reason.GRANT_EXPIRED,
+            id="an expired grant says so beside a grant on another path",
+        ),
+        pytest.param(
+            [grant(1, expires=NOW - timedelta(seconds=1)), grant(2, methods=("POST",))],
+            req(),
+            Reason.GRANT_EXPIRED,
+            id="an expired grant says so beside a grant for another method",
+        ),
+        pytest.param(
+            [
+                grant(1, expires=NOW - timedelta(seconds=1), paths=("/v2/",)),
+                grant(2, methods=("POST",)),
+            ],
+            req(),
+            Reason.PATH_NOT_ALLOWED,
+            id="an expired grant on another path does not speak for this one",
+        ),
+        pytest.param(
+            [grant(1, expires=NOW - RETENTION)],
+            req(),
+            Reason.NO_GRANT,
+            id="a grant expired longer than the retention is forgotten",
+        ),
+        pytest.param(
             [grant(1)],
             req(upgrade=True),
             Reason.UPGRADE_NOT_ALLOWED,
@@ -211,13 +254,16 @@ def reference_decide(p: Policy, principal: str, request: Request, now: datetime)
     matching = rules.candidates(request.host, request.port, request.scheme) if rules else ()
     if not matching:
         return None  # decided before the stages; covered by the table above
+    # Expired and used grants are tombstones, checked last: one that would have served the
+    # request names its state. One expired longer than the retention is forgotten.
     stages = [
-        (Reason.GRANT_EXPIRED, lambda r: r.expires_at is None or r.expires_at > now),
-        (Reason.GRANT_CONSUMED, lambda r: not r.consumed),
+        (Reason.NO_GRANT, lambda r: r.expires_at is None or r.expires_at > now - RETENTION),
         (Reason.METHOD_NOT_ALLOWED, lambda r: r.methods is None or request.method in r.methods),
         (Reason.PATH_NOT_ALLOWED, lambda r: r.longest_path(request.path) >= 0),
         (Reason.UPGRADE_NOT_ALLOWED, lambda r: not request.upgrade or r.websocket),
         (Reason.INSECURE_SCHEME, lambda r: request.scheme == "https" or r.credential is None),
+        (Reason.GRANT_EXPIRED, lambda r: r.expires_at is None or r.expires_at > now),
+        (Reason.GRANT_CONSUMED, lambda r: not r.consumed),
     ]
     left = list(matching)
     for reason, keep in stages:
@@ -243,7 +289,16 @@ grant_records = st.builds(
     st.booleans(),
     st.booleans(),
     st.booleans(),
-    st.sampled_from([None, NOW - timedelta(seconds=1), NOW, NOW + timedelta(seconds=1)]),
+    st.sampled_from(
+        [
+            None,
+            NOW - RETENTION,
+            NOW - RETENTION + timedelta(seconds=1),
+            NOW - timedelta(seconds=1),
+            NOW,
+            NOW + timedelta(seconds=1),
+        ]
+    ),
     st.booleans(),
 )
 

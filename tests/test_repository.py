@@ -1,15 +1,25 @@
 import threading
 from collections.abc import Callable, Iterator
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from sqlalchemy import null, select, update
 from sqlalchemy.orm import Session
 
+from addon.policy import Policy, Reason, Request
 from store.crypto import MasterKey, Secret, hash_token
-from store.errors import Conflict, InvalidInput, MasterKeyError, NotFound, SealError
+from store.errors import (
+    Conflict,
+    InvalidInput,
+    MasterKeyError,
+    NotFound,
+    SealError,
+    StoreUnavailable,
+)
 from store.models import Credential, Grant, Principal, utcnow
 from store.patterns import HostPattern
+from store.records import TOMBSTONE_RETENTION
 from store.repository import Store
 
 SECRET = Secret(b"ghp_0123456789abcdef")
@@ -414,15 +424,53 @@ def test_snapshot_holds_live_records_with_open_secrets(store: Store) -> None:
     assert grants[host_only].paths == ("/simple/",)
 
 
-def test_snapshot_leaves_out_expired_grants(store: Store) -> None:
-    grant_id = _seed(store)
+def _expire(store: Store, grant_id: int, ago: timedelta) -> None:
     with store.engine.begin() as conn:
-        conn.execute(
-            update(Grant)
-            .where(Grant.id == grant_id)
-            .values(expires_at=utcnow() - timedelta(seconds=1))
-        )
-    assert store.snapshot().grants == ()
+        conn.execute(update(Grant).where(Grant.id == grant_id).values(expires_at=utcnow() - ago))
+
+
+def test_snapshot_keeps_expired_grants_as_tombstones_for_a_while(store: Store) -> None:
+    recent, old = _seed(store), store.add_grant("agent", ["POST"], credential="gh")
+    _expire(store, recent, timedelta(seconds=1))
+    _expire(store, old, TOMBSTONE_RETENTION + timedelta(seconds=1))
+    assert [g.id for g in store.snapshot().grants] == [recent]
+
+
+def _spent_grants(store: Store) -> tuple[int, int]:
+    """A standing grant on /v1/, and a once-grant and an expiring grant beside it."""
+    store.add_principal("agent")
+    store.add_credential("gh", "bearer", ["api.github.com"], SECRET)
+    store.add_grant("agent", ["GET"], credential="gh", paths=["/v1/"])
+    once = store.add_grant("agent", ["GET"], credential="gh", paths=["/once/"], once=True)
+    expiring = store.add_grant(
+        "agent",
+        ["GET"],
+        credential="gh",
+        paths=["/soon/"],
+        expires_at=utcnow() + timedelta(hours=1),
+    )
+    return once, expiring
+
+
+@pytest.mark.parametrize(
+    ("path", "reason"),
+    [
+        pytest.param("/once/x", Reason.GRANT_CONSUMED, id="a used once-grant says so"),
+        pytest.param("/soon/x", Reason.GRANT_EXPIRED, id="an expired grant says so"),
+        pytest.param("/other", Reason.PATH_NOT_ALLOWED, id="no grant for the path says so"),
+    ],
+)
+def test_a_fresh_snapshot_gives_a_spent_grant_its_own_reason(
+    store: Store, path: str, reason: Reason
+) -> None:
+    once, expiring = _spent_grants(store)
+    assert store.consume_once(once)
+    _expire(store, expiring, timedelta(seconds=1))
+    # What a restarted proxy, or a replica that reconnects, compiles.
+    policy = Policy(store.snapshot())
+    request = Request("api.github.com", 443, "https", "GET", path)
+    decision = policy.decide("agent", request, utcnow())
+    assert (decision.allowed, decision.reason) == (False, reason)
 
 
 @pytest.mark.parametrize(
@@ -559,3 +607,34 @@ def test_adopting_a_key_does_not_replace_the_stores_key(
     with pytest.raises(MasterKeyError):
         other.check_key(adopt=True)
     store.check_key()
+
+
+# -- what only init may do ------------------------------------------------------------------
+
+
+def test_a_schema_from_a_newer_credproxy_is_refused_in_one_line(store: Store) -> None:
+    with store.engine.begin() as conn:
+        conn.exec_driver_sql("UPDATE alembic_version SET version_num = '9999'")
+    for attempt in (store.migrate, store.check_ready):
+        with pytest.raises(StoreUnavailable, match="at schema 9999, newer than") as info:
+            attempt()
+        assert "\n" not in str(info.value)
+
+
+def test_an_sqlite_store_is_never_created_but_by_init(tmp_path: Path, key: MasterKey) -> None:
+    path = tmp_path / "gone.db"
+    with pytest.raises(StoreUnavailable, match="no store at"):
+        Store(f"sqlite:///{path}", key)
+    assert not path.exists()
+    created = Store(f"sqlite:///{path}", key, create=True)
+    created.migrate()
+    created.close()
+    opened = Store(f"sqlite:///{path}", key)
+    assert opened.schema_revision() is not None
+    # Deleted while open: a new connection must not bring an empty store into being.
+    opened.close()
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
+    with pytest.raises(StoreUnavailable):
+        opened.change_counter()
+    assert not path.exists()
