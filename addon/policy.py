@@ -35,6 +35,11 @@ class Reason(enum.StrEnum):
     UPGRADE_NOT_ALLOWED = "upgrade-not-allowed"
     STORE_UNAVAILABLE = "store-unavailable"
     INTERNAL_ERROR = "internal-error"
+    # Upstream failures: the grant allowed the request, the upstream did not answer usably.
+    UPSTREAM_PROTOCOL_ERROR = "upstream-protocol-error"
+    UPSTREAM_UNREACHABLE = "upstream-unreachable"
+    UPSTREAM_TLS_ERROR = "upstream-tls-error"
+    UPSTREAM_TIMEOUT = "upstream-timeout"
 
 
 STATUS = {
@@ -42,6 +47,10 @@ STATUS = {
     Reason.BAD_REQUEST: 400,
     Reason.STORE_UNAVAILABLE: 503,
     Reason.INTERNAL_ERROR: 500,
+    Reason.UPSTREAM_PROTOCOL_ERROR: 502,
+    Reason.UPSTREAM_UNREACHABLE: 502,
+    Reason.UPSTREAM_TLS_ERROR: 502,
+    Reason.UPSTREAM_TIMEOUT: 504,
 }
 
 DEFAULT_PORTS = {"https": 443, "http": 80}

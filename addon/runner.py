@@ -136,6 +136,7 @@ async def serve(config: RunConfig, started: asyncio.Event | None = None) -> int:
     from mitmproxy import options
     from mitmproxy.tools.dump import DumpMaster
 
+    from addon import wire
     from addon.live import LivePolicy
     from addon.proxy import REQUIRED_OPTIONS, Credproxy
 
@@ -149,6 +150,7 @@ async def serve(config: RunConfig, started: asyncio.Event | None = None) -> int:
     except CredproxyError:
         store.close()
         raise
+    wire.install()
     runtime = Path(tempfile.mkdtemp(prefix="credproxy-"))
     master = DumpMaster(options.Options(), with_termlog=False, with_dumper=False)
     update: dict[str, Any] = {
