@@ -150,8 +150,10 @@ def classify(message: str, client: bool = False) -> Failure:
         reason, error = marked.groups()
         return Failure(None if reason == "none" else Reason(reason), error)
     text = message.lower()
-    if client or text.startswith("request body") or (
-        text.startswith("received ") and text.endswith(_FROM_CLIENT)
+    if (
+        client
+        or text.startswith("request body")
+        or (text.startswith("received ") and text.endswith(_FROM_CLIENT))
     ):
         rule = next((r for r in CLIENT_PREFIXES if text.startswith(r[0])), None)
         return Failure(_B, "bad-request-head") if rule is None else Failure(rule[1], rule[2])
@@ -293,7 +295,7 @@ def _h1_error_response(status_code: int, message: str = "") -> bytes:
 
 def _h2_error_page(original: Callable[..., Any]) -> Callable[..., Any]:
     from mitmproxy.proxy import commands
-    from mitmproxy.proxy.layers.http import ResponseProtocolError
+    from mitmproxy.proxy.layers.http._events import ResponseProtocolError
 
     def _handle_event(self: Any, event: Any) -> Generator[Any, Any, None]:
         sid = getattr(event, "stream_id", None)
@@ -341,11 +343,8 @@ def _skip_informational(original: Callable[..., Any]) -> Callable[..., Any]:
 
 def _refuse_trailers(original: Callable[..., Any]) -> Callable[..., Any]:
     from mitmproxy.proxy import commands
-    from mitmproxy.proxy.layers.http import (
-        RequestProtocolError,
-        ResponseProtocolError,
-    )
     from mitmproxy.proxy.layers.http._base import ReceiveHttp
+    from mitmproxy.proxy.layers.http._events import RequestProtocolError, ResponseProtocolError
     from mitmproxy.proxy.layers.http._http1 import Http1Server
 
     def read_body(self: Any, event: Any) -> Generator[Any, Any, None]:
