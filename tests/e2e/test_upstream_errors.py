@@ -13,6 +13,7 @@ import os
 import socket
 import ssl
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -25,7 +26,7 @@ from addon.redact import forms
 from store.crypto import Secret
 from tests.e2e.conftest import Proxy, start_proxy, stop_proxy
 from tests.e2e.misbehaving import H2Upstream, RawUpstream
-from tests.e2e.raw import exchange, proxy_auth, read_reply, tunnel
+from tests.e2e.raw import connect, exchange, proxy_auth, read_reply, tunnel
 
 pytestmark = pytest.mark.e2e
 
@@ -144,9 +145,75 @@ def leaks(data: bytes | str) -> list[str]:
     return found
 
 
-def client(proxy: Proxy, agent: tuple[str, str], http2: bool) -> httpx.Client:
+@dataclass
+class Answer:
+    """What the agent received: the parsed answer and every byte of it, for the leak check."""
+
+    version: str
+    status: int | None
+    headers: dict[str, str]
+    body: bytes
+    raw: bytes = b""
+    broken: bool = False
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+def fetch(proxy: Proxy, agent: tuple[str, str], host: str, path: str, http2: bool) -> Answer:
+    """GET https://host/path through the proxy, over HTTP/1 (httpx) or HTTP/2 (raw h2: httpx
+    offers http/1.1 first, and mitmproxy takes the client's first choice)."""
+    if http2:
+        return _h2_fetch(proxy, agent, host, path)
     context = ssl.create_default_context(cafile=str(proxy.ca_file))
-    return httpx.Client(proxy=proxy.url(*agent), verify=context, http2=http2, timeout=10)
+    with httpx.Client(proxy=proxy.url(*agent), verify=context, timeout=10) as c:
+        with c.stream("GET", f"https://{host}{path}") as reply:
+            head = f"{reply.status_code} {reply.reason_phrase}\n{reply.headers}\n".encode()
+            body, broken = b"", False
+            try:
+                for chunk in reply.iter_raw():
+                    body += chunk
+            except httpx.HTTPError:
+                broken = True
+            headers = {k.lower(): v for k, v in reply.headers.items()}
+            return Answer("HTTP/1.1", reply.status_code, headers, body, head + body, broken)
+
+
+def _h2_fetch(proxy: Proxy, agent: tuple[str, str], host: str, path: str) -> Answer:
+    import h2.connection
+    import h2.events
+
+    sock, reply = connect(proxy.port, f"{host}:443", proxy_auth(*agent))
+    assert reply.status == 200
+    context = ssl.create_default_context(cafile=str(proxy.ca_file))
+    context.set_alpn_protocols(["h2"])
+    answer = Answer("HTTP/2", None, {}, b"")
+    with context.wrap_socket(sock, server_hostname=host) as tls:
+        assert tls.selected_alpn_protocol() == "h2"
+        conn = h2.connection.H2Connection()
+        conn.initiate_connection()
+        request = [(":method", "GET"), (":scheme", "https"), (":authority", host), (":path", path)]
+        conn.send_headers(1, request, end_stream=True)
+        tls.sendall(conn.data_to_send())
+        while True:
+            data = tls.recv(65536)
+            answer.raw += data
+            if not data:
+                answer.broken = True
+                return answer
+            for event in conn.receive_data(data):
+                if isinstance(event, h2.events.ResponseReceived):
+                    answer.headers = {k.decode(): v.decode() for k, v in event.headers}
+                    answer.status = int(answer.headers[":status"])
+                elif isinstance(event, h2.events.DataReceived):
+                    answer.body += event.data
+                    conn.acknowledge_received_data(event.flow_controlled_length, 1)
+                elif isinstance(event, h2.events.StreamEnded):
+                    return answer
+                elif isinstance(event, (h2.events.StreamReset, h2.events.ConnectionTerminated)):
+                    answer.broken = True
+                    return answer
+            tls.sendall(conn.data_to_send())
 
 
 def audit_line(proxy: Proxy, agent: tuple[str, str], path: str) -> dict[str, Any]:
@@ -155,13 +222,14 @@ def audit_line(proxy: Proxy, agent: tuple[str, str], path: str) -> dict[str, Any
     return lines[-1]
 
 
-def assert_json_answer(reply: httpx.Response, status: int, reason: str) -> None:
-    assert reply.status_code == status
+def assert_json_answer(reply: Answer, status: int, reason: str) -> None:
+    assert reply.status == status
     assert reply.headers["content-type"] == "application/json"
     assert reply.headers["x-credproxy-reason"] == reason
     body = reply.json()
     assert set(body) == {"error", "reason", "detail"}
     assert body["reason"] == reason and body["detail"]
+    assert b"mitmproxy" not in reply.raw.lower()
 
 
 def assert_no_leak(proxy: Proxy, *received: bytes | str) -> None:
@@ -169,10 +237,6 @@ def assert_no_leak(proxy: Proxy, *received: bytes | str) -> None:
         assert leaks(data) == [], "the agent received the secret"
     assert leaks(proxy.output()) == [], "the audit stream holds the secret"
     assert "Traceback" not in proxy.output()
-
-
-def _raw_reply(reply: httpx.Response) -> str:
-    return f"{reply.status_code} {reply.reason_phrase}\n{reply.headers}\n{reply.text}"
 
 
 BROKEN_HEADS = [
@@ -191,10 +255,8 @@ BROKEN_HEADS = [
 def test_a_broken_head_echoing_the_secret_gets_credproxys_json(
     wire_proxy: Proxy, agent, path: str, error: str, http2: bool
 ):
-    with client(wire_proxy, agent, http2) as c:
-        reply = c.get(f"https://h1.test{path}")
+    reply = fetch(wire_proxy, agent, "h1.test", path, http2)
     assert_json_answer(reply, 502, "upstream-protocol-error")
-    assert "mitmproxy" not in _raw_reply(reply).lower()
     line = audit_line(wire_proxy, agent, path)
     assert (line["decision"], line["status"], line["reason"], line["error"]) == (
         "allow",
@@ -202,7 +264,7 @@ def test_a_broken_head_echoing_the_secret_gets_credproxys_json(
         "upstream-protocol-error",
         error,
     )
-    assert_no_leak(wire_proxy, _raw_reply(reply))
+    assert_no_leak(wire_proxy, reply.raw)
 
 
 @pytest.mark.parametrize(
@@ -215,8 +277,7 @@ def test_a_broken_head_echoing_the_secret_gets_credproxys_json(
 def test_an_h2_protocol_error_built_from_the_secret_gets_credproxys_json(
     wire_proxy: Proxy, agent, path: str
 ):
-    with client(wire_proxy, agent, True) as c:
-        reply = c.get(f"https://h2.test{path}")
+    reply = fetch(wire_proxy, agent, "h2.test", path, http2=True)
     assert_json_answer(reply, 502, "upstream-protocol-error")
     line = audit_line(wire_proxy, agent, path)
     assert (line["status"], line["reason"], line["error"]) == (
@@ -224,29 +285,23 @@ def test_an_h2_protocol_error_built_from_the_secret_gets_credproxys_json(
         "upstream-protocol-error",
         "h2-protocol-error",
     )
-    assert_no_leak(wire_proxy, _raw_reply(reply))
+    assert_no_leak(wire_proxy, reply.raw)
 
 
 @pytest.mark.parametrize("http2", [False, True], ids=["agent over HTTP/1", "agent over HTTP/2"])
 def test_a_chunk_size_line_made_of_the_secret_stays_out_of_the_audit(
     wire_proxy: Proxy, agent, http2: bool
 ):
-    received = b""
-    with client(wire_proxy, agent, http2) as c:
-        try:
-            with c.stream("GET", "https://h1.test/v1/chunk-secret") as reply:
-                received += str(reply.headers).encode()
-                for chunk in reply.iter_raw():
-                    received += chunk
-        except httpx.HTTPError:
-            pass  # the head went out; the broken body can only end the stream
+    reply = fetch(wire_proxy, agent, "h1.test", "/v1/chunk-secret", http2)
+    # The head went out before the body broke: the stream can only end, cut short.
+    assert (reply.status, reply.broken) == (200, True)
     line = audit_line(wire_proxy, agent, "/v1/chunk-secret")
     assert (line["status"], line["reason"], line["error"]) == (
         200,
         "upstream-protocol-error",
         "bad-chunk",
     )
-    assert_no_leak(wire_proxy, received)
+    assert_no_leak(wire_proxy, reply.raw)
 
 
 @pytest.mark.parametrize(
@@ -270,8 +325,7 @@ def test_a_chunk_size_line_made_of_the_secret_stays_out_of_the_audit(
 def test_an_upstream_that_cannot_be_used_gets_its_own_reason(
     wire_proxy: Proxy, agent, host: str, reason: str, error: str, http2: bool
 ):
-    with client(wire_proxy, agent, http2) as c:
-        reply = c.get(f"https://{host}/v1/bad-status")
+    reply = fetch(wire_proxy, agent, host, "/v1/bad-status", http2)
     assert_json_answer(reply, 502, reason)
     line = audit_line(wire_proxy, agent, "/v1/bad-status")
     assert (line["decision"], line["status"], line["reason"], line["error"]) == (
@@ -280,7 +334,7 @@ def test_an_upstream_that_cannot_be_used_gets_its_own_reason(
         reason,
         error,
     )
-    assert_no_leak(wire_proxy, _raw_reply(reply))
+    assert_no_leak(wire_proxy, reply.raw)
 
 
 @pytest.mark.parametrize(
@@ -294,8 +348,7 @@ def test_an_upstream_that_cannot_be_used_gets_its_own_reason(
 def test_a_transfer_coding_other_than_chunked_is_refused(
     wire_proxy: Proxy, agent, path: str, http2: bool
 ):
-    with client(wire_proxy, agent, http2) as c:
-        reply = c.get(f"https://h1.test{path}")
+    reply = fetch(wire_proxy, agent, "h1.test", path, http2)
     assert_json_answer(reply, 502, "upstream-protocol-error")
     line = audit_line(wire_proxy, agent, path)
     assert (line["status"], line["reason"], line["error"]) == (
@@ -303,7 +356,7 @@ def test_a_transfer_coding_other_than_chunked_is_refused(
         "upstream-protocol-error",
         "bad-transfer-coding",
     )
-    assert_no_leak(wire_proxy, _raw_reply(reply))
+    assert_no_leak(wire_proxy, reply.raw)
 
 
 def test_the_agents_te_header_is_reduced_to_trailers(wire_proxy: Proxy, agent, servers):
@@ -327,13 +380,12 @@ def test_the_agents_te_header_is_reduced_to_trailers(wire_proxy: Proxy, agent, s
 def test_informational_answers_are_dropped_and_the_final_one_delivered(
     wire_proxy: Proxy, agent, path: str, http2: bool
 ):
-    with client(wire_proxy, agent, http2) as c:
-        reply = c.get(f"https://h1.test{path}")
-    assert reply.status_code == 200
+    reply = fetch(wire_proxy, agent, "h1.test", path, http2)
+    assert reply.status == 200
     assert reply.json() == {"ok": True}
     line = audit_line(wire_proxy, agent, path)
     assert (line["decision"], line["status"]) == ("allow", 200)
-    assert_no_leak(wire_proxy, _raw_reply(reply))
+    assert_no_leak(wire_proxy, reply.raw)
 
 
 def test_request_trailers_are_refused_with_a_reason(wire_proxy: Proxy, agent):
