@@ -74,6 +74,12 @@ SCRIPTS = {
         + OK
     ),
     "/v1/te": lambda s: OK,
+    "/v1/response-trailers": lambda s: (
+        _head(b"HTTP/1.1 200 OK", b"Transfer-Encoding: chunked")
+        + b"2\r\nok\r\n0\r\nX-Trailer-Auth: "
+        + s
+        + b"\r\n\r\n"
+    ),
     "/v1/trailers": lambda s: b"",  # wait: credproxy must refuse before the body ends
 }
 
@@ -407,6 +413,20 @@ def test_request_trailers_are_refused_with_a_reason(wire_proxy: Proxy, agent):
     )
     assert "NotImplementedError" not in wire_proxy.output()
     assert_no_leak(wire_proxy)
+
+
+@pytest.mark.parametrize("http2", [False, True], ids=["agent over HTTP/1", "agent over HTTP/2"])
+def test_http1_response_trailers_end_the_stream_cleanly(wire_proxy: Proxy, agent, http2: bool):
+    reply = fetch(wire_proxy, agent, "h1.test", "/v1/response-trailers", http2)
+    assert (reply.status, reply.broken) == (200, True)
+    line = audit_line(wire_proxy, agent, "/v1/response-trailers")
+    assert (line["status"], line["reason"], line["error"]) == (
+        200,
+        "upstream-protocol-error",
+        "response-trailers",
+    )
+    assert "NotImplementedError" not in wire_proxy.output()
+    assert_no_leak(wire_proxy, reply.raw)
 
 
 @pytest.mark.parametrize(
