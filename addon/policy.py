@@ -36,6 +36,11 @@ class Reason(enum.StrEnum):
     STORE_UNAVAILABLE = "store-unavailable"
     INTERNAL_ERROR = "internal-error"
     BODY_TOO_LARGE = "body-too-large"
+    # Upstream failures: the grant allowed the request, the upstream did not answer usably.
+    UPSTREAM_PROTOCOL_ERROR = "upstream-protocol-error"
+    UPSTREAM_UNREACHABLE = "upstream-unreachable"
+    UPSTREAM_TLS_ERROR = "upstream-tls-error"
+    UPSTREAM_TIMEOUT = "upstream-timeout"
 
 
 STATUS = {
@@ -44,6 +49,10 @@ STATUS = {
     Reason.STORE_UNAVAILABLE: 503,
     Reason.INTERNAL_ERROR: 500,
     Reason.BODY_TOO_LARGE: 413,
+    Reason.UPSTREAM_PROTOCOL_ERROR: 502,
+    Reason.UPSTREAM_UNREACHABLE: 502,
+    Reason.UPSTREAM_TLS_ERROR: 502,
+    Reason.UPSTREAM_TIMEOUT: 504,
 }
 
 DEFAULT_PORTS = {"https": 443, "http": 80}

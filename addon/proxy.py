@@ -25,7 +25,7 @@ from mitmproxy.proxy.layer import Layer
 from mitmproxy.proxy.layers.http import HttpLayer
 from mitmproxy.proxy.layers.tls import ClientTLSLayer
 
-from addon import audit
+from addon import audit, wire
 from addon.access import HOW_TO_ASK, INTERNAL_HOST, MAX_BODY, RECORDED_REASONS, AccessRequests
 from addon.guard import DestinationGuard
 from addon.hosts import BadAuthority, ResolveMap, normalize_host, parse_authority
@@ -47,6 +47,7 @@ REQUIRED_OPTIONS = {
     "allow_hosts": [],
     "proxyauth": None,
     "stream_large_bodies": None,
+    "validate_inbound_headers": True,  # addon.wire refuses response transfer codings there
 }
 METHOD_OVERRIDES = (b"x-http-method-override", b"x-http-method", b"x-method-override")
 DNS_TIMEOUT = 5.0
@@ -88,6 +89,8 @@ class Pending:
     decoder: Decoder | None = None
     internal: bool = False
     buffered: bool = False
+    streamed: bool = False  # the response head has gone to the agent
+    failure: wire.Failure | None = None
 
 
 class Denied(Exception):
@@ -325,6 +328,8 @@ class Credproxy:
         address = self.resolve.lookup(host, port) or await self._vet(host, port)
         await self._consume(rule)
         pending.rule = rule
+        if b"te" in headers.index:
+            request.headers.fields = wire.only_trailers(request.headers.fields)
         self._forward(flow, policy, rule, host, path, query, address)
 
     async def _vet(self, host: str, port: int) -> tuple[str, int]:
@@ -456,6 +461,11 @@ class Credproxy:
             return
         redactor = pending.redactor
         fields = response.headers.fields
+        if wire.foreign_coding(fields):
+            # addon.wire refuses these first (a JSON 502); never pass one undecoded.
+            pending.failure = wire.Failure(Reason.UPSTREAM_PROTOCOL_ERROR, "bad-transfer-coding")
+            flow.kill()
+            return
         lengths = [v for n, v in fields if n.lower() == b"content-length"]
         # Every Content-Encoding field and list item: a second header must not hide gzip.
         codings = [
@@ -490,6 +500,7 @@ class Credproxy:
             response.headers.fields = fields
         if not pending.buffered:
             response.stream = _response_stream(pending)
+            pending.streamed = True
 
     @_guard_response
     def response(self, flow: http.HTTPFlow) -> None:
@@ -513,10 +524,24 @@ class Credproxy:
         self._audit(pending, "allow", status=response.status_code, redactions=redactions)
 
     def error(self, flow: http.HTTPFlow) -> None:
+        """Audit a failed flow with a fixed error class: mitmproxy's text quotes the peer."""
         pending = self.pending.pop(flow.id, None)
-        if pending is not None:
-            error = flow.error.msg if flow.error else "error"
-            self._audit(pending, "allow", status=None, error=error.split("\n")[0][:200])
+        if pending is None:
+            return
+        try:
+            failure = pending.failure or wire.classify(flow.error.msg if flow.error else "")
+        except Exception as e:  # noqa: BLE001 - the line is still written, with a fixed class
+            self.log.error("hook.failed", hook="error", error_type=type(e).__name__)
+            failure = wire.Failure(Reason.INTERNAL_ERROR, "unclassified")
+        status: int | None = None
+        if pending.streamed and flow.response is not None:
+            status = flow.response.status_code  # its head went out, then the body broke
+        elif wire.answers_agent(failure):
+            status = failure.status
+        fields: dict[str, Any] = {"status": status, "error": failure.error}
+        if failure.reason is not None:
+            fields["reason"] = failure.reason.value
+        self._audit(pending, "allow" if pending.rule is not None else "deny", **fields)
 
     # -- helpers ---------------------------------------------------------------------
 

@@ -160,11 +160,9 @@ async def serve(config: RunConfig, started: asyncio.Event | None = None) -> int:
     from mitmproxy import options
     from mitmproxy.tools.dump import DumpMaster
 
-    from addon import refusals
+    from addon import refusals, wire
     from addon.live import LivePolicy
     from addon.proxy import REQUIRED_OPTIONS, Credproxy
-
-    refusals.install()
 
     log = audit.logger()
     settings = config.settings
@@ -181,6 +179,9 @@ async def serve(config: RunConfig, started: asyncio.Event | None = None) -> int:
     except InvalidInput:
         store.close()
         raise
+    # Where mitmproxy has no hook: its error pages, head limits, refused bodies.
+    wire.install()
+    refusals.install()
     runtime = Path(tempfile.mkdtemp(prefix="credproxy-"))
     master = DumpMaster(options.Options(), with_termlog=False, with_dumper=False)
     update: dict[str, Any] = {

@@ -1,0 +1,366 @@
+"""What mitmproxy itself puts on the wire: its error pages, 1xx answers, trailers, codings.
+
+mitmproxy builds error pages from upstream bytes and has no hook to change them, so the
+patches below replace a few of its internals. `install()` checks the shape of everything it
+replaces and raises at start-up if mitmproxy changed: fail closed at start, never open later.
+
+Every protocol error is classified into a `Failure`: a reason code, the status the agent is
+answered with, and a fixed error class for the audit line. Upstream text goes no further.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
+from typing import Any
+
+from addon.policy import STATUS, Reason
+
+MARK = "[credproxy] "
+REQUEST_TRAILERS = "request trailers are not supported"
+RESPONSE_TRAILERS = "response trailers over HTTP/1 are not supported"
+FOREIGN_CODING = "transfer coding other than chunked"
+_TRAILERS_RAISED = "HTTP trailers are not implemented yet"
+_MARKED_RE = re.compile(r"\[credproxy\] ([a-z-]+)/([a-z0-9-]+)")
+_INFORMATIONAL_RE = re.compile(rb"HTTP/1\.[01][ \t]+1(?!01)[0-9][0-9](?![0-9])")
+NO_RESPONSE = 444  # mitmproxy's "send nothing"
+CLIENT_CLOSED = 499
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A classified protocol error: no part of it comes from the peer's bytes."""
+
+    reason: Reason | None  # None: the agent went away, there is nobody to answer
+    error: str
+
+    @property
+    def status(self) -> int | None:
+        return None if self.reason is None else STATUS.get(self.reason, 502)
+
+    @property
+    def message(self) -> str:
+        reason = self.reason.value if self.reason is not None else "none"
+        return f"{MARK}{reason}/{self.error}"
+
+    @property
+    def detail(self) -> str:
+        if self.error in DETAILS:
+            return DETAILS[self.error]
+        return DETAILS[self.reason.value if self.reason is not None else "none"]
+
+
+_P, _U, _T = Reason.UPSTREAM_PROTOCOL_ERROR, Reason.UPSTREAM_UNREACHABLE, Reason.UPSTREAM_TLS_ERROR
+_B = Reason.BAD_REQUEST
+Rule = tuple[str, Reason | None, str]  # (lower-case text, reason, error class)
+
+# Messages that quote the peer's bytes, matched by their fixed start only: the quoted part
+# is the peer's to choose. First match wins.
+UPSTREAM_PREFIXES: tuple[Rule, ...] = (
+    ("cannot parse http response: bad http response line", _P, "bad-status-line"),
+    ("cannot parse http response: invalid header", _P, "bad-header-line"),
+    ("cannot parse http response: invalid content-length", _P, "bad-content-length"),
+    ("cannot parse http response: unknown transfer-encoding", _P, "bad-transfer-coding"),
+    ("cannot parse http response: invalid transfer-encoding", _P, "bad-transfer-coding"),
+    ("cannot parse http response", _P, "bad-response-head"),
+    ("unexpected server response", _P, "truncated-head"),
+    ("server closed connection", _P, "closed-before-response"),
+    ("http/1 protocol error: illegal chunk header", _P, "bad-chunk"),
+    ("http/1 protocol error", _P, "bad-body-framing"),
+    (RESPONSE_TRAILERS.lower(), _P, "response-trailers"),
+    ("response body exceeds", _P, "response-too-large"),
+    ("http/2 connection closed", _P, "h2-connection-closed"),
+    ("peer closed connection", _P, "closed-before-response"),
+    ("stream reset by", _P, "h2-stream-reset"),
+    ("http/2 protocol error", _P, "h2-protocol-error"),
+    ("invalid http/2 response headers", _P, "h2-protocol-error"),
+    ("received unexpected http/2 response", _P, "h2-protocol-error"),
+    (f"received {FOREIGN_CODING}", _P, "bad-transfer-coding"),
+    ("received ", _P, "invalid-headers"),  # validate_inbound_headers: "Received ... from server"
+    ("connection killed: credproxy:", Reason.INTERNAL_ERROR, "no-allowed-request"),
+    ("connection killed.", Reason.INTERNAL_ERROR, "killed"),
+)
+# Connect and TLS failures: no peer bytes in them, so a word anywhere counts.
+UPSTREAM_WORDS: tuple[Rule, ...] = (
+    ("timed out", Reason.UPSTREAM_TIMEOUT, "timeout"),
+    ("timeout", Reason.UPSTREAM_TIMEOUT, "timeout"),
+    ("certificate verify failed", _T, "tls-verify-failed"),
+    ("tls", _T, "tls-handshake-failed"),
+    ("ssl", _T, "tls-handshake-failed"),
+    ("alert", _T, "tls-handshake-failed"),
+    ("connect call failed", _U, "connection-refused"),
+    ("connection refused", _U, "connection-refused"),
+    ("name or service not known", _U, "name-not-resolved"),
+    ("name resolution", _U, "name-not-resolved"),
+    ("nodename nor servname", _U, "name-not-resolved"),
+    ("no address associated", _U, "name-not-resolved"),
+    ("no route to host", _U, "no-route"),
+    ("network is unreachable", _U, "no-route"),
+    ("connection reset", _U, "connection-reset"),
+    ("connection cancelled", _U, "connection-cancelled"),
+)
+CLIENT_PREFIXES: tuple[Rule, ...] = (
+    ("client disconnected", None, "client-disconnected"),
+    ("stream reset by client", None, "client-disconnected"),
+    ("peer closed connection", None, "client-disconnected"),
+    ("http/2 connection closed", None, "client-disconnected"),
+    ("eof", None, "client-disconnected"),
+    ("connection killed.", Reason.INTERNAL_ERROR, "killed"),
+    (REQUEST_TRAILERS, _B, "request-trailers"),
+    ("request body exceeds", _B, "request-too-large"),
+    ("http/1 protocol error", _B, "bad-request-body"),
+    ("http/2 protocol error", _B, "bad-request-h2"),
+    ("invalid http/2 request headers", _B, "bad-request-h2"),
+    ("http request has no host header", _B, "no-host"),
+    ("received ", _B, "invalid-request-headers"),  # "Received ... from client"
+)
+# mitmproxy's own end of "Received {peer text} from client, refusing ...": the start is ours.
+_FROM_CLIENT = (
+    "from client, refusing to prevent request smuggling attacks. "
+    "disable the validate_inbound_headers option to skip this security check."
+)
+_ALL_RULES = UPSTREAM_PREFIXES + UPSTREAM_WORDS + CLIENT_PREFIXES
+_KNOWN = {(r.value if r is not None else "none", e) for _, r, e in _ALL_RULES} | {
+    (_P.value, "unknown"),
+    (_B.value, "bad-request-head"),
+}
+# What mitmproxy answers no one for: the connection is just closed (or the stream reset).
+_UNANSWERED = frozenset({"killed", "bad-request-body", "bad-request-h2"})
+
+DETAILS = {
+    _P.value: "the upstream's answer could not be parsed",
+    _U.value: "the upstream could not be reached",
+    _T.value: "the upstream's TLS certificate or handshake failed verification",
+    Reason.UPSTREAM_TIMEOUT.value: "the upstream did not answer in time",
+    Reason.INTERNAL_ERROR.value: "internal error",
+    _B.value: "the request could not be parsed",
+    "none": "the client went away",
+    "bad-transfer-coding": "the upstream used a transfer coding other than chunked",
+    "request-trailers": REQUEST_TRAILERS,
+    "request-too-large": "the request body is too large",
+}
+
+
+def classify(message: str, client: bool = False) -> Failure:
+    """Map mitmproxy's error text (upstream bytes inside, maybe) to a fixed Failure."""
+    marked = _MARKED_RE.fullmatch(message)
+    if marked is not None and marked.groups() in _KNOWN:
+        reason, error = marked.groups()
+        return Failure(None if reason == "none" else Reason(reason), error)
+    text = message.lower()
+    if (
+        client
+        or text.startswith("request body")
+        or (text.startswith("received ") and text.endswith(_FROM_CLIENT))
+    ):
+        rule = next((r for r in CLIENT_PREFIXES if text.startswith(r[0])), None)
+        return Failure(_B, "bad-request-head") if rule is None else Failure(rule[1], rule[2])
+    rule = next((r for r in UPSTREAM_PREFIXES if text.startswith(r[0])), None)
+    rule = rule or next((r for r in UPSTREAM_WORDS if r[0] in text), None)
+    return Failure(_P, "unknown") if rule is None else Failure(rule[1], rule[2])
+
+
+def answers_agent(failure: Failure) -> bool:
+    """Does the agent get credproxy's JSON for this failure (if no response has started)?"""
+    return failure.reason is not None and failure.error not in _UNANSWERED
+
+
+def page(code: int, message: str) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    """credproxy's JSON answer in place of mitmproxy's HTML error page."""
+    failure = classify(message, client=code < 500)
+    reason = failure.reason or _B
+    status = failure.status or code
+    kind = "denied" if reason is _B or reason is Reason.INTERNAL_ERROR else "upstream-failed"
+    body = json.dumps({"error": kind, "reason": reason.value, "detail": failure.detail}).encode()
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"x-credproxy-reason", reason.value.encode()),
+        (b"content-length", str(len(body)).encode()),
+    ]
+    return status, headers, body
+
+
+def only_trailers(fields: tuple[tuple[bytes, bytes], ...]) -> tuple[tuple[bytes, bytes], ...]:
+    """The request's fields with TE reduced to `trailers` (h2 and gRPC need it): any other
+    value invites a transfer coding that redaction cannot read."""
+    kept = [f for f in fields if f[0].lower() != b"te"]
+    asked = {
+        t.strip().split(b";")[0].strip().lower()
+        for n, v in fields
+        if n.lower() == b"te"
+        for t in v.split(b",")
+    }
+    if b"trailers" in asked:
+        kept.append((b"te", b"trailers"))
+    return tuple(kept)
+
+
+def foreign_coding(fields: tuple[tuple[bytes, bytes], ...]) -> bool:
+    """Does a response use a transfer coding other than chunked (gzip, identity, ...)?"""
+    codings = [
+        c.strip().lower()
+        for n, v in fields
+        if n.lower() == b"transfer-encoding"
+        for c in v.split(b",")
+    ]
+    return any(c != b"chunked" for c in codings) or len(codings) > 1
+
+
+# -- the patches -----------------------------------------------------------------------
+
+_installed: dict[str, Callable[..., Any]] = {}
+
+
+def _need(owner: Any, name: str) -> Any:
+    value = getattr(owner, name, None)
+    if value is None:
+        raise RuntimeError(f"mitmproxy changed: {getattr(owner, '__name__', owner)}.{name}")
+    return value
+
+
+def install() -> None:
+    """Patch mitmproxy's HTTP layers once; raises RuntimeError if their shape changed."""
+    if _installed:
+        return
+    import inspect
+
+    import mitmproxy.proxy.layers.http as layers
+    from mitmproxy.proxy.layers.http import _events, _http1, _http2
+
+    for cls in (_events.RequestProtocolError, _events.ResponseProtocolError):
+        params = list(inspect.signature(cls.__init__).parameters)
+        if params != ["self", "stream_id", "message", "code"]:
+            raise RuntimeError(f"mitmproxy changed: {cls.__name__}.__init__{params}")
+    read_body = _need(_http1.Http1Connection, "read_body")
+    if _TRAILERS_RAISED not in inspect.getsource(read_body):
+        raise RuntimeError("mitmproxy changed: Http1Connection.read_body and its trailers")
+    h2_names = set(dir(_http2.Http2Server)).union(
+        *(getattr(k, "__annotations__", {}) for k in _http2.Http2Server.__mro__)
+    )
+    for name in ("is_closed", "is_open_for_us", "h2_conn", "conn"):
+        if name not in h2_names:
+            raise RuntimeError(f"mitmproxy changed: Http2Server.{name}")
+    patches: list[tuple[Any, str, Callable[[Any], Any]]] = [
+        # Protocol-error text quotes peer bytes: every error event carries a fixed one.
+        (_events.RequestProtocolError, "__init__", _fixed_error(client=True)),
+        (_events.ResponseProtocolError, "__init__", _fixed_error(client=False)),
+        # HTTP/1 agents: mitmproxy's HTML error page becomes credproxy's JSON.
+        (_http1, "make_error_response", lambda _: _h1_error_response),
+        # HTTP/2 agents: the same page, which h2 sends from Http2Connection._handle_event.
+        (_http2.Http2Server, "_handle_event", _h2_error_page),
+        # A response transfer coding other than chunked would reach the agent unredacted.
+        (layers, "validate_headers", _refuse_codings),
+        # mitmproxy takes a 1xx as the final response: drop them, the real one follows.
+        (_http1.Http1Client, "read_headers", _skip_informational),
+        # HTTP/1 trailers raise NotImplementedError inside mitmproxy: refuse them cleanly.
+        (_http1.Http1Connection, "read_body", _refuse_trailers),
+    ]
+    for owner, name, make in patches:
+        original = _need(owner, name)
+        _installed[f"{owner.__name__}.{name}"] = original
+        setattr(owner, name, make(original))
+
+
+def installed() -> dict[str, Callable[..., Any]]:
+    """What install() replaced: name -> the original."""
+    return dict(_installed)
+
+
+def _fixed_error(client: bool) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    def make(original: Callable[..., None]) -> Callable[..., None]:
+        default = 400 if client else 502
+
+        def __init__(self: Any, stream_id: int, message: str, code: int = default) -> None:
+            original(self, stream_id, message, code)
+            failure = classify(message, client=client or code < 500)
+            self.message = failure.message
+            if not client and code not in (NO_RESPONSE, CLIENT_CLOSED) and failure.status:
+                self.code = failure.status
+
+        return __init__
+
+    return make
+
+
+def _h1_error_response(status_code: int, message: str = "") -> bytes:
+    from mitmproxy import http
+    from mitmproxy.net.http import http1
+
+    status, headers, body = page(status_code, message)
+    response = http.Response.make(status, body, [*headers, (b"connection", b"close")])
+    return bytes(http1.assemble_response(response))
+
+
+def _h2_error_page(original: Callable[..., Any]) -> Callable[..., Any]:
+    from mitmproxy.proxy import commands
+    from mitmproxy.proxy.layers.http._events import ResponseProtocolError
+
+    def _handle_event(self: Any, event: Any) -> Generator[Any, Any, None]:
+        sid = getattr(event, "stream_id", None)
+        if (
+            isinstance(event, ResponseProtocolError)
+            and event.code != NO_RESPONSE
+            and not self.is_closed(sid)
+            and self.is_open_for_us(sid)
+            and not self.h2_conn.streams[sid].state_machine.headers_sent
+        ):
+            status, headers, body = page(event.code, event.message)
+            self.h2_conn.send_headers(sid, [(b":status", b"%d" % status), *headers])
+            self.h2_conn.send_data(sid, body, end_stream=True)
+            yield commands.SendData(self.conn, self.h2_conn.data_to_send())
+            return
+        yield from original(self, event)
+
+    return _handle_event
+
+
+def _refuse_codings(original: Callable[[Any], None]) -> Callable[[Any], None]:
+    from mitmproxy import http
+
+    def validate_headers(message: Any) -> None:
+        original(message)
+        if isinstance(message, http.Response) and foreign_coding(message.headers.fields):
+            raise ValueError(FOREIGN_CODING)
+
+    return validate_headers
+
+
+def _skip_informational(original: Callable[..., Any]) -> Callable[..., Any]:
+    from mitmproxy.proxy import events
+
+    def read_headers(self: Any, event: Any) -> Generator[Any, Any, None]:
+        if isinstance(event, events.DataReceived) and self.request is not None:
+            # 101 stays: it is final for an upgrade. Dropped whole, headers and all.
+            while _INFORMATIONAL_RE.match(bytes(self.buf)):
+                if self.buf.maybe_extract_lines() is None:
+                    break  # not complete yet: wait for more
+        yield from original(self, event)
+
+    return read_headers
+
+
+def _refuse_trailers(original: Callable[..., Any]) -> Callable[..., Any]:
+    from mitmproxy.proxy import commands
+    from mitmproxy.proxy.layers.http._base import ReceiveHttp
+    from mitmproxy.proxy.layers.http._events import RequestProtocolError, ResponseProtocolError
+    from mitmproxy.proxy.layers.http._http1 import Http1Server
+
+    def read_body(self: Any, event: Any) -> Generator[Any, Any, None]:
+        try:
+            yield from original(self, event)
+        except NotImplementedError as e:
+            if _TRAILERS_RAISED not in str(e):
+                raise
+            self.state = self.done
+            if isinstance(self, Http1Server):
+                if self.response is None:  # nothing sent to the agent yet: answer it
+                    yield commands.SendData(self.conn, _h1_error_response(400, REQUEST_TRAILERS))
+                yield commands.CloseConnection(self.conn)
+                yield ReceiveHttp(RequestProtocolError(self.stream_id, REQUEST_TRAILERS))
+            else:
+                yield commands.CloseConnection(self.conn)
+                yield ReceiveHttp(ResponseProtocolError(self.stream_id, RESPONSE_TRAILERS))
+
+    return read_body

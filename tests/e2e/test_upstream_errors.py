@@ -1,0 +1,454 @@
+"""Misbehaving upstreams: what the agent and the audit stream get when an answer is broken.
+
+Each upstream echoes the stamped secret inside a broken answer. The agent must get
+credproxy's JSON with a reason, never mitmproxy's page; the audit line a fixed error class.
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import json
+import os
+import socket
+import ssl
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+import pytest
+import trustme
+
+from addon.redact import forms
+from store.crypto import Secret
+from tests.e2e.conftest import Proxy, start_proxy, stop_proxy
+from tests.e2e.misbehaving import H2Upstream, RawUpstream
+from tests.e2e.raw import connect, exchange, proxy_auth, read_reply, tunnel
+
+pytestmark = pytest.mark.e2e
+
+SECRET = ("sk-wire+" + os.urandom(8).hex()).encode()
+HOSTS = ["h1.test", "h2.test", "badtls.test", "down.test"]
+
+
+def _head(*lines: bytes) -> bytes:
+    return b"\r\n".join(lines) + b"\r\n\r\n"
+
+
+def _chunked(body: bytes) -> bytes:
+    return b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+
+
+OK_BODY = b'{"ok": true}'
+OK = _head(b"HTTP/1.1 200 OK", b"Content-Type: application/json", b"Content-Length: 12") + OK_BODY
+
+SCRIPTS = {
+    "/v1/bad-status": lambda s: _head(b"HTTP/1.1 2OO " + s),
+    "/v1/not-http": lambda s: _head(b"DEBUG auth=" + s),
+    "/v1/cut-head": lambda s: b"HTTP/1.1 200 OK\r\nX-Debug-Auth: " + s + b"\r\n",
+    "/v1/no-colon": lambda s: _head(b"HTTP/1.1 200 OK", b"X-Debug " + s),
+    "/v1/bad-length": lambda s: _head(b"HTTP/1.1 200 OK", b"Content-Length: " + s),
+    "/v1/bad-name": lambda s: _head(b"HTTP/1.1 200 OK", b"X(" + s + b"): 1", b"Content-Length: 0"),
+    "/v1/bad-coding": lambda s: _head(b"HTTP/1.1 200 OK", b"Transfer-Encoding: " + s),
+    "/v1/chunk-secret": lambda s: (
+        _head(b"HTTP/1.1 200 OK", b"Transfer-Encoding: chunked") + s + b"\r\n"
+    ),
+    "/v1/gzip-chunked": lambda s: (
+        _head(b"HTTP/1.1 200 OK", b"Transfer-Encoding: gzip, chunked")
+        + _chunked(gzip.compress(b'{"auth": "' + s + b'"}'))
+    ),
+    "/v1/gzip-eof": lambda s: (
+        _head(b"HTTP/1.1 200 OK", b"Transfer-Encoding: gzip")
+        + gzip.compress(b'{"auth": "' + s + b'"}')
+    ),
+    "/v1/early-hints": lambda s: (
+        _head(b"HTTP/1.1 103 Early Hints", b"Link: </a.css>; rel=preload", b"X-Hint-Auth: " + s)
+        + OK
+    ),
+    "/v1/continue-and-hints": lambda s: (
+        _head(b"HTTP/1.1 100 Continue")
+        + _head(b"HTTP/1.1 103 Early Hints", b"X-Hint-Auth: " + s)
+        + OK
+    ),
+    "/v1/te": lambda s: OK,
+    "/v1/response-trailers": lambda s: (
+        _head(b"HTTP/1.1 200 OK", b"Transfer-Encoding: chunked")
+        + b"2\r\nok\r\n0\r\nX-Trailer-Auth: "
+        + s
+        + b"\r\n\r\n"
+    ),
+    "/v1/trailers": lambda s: b"",  # wait: credproxy must refuse before the body ends
+}
+
+
+def _h2_answer(headers: list[tuple[bytes, bytes]]) -> Any:
+    def send(conn: Any, stream_id: int, secret: bytes) -> None:
+        fields = [(k, v.replace(b"SECRET", secret)) for k, v in headers]
+        conn.send_headers(stream_id, [(k.replace(b"SECRET", secret), v) for k, v in fields])
+
+    return send
+
+
+H2_SCRIPTS = {
+    "/v1/h2-whitespace": _h2_answer([(b":status", b"200"), (b"x-debug", b" SECRET ")]),
+    "/v1/h2-upper-name": _h2_answer([(b":status", b"200"), (b"X-SECRET", b"1")]),
+}
+
+
+@pytest.fixture(scope="module")
+def servers(upstream_ca: trustme.CA) -> Iterator[dict[str, int]]:
+    untrusted = trustme.CA()
+    closed = socket.create_server(("127.0.0.1", 0))
+    down_port = closed.getsockname()[1]
+    closed.close()
+    with (
+        RawUpstream(upstream_ca, HOSTS, SCRIPTS) as h1,
+        H2Upstream(upstream_ca, HOSTS, H2_SCRIPTS) as h2,
+        RawUpstream(untrusted, HOSTS, SCRIPTS) as badtls,
+    ):
+        yield {"h1": h1, "h2": h2, "badtls": badtls, "down": down_port}  # type: ignore[misc]
+
+
+@pytest.fixture(scope="module")
+def wire_proxy(
+    tmp_path_factory: pytest.TempPathFactory,
+    servers: dict[str, Any],
+    upstream_ca: trustme.CA,
+    initialised_home: Path,
+) -> Iterator[Proxy]:
+    ports = {
+        "h1.test": servers["h1"].port,
+        "h2.test": servers["h2"].port,
+        "badtls.test": servers["badtls"].port,
+        "down.test": servers["down"],
+    }
+    resolve = [f"{name}=127.0.0.1:{port}" for name, port in ports.items()]
+    home = tmp_path_factory.mktemp("wire")
+    running = start_proxy(home, upstream_ca, resolve, template=initialised_home)
+    yield running
+    stop_proxy(running)
+
+
+@pytest.fixture(scope="module")
+def agent(wire_proxy: Proxy) -> tuple[str, str]:
+    name = "wire-" + os.urandom(3).hex()
+    token = wire_proxy.store.add_principal(name)
+    wire_proxy.store.add_credential(name + "-cred", "bearer", HOSTS, Secret(SECRET))
+    wire_proxy.store.add_grant(name, ["GET", "POST"], credential=name + "-cred", paths=["/v1/"])
+    wire_proxy.wait_reload()
+    return name, token
+
+
+def leaks(data: bytes | str) -> list[str]:
+    """Which forms of the secret `data` holds (their names only: never print the secret)."""
+    raw = data.encode("latin-1", "replace") if isinstance(data, str) else data
+    found = [f"form {i}" for i, form in enumerate(forms(SECRET)) if form in raw]
+    if quote(SECRET.decode(), safe="").encode() in raw or base64.b64encode(SECRET) in raw:
+        found.append("encoded")
+    return found
+
+
+@dataclass
+class Answer:
+    """What the agent received: the parsed answer and every byte of it, for the leak check."""
+
+    version: str
+    status: int | None
+    headers: dict[str, str]
+    body: bytes
+    raw: bytes = b""
+    broken: bool = False
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+def fetch(proxy: Proxy, agent: tuple[str, str], host: str, path: str, http2: bool) -> Answer:
+    """GET https://host/path through the proxy, over HTTP/1 (httpx) or HTTP/2 (raw h2: httpx
+    offers http/1.1 first, and mitmproxy takes the client's first choice)."""
+    if http2:
+        return _h2_fetch(proxy, agent, host, path)
+    context = ssl.create_default_context(cafile=str(proxy.ca_file))
+    with httpx.Client(proxy=proxy.url(*agent), verify=context, timeout=10) as c:
+        with c.stream("GET", f"https://{host}{path}") as reply:
+            head = f"{reply.status_code} {reply.reason_phrase}\n{reply.headers}\n".encode()
+            body, broken = b"", False
+            try:
+                for chunk in reply.iter_raw():
+                    body += chunk
+            except httpx.HTTPError:
+                broken = True
+            headers = {k.lower(): v for k, v in reply.headers.items()}
+            return Answer("HTTP/1.1", reply.status_code, headers, body, head + body, broken)
+
+
+def _h2_fetch(proxy: Proxy, agent: tuple[str, str], host: str, path: str) -> Answer:
+    import h2.connection
+    import h2.events
+
+    sock, reply = connect(proxy.port, f"{host}:443", proxy_auth(*agent))
+    assert reply.status == 200
+    context = ssl.create_default_context(cafile=str(proxy.ca_file))
+    context.set_alpn_protocols(["h2"])
+    answer = Answer("HTTP/2", None, {}, b"")
+    with context.wrap_socket(sock, server_hostname=host) as tls:
+        assert tls.selected_alpn_protocol() == "h2"
+        conn = h2.connection.H2Connection()
+        conn.initiate_connection()
+        request = [(":method", "GET"), (":scheme", "https"), (":authority", host), (":path", path)]
+        conn.send_headers(1, request, end_stream=True)
+        tls.sendall(conn.data_to_send())
+        while True:
+            data = tls.recv(65536)
+            answer.raw += data
+            if not data:
+                answer.broken = True
+                return answer
+            for event in conn.receive_data(data):
+                if isinstance(event, h2.events.ResponseReceived):
+                    answer.headers = {k.decode(): v.decode() for k, v in event.headers}
+                    answer.status = int(answer.headers[":status"])
+                elif isinstance(event, h2.events.DataReceived):
+                    answer.body += event.data
+                    conn.acknowledge_received_data(event.flow_controlled_length, 1)
+                elif isinstance(event, h2.events.StreamEnded):
+                    return answer
+                elif isinstance(event, (h2.events.StreamReset, h2.events.ConnectionTerminated)):
+                    answer.broken = True
+                    return answer
+            tls.sendall(conn.data_to_send())
+
+
+def audit_line(proxy: Proxy, agent: tuple[str, str], path: str) -> dict[str, Any]:
+    lines = [line for line in proxy.requests(agent[0]) if line["path"] == path]
+    assert lines, "no audit line for this request"
+    return lines[-1]
+
+
+def assert_json_answer(reply: Answer, status: int, reason: str) -> None:
+    assert reply.status == status
+    assert reply.headers["content-type"] == "application/json"
+    assert reply.headers["x-credproxy-reason"] == reason
+    body = reply.json()
+    assert set(body) == {"error", "reason", "detail"}
+    assert body["reason"] == reason and body["detail"]
+    assert b"mitmproxy" not in reply.raw.lower()
+
+
+def assert_no_leak(proxy: Proxy, *received: bytes | str) -> None:
+    for data in received:
+        assert leaks(data) == [], "the agent received the secret"
+    assert leaks(proxy.output()) == [], "the audit stream holds the secret"
+    assert "Traceback" not in proxy.output()
+
+
+BROKEN_HEADS = [
+    pytest.param("/v1/bad-status", "bad-status-line", id="a status line 2OO followed by it"),
+    pytest.param("/v1/not-http", "bad-status-line", id="a non-HTTP debug line quoting it"),
+    pytest.param("/v1/cut-head", "truncated-head", id="a head cut off after a header with it"),
+    pytest.param("/v1/no-colon", "bad-header-line", id="a header line without a colon"),
+    pytest.param("/v1/bad-length", "bad-content-length", id="Content-Length is the secret"),
+    pytest.param("/v1/bad-name", "invalid-headers", id="a header name made of it"),
+    pytest.param("/v1/bad-coding", "bad-transfer-coding", id="Transfer-Encoding is the secret"),
+]
+
+
+@pytest.mark.parametrize("http2", [False, True], ids=["agent over HTTP/1", "agent over HTTP/2"])
+@pytest.mark.parametrize(("path", "error"), BROKEN_HEADS)
+def test_a_broken_head_echoing_the_secret_gets_credproxys_json(
+    wire_proxy: Proxy, agent, path: str, error: str, http2: bool
+):
+    reply = fetch(wire_proxy, agent, "h1.test", path, http2)
+    assert_json_answer(reply, 502, "upstream-protocol-error")
+    line = audit_line(wire_proxy, agent, path)
+    assert (line["decision"], line["status"], line["reason"], line["error"]) == (
+        "allow",
+        502,
+        "upstream-protocol-error",
+        error,
+    )
+    assert_no_leak(wire_proxy, reply.raw)
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        pytest.param("/v1/h2-whitespace", id="an h2 header value with whitespace around it"),
+        pytest.param("/v1/h2-upper-name", id="an h2 upper-case header name made of it"),
+    ],
+)
+def test_an_h2_protocol_error_built_from_the_secret_gets_credproxys_json(
+    wire_proxy: Proxy, agent, path: str
+):
+    reply = fetch(wire_proxy, agent, "h2.test", path, http2=True)
+    assert_json_answer(reply, 502, "upstream-protocol-error")
+    line = audit_line(wire_proxy, agent, path)
+    assert (line["status"], line["reason"], line["error"]) == (
+        502,
+        "upstream-protocol-error",
+        "h2-protocol-error",
+    )
+    assert_no_leak(wire_proxy, reply.raw)
+
+
+@pytest.mark.parametrize("http2", [False, True], ids=["agent over HTTP/1", "agent over HTTP/2"])
+def test_a_chunk_size_line_made_of_the_secret_stays_out_of_the_audit(
+    wire_proxy: Proxy, agent, http2: bool
+):
+    reply = fetch(wire_proxy, agent, "h1.test", "/v1/chunk-secret", http2)
+    # The head went out before the body broke: the stream can only end, cut short.
+    assert (reply.status, reply.broken) == (200, True)
+    line = audit_line(wire_proxy, agent, "/v1/chunk-secret")
+    assert (line["status"], line["reason"], line["error"]) == (
+        200,
+        "upstream-protocol-error",
+        "bad-chunk",
+    )
+    assert_no_leak(wire_proxy, reply.raw)
+
+
+@pytest.mark.parametrize(
+    ("host", "reason", "error"),
+    [
+        pytest.param(
+            "badtls.test",
+            "upstream-tls-error",
+            "tls-verify-failed",
+            id="a certificate from an untrusted CA",
+        ),
+        pytest.param(
+            "down.test",
+            "upstream-unreachable",
+            "connection-refused",
+            id="nothing listening on the upstream port",
+        ),
+    ],
+)
+@pytest.mark.parametrize("http2", [False, True], ids=["agent over HTTP/1", "agent over HTTP/2"])
+def test_an_upstream_that_cannot_be_used_gets_its_own_reason(
+    wire_proxy: Proxy, agent, host: str, reason: str, error: str, http2: bool
+):
+    reply = fetch(wire_proxy, agent, host, "/v1/bad-status", http2)
+    assert_json_answer(reply, 502, reason)
+    line = audit_line(wire_proxy, agent, "/v1/bad-status")
+    assert (line["decision"], line["status"], line["reason"], line["error"]) == (
+        "allow",
+        502,
+        reason,
+        error,
+    )
+    assert_no_leak(wire_proxy, reply.raw)
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        pytest.param("/v1/gzip-chunked", id="Transfer-Encoding gzip, chunked"),
+        pytest.param("/v1/gzip-eof", id="Transfer-Encoding gzip, read until close"),
+    ],
+)
+@pytest.mark.parametrize("http2", [False, True], ids=["agent over HTTP/1", "agent over HTTP/2"])
+def test_a_transfer_coding_other_than_chunked_is_refused(
+    wire_proxy: Proxy, agent, path: str, http2: bool
+):
+    reply = fetch(wire_proxy, agent, "h1.test", path, http2)
+    assert_json_answer(reply, 502, "upstream-protocol-error")
+    line = audit_line(wire_proxy, agent, path)
+    assert (line["status"], line["reason"], line["error"]) == (
+        502,
+        "upstream-protocol-error",
+        "bad-transfer-coding",
+    )
+    assert_no_leak(wire_proxy, reply.raw)
+
+
+def test_the_agents_te_header_is_reduced_to_trailers(wire_proxy: Proxy, agent, servers):
+    sock = tunnel(wire_proxy.port, "h1.test:443", proxy_auth(*agent), "h1.test", wire_proxy.ca_file)
+    with sock:
+        raw = b"GET /v1/te HTTP/1.1\r\nHost: h1.test\r\nTE: gzip, trailers\r\n\r\n"
+        reply = exchange(sock, raw)
+    assert reply.status == 200
+    te = [v for k, v in servers["h1"].heads[-1] if k.lower() == b"te"]
+    assert te == [b"trailers"]
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        pytest.param("/v1/early-hints", id="103 Early Hints then 200"),
+        pytest.param("/v1/continue-and-hints", id="100 Continue, 103 Early Hints, then 200"),
+    ],
+)
+@pytest.mark.parametrize("http2", [False, True], ids=["agent over HTTP/1", "agent over HTTP/2"])
+def test_informational_answers_are_dropped_and_the_final_one_delivered(
+    wire_proxy: Proxy, agent, path: str, http2: bool
+):
+    reply = fetch(wire_proxy, agent, "h1.test", path, http2)
+    assert reply.status == 200
+    assert reply.json() == {"ok": True}
+    line = audit_line(wire_proxy, agent, path)
+    assert (line["decision"], line["status"]) == ("allow", 200)
+    assert_no_leak(wire_proxy, reply.raw)
+
+
+def test_request_trailers_are_refused_with_a_reason(wire_proxy: Proxy, agent):
+    sock = tunnel(wire_proxy.port, "h1.test:443", proxy_auth(*agent), "h1.test", wire_proxy.ca_file)
+    request = (
+        b"POST /v1/trailers HTTP/1.1\r\nHost: h1.test\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"5\r\nhello\r\n0\r\nX-Trailer: 1\r\n\r\n"
+    )
+    with sock:
+        reply = exchange(sock, request)
+    assert (reply.status, reply.reason) == (400, "bad-request")
+    assert reply.headers["content-type"] == "application/json"
+    assert json.loads(reply.body)["detail"] == "request trailers are not supported"
+    line = audit_line(wire_proxy, agent, "/v1/trailers")
+    assert (line["status"], line["reason"], line["error"]) == (
+        400,
+        "bad-request",
+        "request-trailers",
+    )
+    assert "NotImplementedError" not in wire_proxy.output()
+    assert_no_leak(wire_proxy)
+
+
+@pytest.mark.parametrize("http2", [False, True], ids=["agent over HTTP/1", "agent over HTTP/2"])
+def test_http1_response_trailers_end_the_stream_cleanly(wire_proxy: Proxy, agent, http2: bool):
+    reply = fetch(wire_proxy, agent, "h1.test", "/v1/response-trailers", http2)
+    assert (reply.status, reply.broken) == (200, True)
+    line = audit_line(wire_proxy, agent, "/v1/response-trailers")
+    assert (line["status"], line["reason"], line["error"]) == (
+        200,
+        "upstream-protocol-error",
+        "response-trailers",
+    )
+    assert "NotImplementedError" not in wire_proxy.output()
+    assert_no_leak(wire_proxy, reply.raw)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        pytest.param(
+            b"GET /v1/x HTTP/1.1\r\nHost: h1.test\r\nBad token-ECHO\r\n\r\n", id="no colon"
+        ),
+        pytest.param(b"GET /v1/x token-ECHO HTTP/1.1\r\nHost: h1.test\r\n\r\n", id="four words"),
+        pytest.param(
+            b"GET /v1/x HTTP/1.1\r\nHost: h1.test\r\nContent-Length: token-ECHO\r\n\r\n",
+            id="a Content-Length that is no number",
+        ),
+    ],
+)
+def test_a_malformed_request_head_gets_a_json_400_without_its_bytes(
+    wire_proxy: Proxy, agent, servers, raw: bytes
+):
+    sock = tunnel(wire_proxy.port, "h1.test:443", proxy_auth(*agent), "h1.test", wire_proxy.ca_file)
+    with sock:
+        sock.sendall(raw)
+        reply = read_reply(sock)
+    assert (reply.status, reply.reason) == (400, "bad-request")
+    assert reply.headers["content-type"] == "application/json"
+    assert b"token-ECHO" not in reply.body and "token-ECHO" not in str(reply.headers)

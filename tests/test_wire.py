@@ -1,0 +1,342 @@
+"""addon.wire: the classification of mitmproxy's error text, the pages, and the patches."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import mitmproxy.proxy.layers.http as layers
+import pytest
+from mitmproxy.proxy.layers.http import _http1, _http2
+from mitmproxy.proxy.layers.http._events import RequestProtocolError, ResponseProtocolError
+from mitmproxy.test import taddons, tflow
+from structlog.testing import capture_logs
+
+from addon import wire
+from addon.policy import Reason
+from addon.proxy import Credproxy
+from tests.test_proxy import StaticLive, make_policy
+
+SECRET = "sk-unit-0f1e2d3c"
+P, U, T = "upstream-protocol-error", "upstream-unreachable", "upstream-tls-error"
+
+UPSTREAM = [
+    pytest.param(
+        f"Cannot parse HTTP response: Bad HTTP response line: b'HTTP/1.1 2OO {SECRET}'",
+        P,
+        "bad-status-line",
+        id="a bad status line is a protocol error",
+    ),
+    pytest.param(
+        "Cannot parse HTTP response: Bad HTTP response line: b'DEBUG timeout tls ssl refused'",
+        P,
+        "bad-status-line",
+        id="words in the quoted upstream bytes do not change the class",
+    ),
+    pytest.param(
+        f"Cannot parse HTTP response: Invalid header line: b'X-Debug {SECRET}'",
+        P,
+        "bad-header-line",
+        id="a header line without a colon is a protocol error",
+    ),
+    pytest.param(
+        f"Cannot parse HTTP response: invalid content-length header: '{SECRET}'",
+        P,
+        "bad-content-length",
+        id="a Content-Length that is no number is a protocol error",
+    ),
+    pytest.param(
+        f"Cannot parse HTTP response: unknown transfer-encoding header: '{SECRET}'",
+        P,
+        "bad-transfer-coding",
+        id="an unknown transfer coding is a protocol error",
+    ),
+    pytest.param(
+        f"unexpected server response: b'HTTP/1.1 200 OK\\r\\nX-Debug-Auth: {SECRET}\\r\\n'",
+        P,
+        "truncated-head",
+        id="a head cut off is a protocol error",
+    ),
+    pytest.param(
+        "server closed connection", P, "closed-before-response", id="a close before any answer"
+    ),
+    pytest.param(
+        f"HTTP/1 protocol error: illegal chunk header: bytearray(b'{SECRET}\\r\\n')",
+        P,
+        "bad-chunk",
+        id="a chunk-size line that is no number is a protocol error",
+    ),
+    pytest.param(
+        f"HTTP/2 protocol error: Received header value surrounded by whitespace b' {SECRET} '",
+        P,
+        "h2-protocol-error",
+        id="an h2 library error is a protocol error",
+    ),
+    pytest.param(
+        "Received transfer coding other than chunked from server, refusing to prevent request "
+        "smuggling attacks. Disable the validate_inbound_headers option to skip this security "
+        "check.",
+        P,
+        "bad-transfer-coding",
+        id="a transfer coding other than chunked is a protocol error",
+    ),
+    pytest.param(
+        f"Received invalid header name: b'X({SECRET})' from server, refusing to prevent request "
+        "smuggling attacks. Disable the validate_inbound_headers option to skip this security "
+        "check.",
+        P,
+        "invalid-headers",
+        id="an invalid header name is a protocol error",
+    ),
+    pytest.param(
+        "Certificate verify failed: unable to get local issuer certificate",
+        T,
+        "tls-verify-failed",
+        id="a certificate that does not verify is a TLS error",
+    ),
+    pytest.param(
+        "The remote server does not speak TLS.",
+        T,
+        "tls-handshake-failed",
+        id="a server without TLS is a TLS error",
+    ),
+    pytest.param(
+        "tlsv1 alert unknown ca", T, "tls-handshake-failed", id="a TLS alert is a TLS error"
+    ),
+    pytest.param(
+        "[Errno 111] Connect call failed ('127.0.0.1', 1)",
+        U,
+        "connection-refused",
+        id="a refused connection is unreachable",
+    ),
+    pytest.param(
+        "[Errno -2] Name or service not known",
+        U,
+        "name-not-resolved",
+        id="a name that does not resolve at connect is unreachable",
+    ),
+    pytest.param(
+        "[Errno 104] Connection reset by peer",
+        U,
+        "connection-reset",
+        id="a reset connection is unreachable",
+    ),
+    pytest.param(
+        "[Errno 113] No route to host", U, "no-route", id="no route to the host is unreachable"
+    ),
+    pytest.param(
+        "upstream read timed out",
+        "upstream-timeout",
+        "timeout",
+        id="a message that says timed out is a timeout",
+    ),
+    pytest.param(
+        "Connection killed: credproxy: no allowed request for this connection",
+        "internal-error",
+        "no-allowed-request",
+        id="a connection credproxy refused to open is an internal error",
+    ),
+    pytest.param(
+        "something mitmproxy never said before",
+        P,
+        "unknown",
+        id="an unknown message is a protocol error of unknown class",
+    ),
+]
+
+CLIENT = [
+    pytest.param(
+        f"Bad HTTP request line: b'GET / {SECRET} HTTP/1.1'",
+        "bad-request",
+        "bad-request-head",
+        id="a malformed request line is a bad request",
+    ),
+    pytest.param(
+        wire.REQUEST_TRAILERS,
+        "bad-request",
+        "request-trailers",
+        id="request trailers are a bad request",
+    ),
+    pytest.param(
+        "Client disconnected.", None, "client-disconnected", id="a client that left has no reason"
+    ),
+    pytest.param(
+        "stream reset by client (CANCEL)",
+        None,
+        "client-disconnected",
+        id="an h2 client that reset its stream has no reason",
+    ),
+    pytest.param(
+        "HTTP/1 protocol error: illegal chunk header: bytearray(b'zz')",
+        "bad-request",
+        "bad-request-body",
+        id="a malformed request body is a bad request",
+    ),
+]
+
+
+@pytest.mark.parametrize(("message", "reason", "error"), UPSTREAM)
+def test_upstream_messages_are_classified(message: str, reason: str, error: str):
+    failure = wire.classify(message)
+    assert (failure.reason, failure.error) == (Reason(reason), error)
+    assert SECRET not in failure.message + failure.detail + failure.error
+
+
+@pytest.mark.parametrize(("message", "reason", "error"), CLIENT)
+def test_client_messages_are_classified(message: str, reason: str | None, error: str):
+    failure = wire.classify(message, client=True)
+    assert (failure.reason, failure.error) == (reason and Reason(reason), error)
+
+
+def test_received_from_client_is_a_client_failure_even_without_the_flag():
+    message = (
+        "Received invalid header name: b'X(from server, refusing)' from client, refusing to "
+        "prevent request smuggling attacks. Disable the validate_inbound_headers option to "
+        "skip this security check."
+    )
+    assert wire.classify(message).reason is Reason.BAD_REQUEST
+
+
+@pytest.mark.parametrize(
+    ("reason", "status"),
+    [
+        pytest.param(P, 502, id="a protocol error answers 502"),
+        pytest.param(U, 502, id="an unreachable upstream answers 502"),
+        pytest.param(T, 502, id="a TLS failure answers 502"),
+        pytest.param("upstream-timeout", 504, id="a timeout answers 504"),
+    ],
+)
+def test_upstream_reasons_have_their_status(reason: str, status: int):
+    assert wire.Failure(Reason(reason), "x").status == status
+
+
+def test_every_fixed_message_classifies_back_to_itself():
+    rules = wire.UPSTREAM_PREFIXES + wire.UPSTREAM_WORDS + wire.CLIENT_PREFIXES
+    for _, reason, error in rules:
+        failure = wire.Failure(reason, error)
+        assert wire.classify(failure.message) == failure
+        assert wire.classify(failure.message, client=True) == failure
+
+
+def test_a_forged_fixed_message_is_not_trusted():
+    assert wire.classify("[credproxy] internal-error/made-up").error == "unknown"
+
+
+def test_the_page_is_credproxys_json_without_the_message():
+    status, headers, body = wire.page(502, f"Cannot parse HTTP response: Bad HTTP line {SECRET}")
+    assert status == 502
+    assert dict(headers)[b"content-type"] == b"application/json"
+    assert dict(headers)[b"x-credproxy-reason"] == P.encode()
+    assert json.loads(body) == {
+        "error": "upstream-failed",
+        "reason": P,
+        "detail": "the upstream's answer could not be parsed",
+    }
+    assert SECRET.encode() not in body
+
+
+def test_a_client_parse_error_page_is_a_400_bad_request():
+    status, headers, body = wire.page(400, f"Invalid header line: b'{SECRET}'")
+    assert (status, json.loads(body)["reason"]) == (400, "bad-request")
+    assert SECRET.encode() not in body
+
+
+@pytest.mark.parametrize(
+    ("fields", "expected"),
+    [
+        pytest.param(((b"TE", b"gzip, trailers"),), ((b"te", b"trailers"),), id="trailers kept"),
+        pytest.param(((b"te", b"gzip;q=1"),), (), id="a coding alone is dropped"),
+        pytest.param(((b"te", b"trailers"), (b"te", b"gzip")), ((b"te", b"trailers"),), id="two"),
+        pytest.param(((b"x", b"1"),), ((b"x", b"1"),), id="other fields are untouched"),
+    ],
+)
+def test_te_keeps_only_trailers(fields, expected):
+    assert wire.only_trailers(fields) == expected
+
+
+@pytest.mark.parametrize(
+    ("value", "foreign"),
+    [
+        pytest.param(b"chunked", False, id="chunked alone passes"),
+        pytest.param(b"gzip, chunked", True, id="gzip before chunked is foreign"),
+        pytest.param(b"gzip", True, id="gzip alone is foreign"),
+        pytest.param(b"identity", True, id="identity is foreign"),
+        pytest.param(b"chunked, chunked", True, id="chunked twice is foreign"),
+    ],
+)
+def test_foreign_transfer_codings(value: bytes, foreign: bool):
+    assert wire.foreign_coding(((b"Transfer-Encoding", value),)) is foreign
+
+
+# -- the patches -----------------------------------------------------------------------
+
+
+def test_install_replaces_what_it_says():
+    wire.install()
+    owners = {
+        "RequestProtocolError.__init__": (RequestProtocolError, "__init__"),
+        "ResponseProtocolError.__init__": (ResponseProtocolError, "__init__"),
+        f"{_http1.__name__}.make_error_response": (_http1, "make_error_response"),
+        "Http2Server._handle_event": (_http2.Http2Server, "_handle_event"),
+        f"{layers.__name__}.validate_headers": (layers, "validate_headers"),
+        "Http1Client.read_headers": (_http1.Http1Client, "read_headers"),
+        "Http1Connection.read_body": (_http1.Http1Connection, "read_body"),
+    }
+    replaced = wire.installed()
+    assert set(replaced) == set(owners)
+    for key, (owner, name) in owners.items():
+        assert getattr(owner, name) is not replaced[key], key
+    assert b"application/json" in _http1.make_error_response(502, f"Bad HTTP line {SECRET}")
+    wire.install()  # a second call changes nothing
+    assert wire.installed() == replaced
+
+
+def test_protocol_error_events_carry_fixed_text():
+    wire.install()
+    text = f"Cannot parse HTTP response: Bad HTTP response line: {SECRET}"
+    upstream = ResponseProtocolError(1, text)
+    client = RequestProtocolError(1, f"Bad HTTP request line: b'{SECRET}'")
+    assert SECRET not in upstream.message and SECRET not in client.message
+    assert wire.classify(upstream.message).error == "bad-status-line"
+    assert wire.classify(client.message).reason is Reason.BAD_REQUEST
+    assert ResponseProtocolError(1, "[Errno 110] Connect timed out").code == 504
+    assert ResponseProtocolError(1, "killed", 444).code == 444
+
+
+def test_install_fails_at_start_when_mitmproxy_changed(monkeypatch: pytest.MonkeyPatch):
+    def read_body(self: Any, event: Any) -> Any:
+        yield from ()
+
+    monkeypatch.setattr(wire, "_installed", {})
+    monkeypatch.setattr(_http1.Http1Connection, "read_body", read_body)
+    with pytest.raises(RuntimeError, match="mitmproxy changed"):
+        wire.install()
+
+
+# -- the hooks in addon/proxy.py -------------------------------------------------------
+
+
+def test_the_error_hook_audits_a_fixed_class_never_the_upstream_text():
+    addon = Credproxy(StaticLive(make_policy()))  # type: ignore[arg-type]
+    lines: list[dict[str, Any]] = []
+    addon._audit = lambda _, decision, **f: lines.append({"decision": decision, **f})  # type: ignore[method-assign]
+    with taddons.context(addon), capture_logs() as logs:
+        flow = tflow.tflow(err=True)
+        flow.error.msg = f"Cannot parse HTTP response: Bad HTTP response line: b'{SECRET}'"
+        addon._begin(flow).rule = object()  # type: ignore[assignment]
+        addon.error(flow)
+    [line] = lines
+    assert line == {"decision": "allow", "status": 502, "reason": P, "error": "bad-status-line"}
+    assert SECRET not in json.dumps(logs, default=str)
+
+
+def test_responseheaders_kills_a_response_with_a_foreign_transfer_coding():
+    addon = Credproxy(StaticLive(make_policy()))  # type: ignore[arg-type]
+    with taddons.context(addon):
+        flow = tflow.tflow(resp=True)
+        flow.response.headers["transfer-encoding"] = "gzip, chunked"
+        pending = addon._begin(flow)
+        pending.rule = object()  # type: ignore[assignment]
+        addon.responseheaders(flow)
+    assert flow.error is not None and flow.error.msg == "Connection killed."
+    assert pending.failure == wire.Failure(Reason.UPSTREAM_PROTOCOL_ERROR, "bad-transfer-coding")
