@@ -35,6 +35,7 @@ class Reason(enum.StrEnum):
     UPGRADE_NOT_ALLOWED = "upgrade-not-allowed"
     STORE_UNAVAILABLE = "store-unavailable"
     INTERNAL_ERROR = "internal-error"
+    AUDIT_UNAVAILABLE = "audit-unavailable"
 
 
 STATUS = {
@@ -42,6 +43,7 @@ STATUS = {
     Reason.BAD_REQUEST: 400,
     Reason.STORE_UNAVAILABLE: 503,
     Reason.INTERNAL_ERROR: 500,
+    Reason.AUDIT_UNAVAILABLE: 503,
 }
 
 DEFAULT_PORTS = {"https": 443, "http": 80}
