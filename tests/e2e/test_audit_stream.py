@@ -65,6 +65,7 @@ def _home(tmp_path: Path, template: Path, upstream_ca: trustme.CA) -> tuple[Path
     shutil.copytree(template, home)
     upstream_ca.cert_pem.write_to_path(str(home / "upstream-ca.pem"))
     env = _env(home)
+    env.pop("PYTHONUNBUFFERED")  # the writer must not depend on how sys.stdout buffers
     store = Store(env["CREDPROXY_DB"], _load_key(home))
     try:
         (home / "token").write_text(store.add_principal("agent"))
