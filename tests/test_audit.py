@@ -4,6 +4,7 @@ and an event loop that a stalled reader never blocks."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import fcntl
 import json
@@ -161,7 +162,12 @@ async def test_eagain_is_a_stall_not_an_error_until_the_queue_is_over_its_bound(
 ) -> None:
     """A real pipe, non-blocking as another process may have left it."""
     read_end, write_end = os.pipe()
-    fcntl.fcntl(write_end, fcntl.F_SETFL, fcntl.fcntl(write_end, fcntl.F_GETFL) | os.O_NONBLOCK)
+    for end in (read_end, write_end):
+        fcntl.fcntl(end, fcntl.F_SETFL, fcntl.fcntl(end, fcntl.F_GETFL) | os.O_NONBLOCK)
+    filler = 0
+    with contextlib.suppress(BlockingIOError):
+        while True:  # full before the writer starts: the queue can only grow
+            filler += os.write(write_end, b"#" * 4096)
     writer = setup(write_end, limit=64 * 1024)
     addon = Credproxy(StaticLive(make_policy()), ResolveMap.parse(["api.test=127.0.0.1:1"]))
     received = bytearray()
@@ -176,7 +182,9 @@ async def test_eagain_is_a_stall_not_an_error_until_the_queue_is_over_its_bound(
         assert audit.write_failures() == 0
         assert await refused_with(addon) == "audit-unavailable"
         assert "credproxy_audit_queue_bytes" in addon.metrics.render().decode()
-        while audit.queued_bytes() or len(received) == 0 or not received.endswith(b"\n"):
+        deadline = time.monotonic() + 5
+        while received.count(b"\n") < n + 1:  # the filler, every line, the refusal's
+            assert time.monotonic() < deadline, "the lines did not arrive"
             try:
                 received += os.read(read_end, 1 << 16)
             except BlockingIOError:
@@ -186,10 +194,9 @@ async def test_eagain_is_a_stall_not_an_error_until_the_queue_is_over_its_bound(
     finally:
         writer.close()
         os.close(write_end)
-    while chunk := os.read(read_end, 1 << 16):
-        received += chunk
     os.close(read_end)
-    ids = request_ids(bytes(received))
+    assert received[:filler] == b"#" * filler
+    ids = request_ids(bytes(received[filler:]))
     assert ids[:n] == list(range(n))  # then the refusal's line
     assert len(ids) == n + 1
 
