@@ -161,6 +161,7 @@ class AuditWriter:
         """Stop the writer thread, leaving whatever is still queued (tests)."""
         with self._cond:
             self._closing = True
+            self._drain_budget = 0.0  # nothing writes any more: atexit must not wait
             self._cond.notify_all()
         self._thread.join(self._retry + 1)
 
