@@ -211,14 +211,16 @@ async def test_a_stalled_reader_never_blocks_the_event_loop(
         for n in range(3_000):  # ~800 KB: far more than the pipe holds
             audit.emit("request", {"n": n, "pad": "x" * 200})
             await asyncio.sleep(0)  # each iteration renders and hands over without waiting
+        logging.getLogger("mitmproxy.proxy").warning("stalled")  # its flush does not wait
         assert audit.queued_bytes() > 64 * 1024
         assert audit.state() == audit.BACKLOG
         received = bytearray()
-        while len(received.splitlines()) < 3_000:
+        while len(received.splitlines()) < 3_001:
             received += await asyncio.get_running_loop().run_in_executor(
                 None, os.read, read_end, 1 << 16
             )
-        assert request_ids(bytes(received)) == list(range(3_000))
+        assert request_ids(bytes(received)) == [*range(3_000), None]
+        assert json.loads(received.splitlines()[-1])["event"] == "stalled"
         await settle(audit.writable)
     finally:
         writer.close()
