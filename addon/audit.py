@@ -5,10 +5,14 @@ from __future__ import annotations
 import asyncio
 import atexit
 import logging
+import os
 import re
+import select
 import sys
 import threading
-from typing import Any, TextIO
+import time
+from collections.abc import Callable
+from typing import Any
 
 import structlog
 from structlog.typing import EventDict, Processor, WrappedLogger
@@ -36,12 +40,23 @@ ERROR = "error"
 
 REQUEST_EVENT = "request"
 
-# Queued text kept for the next write while the stream fails; beyond this it is dropped and
-# counted (an audit.lines_lost line once writes work again).
-RETRY_LIMIT = 64 * 1024 * 1024
+# Bytes waiting for stdout beyond which requests are refused (the reader has stalled).
+QUEUE_LIMIT = 1024 * 1024
+# Beyond this, lines are dropped and counted (an audit.lines_lost line once writes work).
+LOST_LIMIT = 64 * 1024 * 1024
+# After a write error, the next attempt with the same bytes.
+RETRY_SECONDS = 1.0
+# Shutdown waits at most this long, in total, for stdout to take what is queued.
+DRAIN_SECONDS = 5.0
+# One write hands the kernel at most this much.
+CHUNK = 256 * 1024
+
+OK, BACKLOG, FAILING = "ok", "backlog", "failing"
 
 # Foreign log lines (mitmproxy's) may quote a request line; a query string can carry a key.
 _QUERY_RE = re.compile(r"\?[^\s'\"]*")
+
+Write = Callable[[int, bytes], int]
 
 
 def _scrub_foreign(_: WrappedLogger, __: str, event_dict: EventDict) -> EventDict:
@@ -55,25 +70,56 @@ class AuditWriter:
     """The audit stream's one writer: structlog events, mitmproxy's log records and request
     lines all go through it, in order.
 
-    Inside the event loop, lines queue and go out in one write at the loop's next iteration,
-    after the response a request line describes has been handed to the socket: neither the
-    JSON encoding nor the write is on the request's path, and requests that finish in the
-    same iteration share one write. Outside a running loop (the CLI, start-up, shutdown) a
-    line is written at once, after anything still queued.
+    Inside the event loop, lines queue and are rendered at the loop's next iteration, after
+    the response a request line describes has been handed to the socket. Rendered bytes go
+    to a bounded buffer that a thread of its own writes to the file descriptor with
+    `os.write`: a reader that stalls blocks that thread, never the event loop.
 
-    A write that fails marks the stream broken until a later write succeeds; the proxy
-    refuses requests meanwhile (`writable`), and the lines are kept and written with the
-    next successful write (beyond RETRY_LIMIT they are counted instead).
+    One rule for every way a write can go wrong: a short write, EAGAIN or a blocked write
+    keeps the rest queued, byte for byte; any error (EPIPE, ENOSPC, EIO, ...) keeps it too and
+    is retried every RETRY_SECONDS. Requests are refused (`writable`) from the first error
+    until a write succeeds, and while more than QUEUE_LIMIT bytes wait.
     """
 
-    def __init__(self, stream: TextIO, render: Processor) -> None:
-        self._stream = stream
+    def __init__(
+        self,
+        fd: int,
+        render: Processor,
+        write: Write = os.write,
+        limit: int | None = None,
+        retry: float | None = None,
+    ) -> None:
+        self._fd = fd
+        self._write = write
         self._render = render
+        self._limit = QUEUE_LIMIT if limit is None else limit
+        self._retry = RETRY_SECONDS if retry is None else retry
         self._pending: list[str | dict[str, Any]] = []
         self._scheduled: asyncio.AbstractEventLoop | None = None
-        self._lock = threading.Lock()
+        self._out = bytearray()
+        self._cond = threading.Condition()
+        self._failing = False
+        self._closing = False
         self._lost = 0
-        self.writable = True
+        self._drain_budget = DRAIN_SECONDS
+        self.write_failures = 0
+        self._thread = threading.Thread(target=self._run, name="audit-writer", daemon=True)
+        self._thread.start()
+
+    @property
+    def writable(self) -> bool:
+        return not self._failing and len(self._out) <= self._limit
+
+    @property
+    def state(self) -> str:
+        if self._failing:
+            return FAILING
+        return OK if len(self._out) <= self._limit else BACKLOG
+
+    @property
+    def queued(self) -> int:
+        """Bytes rendered and not yet taken by the file descriptor."""
+        return len(self._out)
 
     def add(self, item: str | dict[str, Any]) -> None:
         """Queue a line: text ending in a newline, or an event dict that is rendered later."""
@@ -81,43 +127,62 @@ class AuditWriter:
             loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
         except RuntimeError:
             loop = None
-        with self._lock:
+        with self._cond:
             self._pending.append(item)
             if loop is None:
-                self._drain()
+                self._flush()
                 return
             if self._scheduled is loop:
                 return
             self._scheduled = loop
-        loop.call_soon(self.drain)
+        loop.call_soon(self.flush)
 
-    def drain(self) -> None:
-        """Write everything queued, now."""
-        with self._lock:
-            self._drain()
+    def flush(self) -> None:
+        """Hand everything queued to the writer thread; never waits for the descriptor."""
+        with self._cond:
+            self._flush()
 
-    def _drain(self) -> None:
+    def drain(self) -> bool:
+        """Flush, then wait for the descriptor to take it all (shutdown); False if it did not.
+
+        Every drain shares one DRAIN_SECONDS budget, so a stalled reader delays shutdown once.
+        """
+        with self._cond:
+            self._flush()
+            if self._lost:
+                self._report_lost()
+                self._cond.notify_all()
+            start = time.monotonic()
+            done = self._cond.wait_for(lambda: not self._out, max(self._drain_budget, 0.0))
+            self._drain_budget -= time.monotonic() - start
+            return done
+
+    def close(self) -> None:
+        """Stop the writer thread, leaving whatever is still queued (tests)."""
+        with self._cond:
+            self._closing = True
+            self._drain_budget = 0.0  # nothing writes any more: atexit must not wait
+            self._cond.notify_all()
+        self._thread.join(self._retry + 1)
+
+    def _flush(self) -> None:
         self._scheduled = None
         if not self._pending:
             return
+        if self._lost and self.writable:
+            self._report_lost()
         items, self._pending = self._pending, []
-        text = "".join(map(self._line, items))
-        try:
-            self._stream.write(text)
-            self._stream.flush()
-        except Exception:  # noqa: BLE001 - any failure: keep the lines, refuse requests
-            self.writable = False
-            if len(text) <= RETRY_LIMIT:
-                # Kept for the next write; the newline ends whatever part already went out.
-                self._pending.insert(0, text if text.startswith("\n") else "\n" + text)
-            else:
-                self._lost += text.count("\n")
+        data = "".join(map(self._line, items)).encode("utf-8", "backslashreplace")
+        if len(self._out) + len(data) > LOST_LIMIT:
+            self._lost += data.count(b"\n")
             return
-        self.writable = True
-        if self._lost:
-            lost, self._lost = self._lost, 0
-            self._pending.append({EVENT: "audit.lines_lost", "count": lost})
-            self._drain()
+        self._out += data
+        self._cond.notify_all()
+
+    def _report_lost(self) -> None:
+        """The count of dropped lines, as a line of its own: never dropped itself."""
+        lost, self._lost = self._lost, 0
+        self._out += self._line({EVENT: "audit.lines_lost", "count": lost}).encode()
 
     def _line(self, item: str | dict[str, Any]) -> str:
         if isinstance(item, str):
@@ -127,6 +192,41 @@ class AuditWriter:
         except Exception as e:  # noqa: BLE001 - a line is still written, without the values
             fallback = {EVENT: "audit.unrenderable", "error_type": type(e).__name__}
             return f"{self._render(self, 'info', fallback)!s}\n"
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._out or self._closing)
+                if self._closing:
+                    return
+                chunk = bytes(self._out[:CHUNK])
+            try:
+                written = self._write(self._fd, chunk)
+            except BlockingIOError:
+                written = 0  # the reader is behind: not an error, wait below
+            except OSError:
+                self._failed()
+                continue
+            with self._cond:
+                del self._out[:written]
+                if written:
+                    self._failing = False
+                self._cond.notify_all()
+            if not written:  # a short write just tries again: the next one blocks or says EAGAIN
+                self._wait_writable()
+
+    def _failed(self) -> None:
+        with self._cond:
+            self._failing = True
+            self.write_failures += 1
+            self._cond.wait_for(lambda: self._closing, self._retry)
+
+    def _wait_writable(self) -> None:
+        try:
+            select.select([], [self._fd], [], self._retry)
+        except (OSError, ValueError):  # not a pollable descriptor: wait the retry interval
+            with self._cond:
+                self._cond.wait_for(lambda: self._closing, self._retry)
 
     # structlog's logger interface: the rendered event, without its newline.
     def msg(self, message: str) -> None:
@@ -138,9 +238,6 @@ class AuditWriter:
     def write(self, text: str) -> int:
         self.add(text)
         return len(text)
-
-    def flush(self) -> None:
-        self.drain()
 
 
 _writer: AuditWriter | None = None
@@ -166,26 +263,44 @@ def emit(event: str, fields: dict[str, Any]) -> None:
 
 
 def writable() -> bool:
-    """False while the audit stream cannot be written: requests must then be refused."""
+    """False while the audit stream cannot take lines: requests must then be refused."""
     return _writer is None or _writer.writable
 
 
+def state() -> str:
+    """`ok`, `backlog` (over QUEUE_LIMIT waiting) or `failing` (the last write failed)."""
+    return OK if _writer is None else _writer.state
+
+
+def queued_bytes() -> int:
+    return 0 if _writer is None else _writer.queued
+
+
+def write_failures() -> int:
+    return 0 if _writer is None else _writer.write_failures
+
+
 def drain() -> None:
-    """Write every queued line now (shutdown)."""
+    """Write every queued line now, waiting at most DRAIN_SECONDS in all (shutdown)."""
     if _writer is not None:
         _writer.drain()
 
 
-def configure(stream: TextIO | None = None, level: int = logging.WARNING) -> None:
-    """Render structlog events and stdlib logging (mitmproxy) as JSON lines on `stream`."""
+def configure(
+    fd: int | None = None, level: int = logging.WARNING, write: Write = os.write
+) -> AuditWriter:
+    """Render structlog events and stdlib logging (mitmproxy) as JSON lines on `fd` (stdout)."""
     global _writer, _pre_processors
-    stream = stream or sys.stdout
+    if fd is None:
+        sys.stdout.flush()  # anything printed before goes first
+        fd = sys.stdout.fileno()
     timestamper = structlog.processors.TimeStamper(fmt="iso", utc=True, key=TS)
     renderer = structlog.processors.JSONRenderer()
     _pre_processors = [timestamper, structlog.processors.format_exc_info]
     if _writer is not None:
         _writer.drain()
-    writer = _writer = AuditWriter(stream, renderer)
+        _writer.close()
+    writer = _writer = AuditWriter(fd, renderer, write)
     atexit.register(writer.drain)
     structlog.configure(
         processors=[*_pre_processors, renderer],
@@ -210,6 +325,7 @@ def configure(stream: TextIO | None = None, level: int = logging.WARNING) -> Non
             root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level)
+    return writer
 
 
 def logger() -> Any:

@@ -15,7 +15,7 @@ from prometheus_client.utils import floatToGoString
 from addon import audit
 
 # Reasons that mean the proxy, not the agent, is failing.
-FAILURE_REASONS = frozenset({"internal-error", "store-unavailable"})
+FAILURE_REASONS = frozenset({"internal-error", "store-unavailable", "audit-unavailable"})
 
 
 DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -51,6 +51,18 @@ class Metrics:
         age.set_function(snapshot_age)
         up = Gauge("credproxy_store_up", "1 while the store answers", registry=self.registry)
         up.set_function(lambda: 1.0 if store_up() else 0.0)
+        queued = Gauge(
+            "credproxy_audit_queue_bytes",
+            "Audit bytes waiting for stdout",
+            registry=self.registry,
+        )
+        queued.set_function(audit.queued_bytes)
+        audit_up = Gauge(
+            "credproxy_audit_writable",
+            "1 while the audit stream takes lines (requests are served)",
+            registry=self.registry,
+        )
+        audit_up.set_function(lambda: 1.0 if audit.writable() else 0.0)
 
     def observe(self, line: dict[str, Any]) -> None:
         decision = line[audit.DECISION]
@@ -96,7 +108,12 @@ class Metrics:
             "Echoed secrets replaced in responses",
             value=self._redactions,
         )
-        return iter((requests, by_principal, duration, redactions))
+        failures = CounterMetricFamily(
+            "credproxy_audit_write_failures",
+            "Writes to stdout that failed (each retried)",
+            value=audit.write_failures(),
+        )
+        return iter((requests, by_principal, duration, redactions, failures))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

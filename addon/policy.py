@@ -41,6 +41,7 @@ class Reason(enum.StrEnum):
     UPSTREAM_UNREACHABLE = "upstream-unreachable"
     UPSTREAM_TLS_ERROR = "upstream-tls-error"
     UPSTREAM_TIMEOUT = "upstream-timeout"
+    AUDIT_UNAVAILABLE = "audit-unavailable"
 
 
 STATUS = {
@@ -53,6 +54,7 @@ STATUS = {
     Reason.UPSTREAM_UNREACHABLE: 502,
     Reason.UPSTREAM_TLS_ERROR: 502,
     Reason.UPSTREAM_TIMEOUT: 504,
+    Reason.AUDIT_UNAVAILABLE: 503,
 }
 
 DEFAULT_PORTS = {"https": 443, "http": 80}

@@ -557,7 +557,7 @@ class Credproxy:
 
     def _policy(self) -> Any:
         if not audit.writable():
-            raise Denied(Reason.INTERNAL_ERROR, "the audit stream cannot be written")
+            raise Denied(Reason.AUDIT_UNAVAILABLE, "the audit stream cannot be written")
         policy = self.live.current()
         if policy is None:
             raise Denied(Reason.STORE_UNAVAILABLE, "the policy is stale and the store unreachable")

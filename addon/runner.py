@@ -233,8 +233,9 @@ async def serve(config: RunConfig, started: asyncio.Event | None = None) -> int:
     if config.admin is not None:
 
         def ready() -> tuple[bool, dict[str, object]]:
-            current = live.current()
-            return current is not None, {"store_up": live.store_up}
+            current, audit_state = live.current(), audit.state()
+            serving = current is not None and audit_state == audit.OK
+            return serving, {"store_up": live.store_up, "audit": audit_state}
 
         admin = AdminServer(config.admin[0], config.admin[1], ready, addon.metrics.render)
         try:
