@@ -38,8 +38,9 @@ def forms(secret: bytes) -> list[bytes]:
 
 def _hex_cases(byte: int) -> list[bytes]:
     """Two hex digits of `byte`, each digit in either case."""
-    hi, lo = b"%02x" % byte
-    return sorted({bytes((h, l)) for h in {hi, ord(chr(hi).upper())} for l in {lo, ord(chr(lo).upper())}})
+    digits = b"%02x" % byte
+    hi, lo = ({d, ord(chr(d).upper())} for d in digits)
+    return sorted({bytes((h, low)) for h in hi for low in lo})
 
 
 @functools.cache
@@ -84,9 +85,7 @@ def _tree(needles: list[bytes], i: int) -> bytes:
 @functools.cache
 def _first_unit(byte: int) -> bytes:
     """_unit(byte) after its first byte was matched by the leading character class."""
-    alternatives = (
-        b"(?<=" + re.escape(e[:1]) + b")" + re.escape(e[1:]) for e in encodings(byte)
-    )
+    alternatives = (b"(?<=" + re.escape(e[:1]) + b")" + re.escape(e[1:]) for e in encodings(byte))
     return b"(?:" + b"|".join(alternatives) + b")"
 
 
