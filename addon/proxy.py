@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 from mitmproxy import connection, ctx, exceptions, http, tls
 from mitmproxy.proxy import server_hooks
 
-from addon import audit
+from addon import audit, wsredact
 from addon.access import HOW_TO_ASK, INTERNAL_HOST, RECORDED_REASONS, AccessRequests
 from addon.guard import DestinationGuard
 from addon.hosts import BadAuthority, ResolveMap, normalize_host, parse_authority
@@ -387,7 +387,7 @@ class Credproxy:
         credential = rule.credential
         if credential is not None:
             stamp = policy.stamp(credential)
-            pending.redactor = Redactor((stamp.secret,))
+            pending.redactor = wsredact.REDACTORS[flow] = Redactor((stamp.secret,))
             if stamp.param is not None:
                 query = stamp_query(query, stamp.param, stamp.secret)
             # Replace, never append: a second value would let the upstream pick the agent's.
@@ -484,6 +484,18 @@ class Credproxy:
         if pending is not None:
             error = flow.error.msg if flow.error else "error"
             self._audit(pending, "allow", status=None, error=error.split("\n")[0][:200])
+
+    # -- WebSocket -------------------------------------------------------------------
+
+    def load(self, loader: Any) -> None:
+        wsredact.install()
+
+    def websocket_message(self, flow: http.HTTPFlow) -> None:
+        try:
+            wsredact.on_message(flow)
+        except Exception as e:  # noqa: BLE001 - fail closed: the message is dropped, the flow dies
+            self.log.error("hook.failed", hook="websocket_message", error_type=type(e).__name__)
+            wsredact.kill(flow)
 
     # -- helpers ---------------------------------------------------------------------
 
