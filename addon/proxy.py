@@ -25,7 +25,7 @@ from mitmproxy.proxy.layer import Layer
 from mitmproxy.proxy.layers.http import HttpLayer
 from mitmproxy.proxy.layers.tls import ClientTLSLayer
 
-from addon import audit, wire
+from addon import audit, wire, wsredact
 from addon.access import HOW_TO_ASK, INTERNAL_HOST, MAX_BODY, RECORDED_REASONS, AccessRequests
 from addon.guard import DestinationGuard
 from addon.hosts import BadAuthority, ResolveMap, normalize_host, parse_authority
@@ -425,7 +425,7 @@ class Credproxy:
         credential = rule.credential
         if credential is not None:
             stamp = policy.stamp(credential)
-            pending.redactor = Redactor((stamp.secret,))
+            pending.redactor = wsredact.REDACTORS[flow] = Redactor((stamp.secret,))
             if stamp.param is not None:
                 query = stamp_query(query, stamp.param, stamp.secret)
             # Replace, never append: a second value would let the upstream pick the agent's.
@@ -542,6 +542,18 @@ class Credproxy:
         if failure.reason is not None:
             fields["reason"] = failure.reason.value
         self._audit(pending, "allow" if pending.rule is not None else "deny", **fields)
+
+    # -- WebSocket -------------------------------------------------------------------
+
+    def load(self, loader: Any) -> None:
+        wsredact.install()
+
+    def websocket_message(self, flow: http.HTTPFlow) -> None:
+        try:
+            wsredact.on_message(flow)
+        except Exception as e:  # noqa: BLE001 - fail closed: the message is dropped, the flow dies
+            self.log.error("hook.failed", hook="websocket_message", error_type=type(e).__name__)
+            wsredact.kill(flow)
 
     # -- helpers ---------------------------------------------------------------------
 

@@ -1,4 +1,9 @@
-"""Response redaction: a stamped secret echoed by the upstream reaches the agent as [REDACTED]."""
+"""Response redaction: a stamped secret echoed by the upstream reaches the agent as [REDACTED].
+
+Each form of a secret (as sent, and its base64 forms) is matched however it is escaped: every
+byte may appear literally, percent-encoded with either hex case (`+` for a space), or as a JSON
+escape (`\\u00hh`, `\\/`, `\\"` ...), each byte independently.
+"""
 
 from __future__ import annotations
 
@@ -7,31 +12,137 @@ import functools
 import re
 import zlib
 from collections.abc import Callable, Sequence
-from urllib.parse import quote, quote_plus
 
 MARK = b"[REDACTED]"
+# Re-matching after a substitution ends within a few passes unless a form lives inside MARK.
+MAX_PASSES = 8
+_JSON_SHORT = {0x22: b'\\"', 0x5C: b"\\\\", 0x2F: b"\\/", 8: b"\\b", 12: b"\\f", 10: b"\\n"}
+_JSON_SHORT |= {13: b"\\r", 9: b"\\t"}
+
+
+class Unredactable(ValueError):
+    """Substitution did not converge: MARK itself holds a form of the secret."""
 
 
 def forms(secret: bytes) -> list[bytes]:
-    """The secret as sent, base64 (both alphabets, with and without padding), URL-encoded."""
+    """The secret as sent and base64 (both alphabets, with and without padding)."""
     candidates = {
         secret,
         base64.b64encode(secret),
         base64.b64encode(secret).rstrip(b"="),
         base64.urlsafe_b64encode(secret),
         base64.urlsafe_b64encode(secret).rstrip(b"="),
-        quote(secret, safe="").encode(),
-        quote_plus(secret, safe="").encode(),
     }
     return sorted((c for c in candidates if len(c) >= 4), key=len, reverse=True)
 
 
+def _hex_cases(byte: int) -> list[bytes]:
+    """Two hex digits of `byte`, each digit in either case."""
+    digits = b"%02x" % byte
+    hi, lo = ({d, ord(chr(d).upper())} for d in digits)
+    return sorted({bytes((h, low)) for h in hi for low in lo})
+
+
+@functools.cache
+def encodings(byte: int) -> tuple[bytes, ...]:
+    """Every way one byte of a form may be written in a response."""
+    out = [bytes((byte,))] + [b"%" + h for h in _hex_cases(byte)]
+    if byte == 0x20:
+        out.append(b"+")
+    if byte < 0x80:  # JSON escapes code points; above ASCII they are not single bytes
+        out += [b"\\u00" + h for h in _hex_cases(byte)]
+        if byte in _JSON_SHORT:
+            out.append(_JSON_SHORT[byte])
+    return tuple(out)
+
+
+@functools.cache
+def _unit(byte: int) -> bytes:
+    return b"(?:" + b"|".join(re.escape(e) for e in encodings(byte)) + b")"
+
+
+def _tree(needles: list[bytes], i: int) -> bytes:
+    """One regex for the needles' bytes from `i` on, with shared prefixes matched once."""
+    out = b""
+    while True:
+        live = [n for n in needles if len(n) > i]
+        ended = len(live) < len(needles)
+        heads = sorted({n[i] for n in live})
+        if len(heads) != 1 or ended:
+            break
+        out += _first_unit(heads[0]) if i == 0 else _unit(heads[0])
+        i += 1
+    unit = _first_unit if i == 0 else _unit
+    # Longer forms first: a form that is a prefix of another (unpadded base64) comes last.
+    branches = [unit(h) + _tree([n for n in live if n[i] == h], i + 1) for h in heads]
+    if ended:
+        branches.append(b"")
+    if len(branches) == 1:
+        return out + branches[0]
+    return out + b"(?:" + b"|".join(branches) + b")"
+
+
+@functools.cache
+def _first_unit(byte: int) -> bytes:
+    """_unit(byte) after its first byte was matched by the leading character class."""
+    alternatives = (b"(?<=" + re.escape(e[:1]) + b")" + re.escape(e[1:]) for e in encodings(byte))
+    return b"(?:" + b"|".join(alternatives) + b")"
+
+
+@functools.cache
+def _starts(byte: int) -> frozenset[int]:
+    return frozenset(e[0] for e in encodings(byte))
+
+
 @functools.lru_cache(maxsize=4096)
-def _compile(secrets: tuple[bytes, ...]) -> tuple[list[bytes], re.Pattern[bytes] | None]:
+def _compile(secrets: tuple[bytes, ...]) -> _Compiled | None:
     """Built once per secret, not per request: the hot path only scans."""
     needles = sorted({f for s in secrets for f in forms(s)}, key=len, reverse=True)
-    pattern = re.compile(b"|".join(re.escape(n) for n in needles)) if needles else None
-    return needles, pattern
+    if not needles:
+        return None
+    first = sorted(set().union(*(_starts(n[0]) for n in needles)))
+    char_class = b"[" + b"".join(re.escape(bytes((c,))) for c in first) + b"]"
+    # Led by a character class, so that the regex engine skips ahead to a possible first
+    # byte instead of trying every form at every offset; the lookbehinds then say which.
+    pattern = re.compile(char_class + _tree(needles, 0))
+    starts = re.compile(char_class)
+    longest = max(sum(max(map(len, encodings(b))) for b in n) for n in needles)
+    return _Compiled(needles, pattern, starts, longest, len(needles[-1]))
+
+
+class _Compiled:
+    __slots__ = ("needles", "pattern", "starts", "longest", "shortest")
+
+    def __init__(
+        self,
+        needles: list[bytes],
+        pattern: re.Pattern[bytes],
+        starts: re.Pattern[bytes],
+        longest: int,
+        shortest: int,
+    ) -> None:
+        self.needles, self.pattern, self.starts = needles, pattern, starts
+        self.longest, self.shortest = longest, shortest
+
+
+def _begins(data: bytes, pos: int, needle: bytes) -> bool:
+    """Is data[pos:] (non-empty) a proper prefix of some encoding of `needle`?"""
+    end = len(data)
+    stack = [(pos, 0)]
+    while stack:
+        at, i = stack.pop()
+        if at == end:
+            return True
+        if i == len(needle):
+            continue  # a whole form and more: not a prefix
+        rest = end - at
+        for enc in encodings(needle[i]):
+            if rest < len(enc):
+                if enc.startswith(data[at:]):
+                    return True
+            elif data.startswith(enc, at):
+                stack.append((at + len(enc), i + 1))
+    return False
 
 
 class Redactor:
@@ -42,45 +153,59 @@ class Redactor:
     """
 
     def __init__(self, secrets: Sequence[bytes]) -> None:
-        self._needles, self._pattern = _compile(tuple(secrets))
+        self._c = _compile(tuple(secrets))
         self._tail = b""
         self.count = 0
 
     def _sub(self, data: bytes) -> bytes:
-        assert self._pattern is not None
-        out, n = self._pattern.subn(MARK, data)
-        self.count += n
-        return out
+        assert self._c is not None
+        pattern = self._c.pattern
+        for _ in range(MAX_PASSES):
+            data, n = pattern.subn(MARK, data)
+            if not n:
+                return data
+            # A secret with `[` or `]` can re-form across a MARK: scan again.
+            self.count += n
+        if pattern.search(data):
+            raise Unredactable("a form of the secret survives redaction")
+        return data
 
-    def _partial(self, data: bytes) -> int:
-        """Length of the longest suffix of `data` that a secret form starts with."""
-        best = 0
-        for needle in self._needles:
-            for k in range(min(len(needle) - 1, len(data)), best, -1):
-                if needle.startswith(data[-k:]):
-                    best = k
-                    break
-        return best
+    def partial(self, data: bytes) -> int:
+        """Length of the longest suffix of `data` that could begin an encoded secret form."""
+        c = self._c
+        if c is None:
+            return 0
+        for m in c.starts.finditer(data, max(0, len(data) - c.longest + 1)):
+            at = m.start()
+            if any(_begins(data, at, n) for n in c.needles):
+                return len(data) - at
+        return 0
 
     def feed(self, chunk: bytes) -> bytes:
         """Redacted bytes that are safe to send now; b"" flushes the held-back tail."""
-        if self._pattern is None:
+        if self._c is None:
             return chunk
         if not chunk:
             rest, self._tail = self._tail, b""
             return self._sub(rest)
         data = self._sub(self._tail + chunk)
-        # Redacted output never re-forms a secret ([REDACTED] starts none), so holding back
-        # only the unfinished tail is enough.
-        hold = self._partial(data)
+        # After _sub no form is left whole, so holding back the unfinished tail is enough.
+        hold = self.partial(data)
         emit, self._tail = data[: len(data) - hold], data[len(data) - hold :]
         return emit
 
     def whole(self, body: bytes) -> bytes:
         """Redact a complete body (nothing held back: there is no next chunk)."""
-        if self._pattern is None or len(body) < len(self._needles[-1]):
+        if self._c is None or len(body) < self._c.shortest:
             return body  # shorter than the shortest form of a secret
         return self._sub(body)
+
+    def spans(self, before: bytes, after: bytes) -> bool:
+        """Does a form start in `before` (already sent, redacted) and end in `after`?"""
+        if self._c is None or not before:
+            return False
+        m = self._c.pattern.search(before + after)
+        return m is not None and m.start() < len(before)
 
     def headers(self, fields: tuple[tuple[bytes, bytes], ...]) -> tuple[tuple[bytes, bytes], ...]:
         """Redact header values; a field whose name holds a secret is dropped (and counted).
@@ -88,8 +213,10 @@ class Redactor:
         One search over every name and value decides; `fields` comes back as it is when it
         holds no secret, the usual case.
         """
-        pattern = self._pattern
-        if pattern is None or not pattern.search(b"\n".join(b"\n".join(f) for f in fields)):
+        if self._c is None:
+            return fields
+        pattern = self._c.pattern
+        if not pattern.search(b"\n".join(b"\n".join(f) for f in fields)):
             return fields
         kept = []
         for name, value in fields:

@@ -5,10 +5,11 @@ from __future__ import annotations
 import base64
 from urllib.parse import quote
 
-from hypothesis import given, settings
+import pytest
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from addon.redact import MARK, Redactor
+from addon.redact import MARK, Redactor, Unredactable
 
 SECRET = b"sk-live/abc+def=123"
 
@@ -90,3 +91,137 @@ def test_a_held_body_exactly_as_long_as_the_shortest_form_is_redacted():
     # whole() skips bodies shorter than every form; one of exactly that length is a secret.
     assert Redactor([b"abcd"]).whole(b"abcd") == MARK
     assert Redactor([b"abcd"]).whole(b"abc") == b"abc"
+
+
+# -- every escaping of a form ---------------------------------------------------------------
+
+JSON_SHORT = {b'"': b'\\"', b"\\": b"\\\\", b"/": b"\\/", b"\n": b"\\n", b"\t": b"\\t"}
+
+
+def _hex(byte: int, upper: tuple[bool, bool]) -> bytes:
+    return bytes(
+        ord(chr(d).upper()) if up else d for d, up in zip(b"%02x" % byte, upper, strict=True)
+    )
+
+
+@st.composite
+def escaped(draw: st.DrawFn, form: bytes) -> bytes:
+    """`form` with each byte written independently: literal, %hh in either case, +, JSON."""
+    out = b""
+    for byte in form:
+        char = bytes((byte,))
+        ways = [char, b"%" + _hex(byte, draw(st.tuples(st.booleans(), st.booleans())))]
+        if char == b" ":
+            ways.append(b"+")
+        if byte < 0x80:
+            ways.append(b"\\u00" + _hex(byte, draw(st.tuples(st.booleans(), st.booleans()))))
+        if char in JSON_SHORT:
+            ways.append(JSON_SHORT[char])
+        out += draw(st.sampled_from(ways))
+    return out
+
+
+def _forms(secret: bytes) -> list[bytes]:
+    b64 = base64.b64encode(secret)
+    url = base64.urlsafe_b64encode(secret)
+    return [f for f in (secret, b64, b64.rstrip(b"="), url, url.rstrip(b"=")) if len(f) >= 4]
+
+
+def _chunks(body: bytes, cuts: list[int]) -> list[bytes]:
+    points = sorted({min(c, len(body)) for c in cuts})
+    return [body[a:b] for a, b in zip([0, *points], [*points, len(body)], strict=True)]
+
+
+secrets = st.binary(min_size=4, max_size=24).filter(lambda s: s not in MARK)
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data(), secret=secrets, prefix=st.binary(max_size=30), suffix=st.binary(max_size=30))
+def test_any_escaping_of_any_form_is_redacted_whole_and_at_every_split(
+    data, secret, prefix, suffix
+):
+    form = data.draw(st.sampled_from(_forms(secret)))
+    echo = data.draw(escaped(form))
+    body = prefix + echo + suffix
+    out = Redactor([secret]).whole(body)
+    assert echo not in out and secret not in out
+    assert MARK in out
+    for cut in range(len(body) + 1):
+        streamed = run(Redactor([secret]), [body[:cut], body[cut:]])
+        assert echo not in streamed and secret not in streamed, cut
+    cuts = data.draw(st.lists(st.integers(0, len(body)), max_size=8))
+    streamed = run(Redactor([secret]), _chunks(body, cuts))
+    assert echo not in streamed and secret not in streamed
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    data=st.data(),
+    secret=secrets,
+    pieces=st.lists(st.binary(max_size=12), max_size=8),
+    cuts=st.lists(st.integers(0, 200), max_size=8),
+)
+def test_text_without_a_form_is_unchanged_and_wholly_emitted(data, secret, pieces, cuts):
+    # Unfinished escaped forms between random bytes: held back at most, never altered.
+    starts = [
+        data.draw(escaped(f))[: data.draw(st.integers(0, len(f) - 1))] for f in _forms(secret)
+    ]
+    body = b"".join(p + s for p, s in zip(pieces, starts * 3, strict=False))
+    redactor = Redactor([secret])
+    assume(redactor.whole(body) == body and redactor.count == 0)
+    assert run(Redactor([secret]), _chunks(body, cuts)) == body
+
+
+@pytest.mark.parametrize(
+    "echo",
+    [
+        pytest.param(b"sk-live%2fabc%2bdef%3d123", id="lower-case hex escapes"),
+        pytest.param(b"sk-live/abc%2Bdef%3D123", id="a slash left unescaped"),
+        pytest.param(b"sk-live%2Fabc+def=123".replace(b"+", b"%2b"), id="mixed escapes"),
+        pytest.param(b"sk-live\\/abc+def=123", id="a JSON-escaped slash"),
+        pytest.param(b"\\u0073k-live/abc\\u002Bdef=123", id="JSON unicode escapes"),
+        pytest.param(base64.b64encode(SECRET).replace(b"=", b"%3D"), id="URL-encoded base64"),
+    ],
+)
+def test_escaped_echoes_are_redacted(echo: bytes):
+    assert Redactor([SECRET]).whole(b'{"q": "' + echo + b'"}') == b'{"q": "' + MARK + b'"}'
+
+
+def test_json_escaped_base64_is_redacted():
+    secret = b"\xfb\xff\xbf\xfb"  # base64 "+/+/+w==": a JSON encoder may write "\\/"
+    echo = base64.b64encode(secret).replace(b"/", b"\\/")
+    assert b"\\/" in echo
+    assert Redactor([secret]).whole(b'"' + echo + b'"') == b'"' + MARK + b'"'
+
+
+def test_double_encoding_is_not_decoded():
+    # Documented: %25 is an escaped percent sign, and `%252F` is not a slash.
+    echo = b"sk-live%252Fabc+def=123"
+    assert Redactor([SECRET]).whole(echo) == echo
+
+
+@pytest.mark.parametrize(
+    "end",
+    [b"sk-live", b"sk-live%", b"sk-live%2", b"sk-live\\", b"sk-live\\u00", b"sk-live\\u002"],
+)
+def test_an_unfinished_escape_at_a_chunk_end_is_held_back(end: bytes):
+    redactor = Redactor([SECRET])
+    assert redactor.feed(b"data: " + end) == b"data: "
+    assert redactor.feed(b"") == end
+
+
+def test_a_secret_re_formed_around_a_mark_is_redacted_again():
+    secret = b"ED]abc"  # a single pass would leave "[REDACTED]abc", which holds it again
+    assert Redactor([secret]).whole(secret + b"abc") == b"[REDACT" + MARK
+
+
+def test_a_secret_inside_the_mark_fails_closed():
+    with pytest.raises(Unredactable):
+        Redactor([b"EDAC"]).whole(b"EDAC")
+
+
+def test_a_message_boundary_inside_a_form_is_seen():
+    redactor = Redactor([SECRET])
+    assert redactor.spans(b"x sk-li", b"ve/abc+def=123")
+    assert not redactor.spans(b"x sk-li", b"nux")
+    assert not redactor.spans(b"done ", SECRET)  # whole in the second: redacted there

@@ -1,0 +1,122 @@
+"""Redaction of WebSocket traffic on a stamped handshake: messages, close reasons, pings.
+
+mitmproxy reassembles a fragmented message before the `websocket_message` hook, which
+redacts it whole. A form split across two messages cannot be unsent: the first part (a
+proper prefix of a form at most) has gone out, so the second is dropped and the connection
+closed. Control frames (close, ping, pong) pass no hook and are forwarded before
+`websocket_end`: `install()` gives mitmproxy a WebSocket layer that redacts them first.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import wsproto.events
+from mitmproxy import flow as mflow
+from mitmproxy import http
+from mitmproxy.proxy import commands, events, layer
+from mitmproxy.proxy.layers import websocket as ws_layer
+
+from addon.redact import MARK, Redactor, Unredactable
+
+# Held beside the flow, never in flow.metadata (mitmproxy serialises metadata).
+REDACTORS: weakref.WeakKeyDictionary[http.HTTPFlow, Redactor] = weakref.WeakKeyDictionary()
+# The end of the last server message sent that could begin a form.
+_TAILS: weakref.WeakKeyDictionary[http.HTTPFlow, bytes] = weakref.WeakKeyDictionary()
+
+
+class SplitSecret(Exception):
+    """A form of the secret spans two server messages."""
+
+
+def on_message(flow: http.HTTPFlow) -> None:
+    """Redact the server message mitmproxy is about to relay; raises SplitSecret."""
+    assert flow.websocket is not None
+    messages = flow.websocket.messages
+    message = messages[-1]
+    # mitmproxy keeps every message of a connection; nothing here needs the older ones.
+    del messages[:-1]
+    if killed(flow):
+        message.drop()
+        return
+    redactor = REDACTORS.get(flow)
+    if message.from_client or redactor is None:
+        return
+    if redactor.spans(_TAILS.get(flow, b""), message.content):
+        raise SplitSecret("a secret form spans two messages")
+    out = redactor.whole(message.content)
+    if message.is_text and out is not message.content:
+        # A non-ASCII secret may cut a character: send valid UTF-8, redacted again.
+        out = redactor.whole(out.decode("utf-8", "replace").encode())
+    message.content = out
+    hold = redactor.partial(out)
+    _TAILS[flow] = out[len(out) - hold :] if hold else b""
+
+
+def kill(flow: http.HTTPFlow) -> None:
+    """Fail closed: drop the message in hand and end the connection."""
+    if flow.websocket is not None and flow.websocket.messages:
+        flow.websocket.messages[-1].drop()
+    if flow.killable:
+        flow.kill()
+
+
+def killed(flow: http.HTTPFlow) -> bool:
+    return flow.error is not None and flow.error.msg == mflow.Error.KILLED_MESSAGE
+
+
+def _holds(redactor: Redactor, data: bytes) -> bool:
+    try:
+        return redactor.whole(data) != data
+    except Unredactable:
+        return True
+
+
+def _redact_control(ev: wsproto.events.Event, redactor: Redactor) -> wsproto.events.Event:
+    """A control frame with a form in it goes on with MARK as its whole payload."""
+    if isinstance(ev, wsproto.events.CloseConnection):
+        if ev.reason and _holds(redactor, ev.reason.encode("utf-8", "surrogateescape")):
+            return wsproto.events.CloseConnection(ev.code, MARK.decode())
+    elif isinstance(ev, wsproto.events.Ping | wsproto.events.Pong):
+        if ev.payload and _holds(redactor, bytes(ev.payload)):
+            return type(ev)(payload=MARK)
+    return ev
+
+
+_Base = ws_layer.WebsocketLayer
+
+
+class RedactingWebsocketLayer(_Base):
+    """mitmproxy's layer, with the server's control frames redacted and kills honoured."""
+
+    def _start(self, event: events.Event) -> layer.CommandGenerator[None]:
+        yield from _Base.start(self, event)
+        redactor, read, flow = REDACTORS.get(self.flow), self.server_ws.events, self.flow
+
+        def redacted() -> Iterator[wsproto.events.Event]:
+            for ev in read():
+                if killed(flow):
+                    return  # nothing more from the server once the flow is dead
+                yield ev if redactor is None else _redact_control(ev, redactor)
+
+        self.server_ws.events = redacted  # type: ignore[method-assign]
+
+    _handle_event: Callable[..., Any] = _start
+
+    def relay_messages(self, event: events.Event) -> layer.CommandGenerator[None]:
+        yield from super().relay_messages(event)
+        # flow.kill() alone does not end a WebSocket in mitmproxy: close both sides.
+        if killed(self.flow) and self._handle_event != self.done:
+            yield commands.CloseConnection(self.context.client)
+            yield commands.CloseConnection(self.context.server)
+            self._handle_event = self.done
+
+
+def install() -> None:
+    """Make mitmproxy's HTTP layer upgrade to RedactingWebsocketLayer (idempotent)."""
+    ws_layer.WebsocketLayer = RedactingWebsocketLayer  # type: ignore[misc]
+    # A redacted message changes length and is re-fragmented; mitmproxy decodes each text
+    # fragment alone, which would break a character cut at a fragment boundary. One frame.
+    ws_layer.Fragmentizer.FRAGMENT_SIZE = 2**62
