@@ -35,6 +35,10 @@ class Reason(enum.StrEnum):
     UPGRADE_NOT_ALLOWED = "upgrade-not-allowed"
     STORE_UNAVAILABLE = "store-unavailable"
     INTERNAL_ERROR = "internal-error"
+    REQUEST_TOO_LARGE = "request-too-large"
+    REQUEST_TIMEOUT = "request-timeout"
+    TOO_MANY_CONNECTIONS = "too-many-connections"
+    UPSTREAM_TIMEOUT = "upstream-timeout"
 
 
 STATUS = {
@@ -42,6 +46,10 @@ STATUS = {
     Reason.BAD_REQUEST: 400,
     Reason.STORE_UNAVAILABLE: 503,
     Reason.INTERNAL_ERROR: 500,
+    Reason.REQUEST_TOO_LARGE: 431,
+    Reason.REQUEST_TIMEOUT: 408,
+    Reason.TOO_MANY_CONNECTIONS: 429,
+    Reason.UPSTREAM_TIMEOUT: 504,
 }
 
 DEFAULT_PORTS = {"https": 443, "http": 80}

@@ -18,6 +18,7 @@ from addon import audit
 from addon.admin import AdminServer
 from addon.guard import DestinationGuard
 from addon.hosts import ResolveMap
+from addon.limits import LimitSettings, add_limit_flags
 from store.cli import Settings
 from store.errors import CredproxyError, InvalidInput
 from store.repository import Store
@@ -36,6 +37,7 @@ class RunConfig:
     max_stale: float
     admin: tuple[str, int] | None
     alert_streak: int
+    limits: LimitSettings = LimitSettings()
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, settings: Settings) -> RunConfig:
@@ -66,6 +68,7 @@ class RunConfig:
             args.max_stale,
             admin,
             args.alert_streak,
+            LimitSettings.from_args(args),
         )
 
 
@@ -115,6 +118,7 @@ def add_command(sub: Any, common: argparse.ArgumentParser) -> None:
         default=30.0,
         help="seconds to serve the last policy while the store is unreachable (default 30)",
     )
+    add_limit_flags(p)
     p.set_defaults(func=cmd_run)
 
 
@@ -136,6 +140,8 @@ async def serve(config: RunConfig, started: asyncio.Event | None = None) -> int:
     from mitmproxy import options
     from mitmproxy.tools.dump import DumpMaster
 
+    from addon.limits import Limits
+    from addon.limits import install as install_limits
     from addon.live import LivePolicy
     from addon.proxy import REQUIRED_OPTIONS, Credproxy
 
@@ -165,6 +171,8 @@ async def serve(config: RunConfig, started: asyncio.Event | None = None) -> int:
     master.options.update(**update)
     addon = Credproxy(live, config.resolve, config.guard, config.alert_streak)
     master.addons.add(addon)
+    install_limits()
+    master.addons.add(Limits(config.limits, addon))
 
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
