@@ -65,13 +65,14 @@ class Tarpit:
     """Accepts TCP connections on 127.0.0.1 and never answers; with `tls`, completes the TLS
     handshake and reads the request first."""
 
-    def __init__(self, ca: trustme.CA | None = None) -> None:
+    def __init__(self, ca: trustme.CA | None = None, answer: bytes = b"") -> None:
+        self.answer = answer
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
         self.context = None
         if ca is not None:
             self.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-            ca.issue_cert("tlspit.test").configure_cert(self.context)
+            ca.issue_cert("tlspit.test", "hugehead.test").configure_cert(self.context)
         self.held: list[Any] = []
         self.requests = 0
         threading.Thread(target=self._serve, daemon=True).start()
@@ -93,6 +94,7 @@ class Tarpit:
             self.held.append(tls)
             if tls.recv(65536):
                 self.requests += 1
+                tls.sendall(self.answer)
         except OSError:
             pass
 
@@ -103,11 +105,13 @@ class Tarpit:
 
 
 @pytest.fixture(scope="module")
-def pits(upstream_ca: trustme.CA) -> Iterator[tuple[Tarpit, Tarpit]]:
-    tcp, tls = Tarpit(), Tarpit(upstream_ca)
-    yield tcp, tls
-    tcp.close()
-    tls.close()
+def pits(upstream_ca: trustme.CA) -> Iterator[tuple[Tarpit, Tarpit, Tarpit]]:
+    """A TCP tarpit, a TLS tarpit, and one that answers with a 1 MiB response head."""
+    huge = b"HTTP/1.1 200 OK\r\nX-Huge: " + b"h" * (1024 * 1024)
+    pits = Tarpit(), Tarpit(upstream_ca), Tarpit(upstream_ca, answer=huge)
+    yield pits
+    for pit in pits:
+        pit.close()
 
 
 @pytest.fixture(scope="module")
@@ -116,12 +120,13 @@ def limited(
     shared_upstream: Upstream,
     upstream_ca: trustme.CA,
     initialised_home: Path,
-    pits: tuple[Tarpit, Tarpit],
+    pits: tuple[Tarpit, Tarpit, Tarpit],
 ) -> Iterator[Proxy]:
     """A proxy with second-long deadlines and four tunnels per principal."""
-    tcp, tls = pits
+    tcp, tls, huge = pits
     resolve = [f"{name}=127.0.0.1:{shared_upstream.port}" for name in NAMES if name != "localhost"]
     resolve += [f"tarpit.test=127.0.0.1:{tcp.port}", f"tlspit.test=127.0.0.1:{tls.port}"]
+    resolve += [f"hugehead.test=127.0.0.1:{huge.port}"]
     home = tmp_path_factory.mktemp("limited")
     running = start_proxy(home, upstream_ca, resolve, extra=SHORT, template=initialised_home)
     yield running
@@ -132,7 +137,9 @@ def limited(
 def agent(limited: Proxy) -> tuple[str, str]:
     name = "limits-" + os.urandom(3).hex()
     token = limited.store.add_principal(name)
-    limited.store.add_grant(name, ["GET"], hosts=["api.test", "tarpit.test", "tlspit.test"])
+    limited.store.add_grant(
+        name, ["GET"], hosts=["api.test", "tarpit.test", "tlspit.test", "hugehead.test"]
+    )
     limited.wait_reload()
     return name, token
 
@@ -336,6 +343,19 @@ def test_a_tarpit_upstream_gets_504_upstream_timeout(limited: Proxy, agent, host
     assert time.monotonic() - started < 8
     line = [r for r in limited.requests(agent[0]) if r.get("host") == host][-1]
     assert phase in line["error"] and "upstream timeout" in line["error"]
+
+
+def test_a_huge_upstream_response_head_is_cut_off(limited: Proxy, agent):
+    sock, reply = connect(limited.port, "hugehead.test:443", proxy_auth(*agent))
+    context = ssl.create_default_context(cafile=str(limited.ca_file))
+    with context.wrap_socket(sock, server_hostname="hugehead.test") as tls:
+        tls.settimeout(5)
+        tls.sendall(b"GET /v1/x HTTP/1.1\r\nHost: hugehead.test\r\n\r\n")
+        reply = read_reply(tls)
+    assert reply.status == 502
+    assert b"hhhh" not in reply.body
+    line = [r for r in limited.requests(agent[0]) if r.get("host") == "hugehead.test"][-1]
+    assert "response head exceeds 64 KiB" in line["error"]
 
 
 # -- memory --------------------------------------------------------------------------------
