@@ -320,6 +320,41 @@ def test_connections_over_the_total_cap_are_closed_at_accept(capped: Proxy):
     assert get(capped, (name, token)).status == 200
 
 
+def open_h2_streams(proxy: Proxy, who: tuple[str, str], count: int) -> bool:
+    """Open `count` h2 streams, none ended, in one tunnel; True if the proxy ended it."""
+    import h2.config
+    import h2.connection
+    import h2.events
+
+    sock, reply = connect(proxy.port, "api.test:443", proxy_auth(*who))
+    assert reply.status == 200
+    context = ssl.create_default_context(cafile=str(proxy.ca_file))
+    context.set_alpn_protocols(["h2"])
+    with context.wrap_socket(sock, server_hostname="api.test") as tls:
+        assert tls.selected_alpn_protocol() == "h2"
+        conn = h2.connection.H2Connection(h2.config.H2Configuration())
+        conn.initiate_connection()
+        request = [(":method", "POST"), (":scheme", "https"), (":authority", "api.test")]
+        for n in range(count):  # before the proxy's SETTINGS arrive: nothing stops us here
+            conn.send_headers(2 * n + 1, [*request, (":path", "/v1/x")])
+        tls.sendall(conn.data_to_send())
+        tls.settimeout(1.5)
+        try:
+            while data := tls.recv(65536):
+                for event in conn.receive_data(data):
+                    if isinstance(event, h2.events.ConnectionTerminated):
+                        return True
+                tls.sendall(conn.data_to_send())
+        except TimeoutError:
+            return False
+    return True
+
+
+def test_a_101st_concurrent_h2_stream_ends_the_connection(limited: Proxy, agent):
+    assert not open_h2_streams(limited, agent, 100)
+    assert open_h2_streams(limited, agent, 101)
+
+
 # -- upstream timeouts ---------------------------------------------------------------------
 
 
