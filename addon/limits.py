@@ -178,7 +178,8 @@ def _refuse_response_head(self: Any) -> Iterator[Any]:
 
     yield commands.CloseConnection(self.conn)
     if self.stream_id is not None:
-        message = f"upstream response head exceeds {HEAD_LIMIT // 1024} KiB"
+        # Worded as mitmproxy's own parse failures, so that error classifiers treat it alike.
+        message = f"Cannot parse HTTP response: head exceeds {HEAD_LIMIT // 1024} KiB"
         yield ReceiveHttp(ResponseProtocolError(self.stream_id, message, 502))
     _end(self)
 
