@@ -34,6 +34,12 @@ HEAD_LIMIT = 64 * 1024
 # What h2 (4.1) enforces per client connection, checked at install so an upgrade cannot
 # silently change it: a 101st concurrent stream ends the connection with PROTOCOL_ERROR.
 H2_LIMITS = {"max_concurrent_streams": 100, "max_header_list_size": 64 * 1024}
+# What the proxy holds for an HTTP/2 client that stops reading (its flow-control window kept
+# closed): over this per stream, or over the second bound for the whole connection, the stream
+# is reset and the upstream connection closed. HTTP/1 needs none: mitmproxy stops reading the
+# upstream while the client's socket buffer is full.
+H2_STREAM_BUFFER = 1024 * 1024
+H2_CONNECTION_BUFFER = 8 * 1024 * 1024
 SWEEP_INTERVAL = 0.5
 TIMEOUT_PREFIX = "upstream timeout"
 
@@ -107,7 +113,7 @@ def install() -> None:
     import h2.connection
     import h2.frame_buffer
     from mitmproxy.proxy.layers import tls as tls_layer
-    from mitmproxy.proxy.layers.http import HttpStream, _http1
+    from mitmproxy.proxy.layers.http import HttpStream, _http1, _http2
 
     settings = h2.connection.H2Connection(h2.config.H2Configuration()).local_settings
     actual = {name: getattr(settings, name) for name in H2_LIMITS}
@@ -117,6 +123,7 @@ def install() -> None:
     server.read_headers = _bounded_head(server.read_headers, _refuse_request_head)  # type: ignore[method-assign]
     client.read_headers = _bounded_head(client.read_headers, _refuse_response_head)  # type: ignore[method-assign]
     HttpStream.handle_protocol_error = _timeout_answer(HttpStream.handle_protocol_error)  # type: ignore[method-assign]
+    _http2.Http2Server._handle_event = _bounded_h2_buffer(_http2.Http2Server._handle_event)  # type: ignore[method-assign]
     tls_layer.ServerTLSLayer._handshake_finished = _timeout_handshake(  # type: ignore[method-assign]
         tls_layer.ServerTLSLayer._handshake_finished
     )
@@ -212,6 +219,44 @@ def _timeout_answer(handle: Any) -> Any:
                 code = STATUS[Reason.UPSTREAM_TIMEOUT]
                 event = ResponseProtocolError(self.stream_id, message, code)
         yield from handle(self, event)
+
+    return wrapper
+
+
+def _buffered(buffer: Any, frame: int, limit: int) -> bool:
+    """Is more than `limit` queued in these deques of frames (each at most `frame` long)?"""
+    if sum(map(len, buffer)) * frame <= limit:  # cheap upper bound first
+        return False
+    return sum(len(item.data) for queue in buffer for item in queue) > limit
+
+
+def _bounded_h2_buffer(handle: Any) -> Any:
+    """Reset a stream whose client stopped reading once too much is held for it."""
+    import h2.errors
+    from mitmproxy.net.http import status_codes
+    from mitmproxy.proxy import commands
+    from mitmproxy.proxy.layers.http._base import ReceiveHttp
+    from mitmproxy.proxy.layers.http._events import RequestProtocolError, ResponseData
+
+    def wrapper(self: Any, event: Any) -> Iterator[Any]:
+        yield from handle(self, event)
+        if not isinstance(event, ResponseData):
+            return
+        sid, conn = event.stream_id, self.h2_conn
+        queue = conn.stream_buffers.get(sid)
+        if not queue:  # the client keeps up: the common case costs this lookup
+            return
+        frame = conn.max_outbound_frame_size
+        if not (
+            _buffered((queue,), frame, H2_STREAM_BUFFER)
+            or _buffered(conn.stream_buffers.values(), frame, H2_CONNECTION_BUFFER)
+        ):
+            return
+        conn.reset_stream(sid, h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)  # drops the queue
+        yield commands.SendData(self.conn, conn.data_to_send())
+        self.streams.pop(sid, None)
+        message = "the client stopped reading: too much buffered for it"
+        yield ReceiveHttp(RequestProtocolError(sid, message, status_codes.CLIENT_CLOSED_REQUEST))
 
     return wrapper
 

@@ -22,6 +22,7 @@ from tests.e2e.upstream import Upstream
 pytestmark = pytest.mark.e2e
 
 MEMORY_BOUND = 32 * 1024 * 1024
+BIG = 64 * 1024 * 1024
 SHORT = ["--head-timeout", "1", "--idle-timeout", "2", "--connect-timeout", "1"]
 SHORT += ["--upstream-timeout", "2", "--max-tunnels", "4"]
 
@@ -72,7 +73,7 @@ class Tarpit:
         self.context = None
         if ca is not None:
             self.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-            ca.issue_cert("tlspit.test", "hugehead.test").configure_cert(self.context)
+            ca.issue_cert("tlspit.test", "hugehead.test", "big.test").configure_cert(self.context)
         self.held: list[Any] = []
         self.requests = 0
         threading.Thread(target=self._serve, daemon=True).start()
@@ -105,10 +106,17 @@ class Tarpit:
 
 
 @pytest.fixture(scope="module")
-def pits(upstream_ca: trustme.CA) -> Iterator[tuple[Tarpit, Tarpit, Tarpit]]:
-    """A TCP tarpit, a TLS tarpit, and one that answers with a 1 MiB response head."""
+def pits(upstream_ca: trustme.CA) -> Iterator[tuple[Tarpit, ...]]:
+    """A TCP tarpit, a TLS tarpit, one answering with a 1 MiB response head, and one with a
+    64 MiB body as fast as it is read."""
     huge = b"HTTP/1.1 200 OK\r\nX-Huge: " + b"h" * (1024 * 1024)
-    pits = Tarpit(), Tarpit(upstream_ca), Tarpit(upstream_ca, answer=huge)
+    big = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % BIG + b"b" * BIG
+    pits = (
+        Tarpit(),
+        Tarpit(upstream_ca),
+        Tarpit(upstream_ca, answer=huge),
+        Tarpit(upstream_ca, answer=big),
+    )
     yield pits
     for pit in pits:
         pit.close()
@@ -120,13 +128,13 @@ def limited(
     shared_upstream: Upstream,
     upstream_ca: trustme.CA,
     initialised_home: Path,
-    pits: tuple[Tarpit, Tarpit, Tarpit],
+    pits: tuple[Tarpit, ...],
 ) -> Iterator[Proxy]:
     """A proxy with second-long deadlines and four tunnels per principal."""
-    tcp, tls, huge = pits
+    tcp, tls, huge, big = pits
     resolve = [f"{name}=127.0.0.1:{shared_upstream.port}" for name in NAMES if name != "localhost"]
     resolve += [f"tarpit.test=127.0.0.1:{tcp.port}", f"tlspit.test=127.0.0.1:{tls.port}"]
-    resolve += [f"hugehead.test=127.0.0.1:{huge.port}"]
+    resolve += [f"hugehead.test=127.0.0.1:{huge.port}", f"big.test=127.0.0.1:{big.port}"]
     home = tmp_path_factory.mktemp("limited")
     running = start_proxy(home, upstream_ca, resolve, extra=SHORT, template=initialised_home)
     yield running
@@ -138,7 +146,7 @@ def agent(limited: Proxy) -> tuple[str, str]:
     name = "limits-" + os.urandom(3).hex()
     token = limited.store.add_principal(name)
     limited.store.add_grant(
-        name, ["GET"], hosts=["api.test", "tarpit.test", "tlspit.test", "hugehead.test"]
+        name, ["GET"], hosts=["api.test", "tarpit.test", "tlspit.test", "hugehead.test", "big.test"]
     )
     limited.wait_reload()
     return name, token
@@ -432,3 +440,47 @@ def test_hostile_clients_stay_within_the_memory_bound(limited: Proxy, principal)
     assert closed == 500
     assert peak.growth < MEMORY_BOUND, f"grew {peak.growth / 2**20:.1f} MiB"
     assert len(sent) == 4 and max(sent) < 8 * 1024 * 1024
+
+
+def test_an_h2_client_that_stops_reading_gets_its_stream_reset(limited: Proxy, agent, principal):
+    """The client never sends WINDOW_UPDATE; the upstream sends 64 MiB as fast as it can."""
+    import h2.connection
+    import h2.events
+
+    with Peak(limited.process.pid) as peak:
+        sock, reply = connect(limited.port, "big.test:443", proxy_auth(*agent))
+        context = ssl.create_default_context(cafile=str(limited.ca_file))
+        context.set_alpn_protocols(["h2"])
+        ended = None
+        with context.wrap_socket(sock, server_hostname="big.test") as tls:
+            conn = h2.connection.H2Connection()
+            conn.initiate_connection()
+            request = [(":method", "GET"), (":scheme", "https"), (":authority", "big.test")]
+            conn.send_headers(1, [*request, (":path", "/v1/big")], end_stream=True)
+            tls.sendall(conn.data_to_send())
+            tls.settimeout(0.5)
+            deadline = time.monotonic() + 8
+            while ended is None and time.monotonic() < deadline:
+                try:
+                    data = tls.recv(65536)
+                except TimeoutError:
+                    continue
+                if not data:
+                    break
+                for event in conn.receive_data(data):
+                    if isinstance(event, h2.events.StreamReset | h2.events.ConnectionTerminated):
+                        ended = event
+        assert get(limited, principal).status == 200
+    assert peak.growth < MEMORY_BOUND, f"grew {peak.growth / 2**20:.1f} MiB"
+    assert isinstance(ended, h2.events.StreamReset)
+
+
+def test_an_http1_client_that_stops_reading_holds_the_upstream_back(limited: Proxy, agent):
+    """mitmproxy drains the client's socket before reading on: memory stays flat."""
+    with Peak(limited.process.pid) as peak:
+        sock, reply = connect(limited.port, "big.test:443", proxy_auth(*agent))
+        context = ssl.create_default_context(cafile=str(limited.ca_file))
+        with context.wrap_socket(sock, server_hostname="big.test") as tls:
+            tls.sendall(b"GET /v1/big HTTP/1.1\r\nHost: big.test\r\n\r\n")
+            time.sleep(2)
+    assert peak.growth < MEMORY_BOUND, f"grew {peak.growth / 2**20:.1f} MiB"
