@@ -509,7 +509,8 @@ def _touching(stream: Callable[[bytes], Any], timer: _Timer, wait: float) -> Cal
 def _handler(client_id: str) -> Any:
     from mitmproxy import ctx
 
-    return ctx.master.addons.get("proxyserver").connections.get(client_id)
+    proxyserver = ctx.master.addons.get("proxyserver")
+    return proxyserver.connections.get(client_id) if proxyserver is not None else None
 
 
 def _close(client_id: str, conn: connection.Connection, why: str) -> bool:
