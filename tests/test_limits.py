@@ -146,3 +146,12 @@ def test_a_streamed_response_chunk_pushes_the_stall_deadline_back(monkeypatch):
         assert flow.response.stream(b"x") == b"x"
         assert addon.flows[flow].deadline == 1050.0
         assert "stalled" in addon.flows[flow].message
+
+
+def test_the_h2_queue_bound_counts_bytes_not_frames():
+    frame = SimpleNamespace
+    small = [frame(data=b"x" * 10) for _ in range(1000)]
+    assert not limits._buffered((small,), 16384, 1024 * 1024)  # 1000 frames, 10 kB
+    full = [frame(data=b"x" * 16384) for _ in range(65)]
+    assert limits._buffered((full,), 16384, 1024 * 1024)
+    assert limits._buffered((full[:40], full[:40]), 16384, 1024 * 1024)  # over all streams
