@@ -106,6 +106,17 @@ class Tarpit:
 
 
 @pytest.fixture(scope="module")
+def blackhole() -> Iterator[int]:
+    """A port whose TCP connect never completes: backlog 0, filled by one connection."""
+    server = socket.create_server(("127.0.0.1", 0), backlog=0)
+    port = server.getsockname()[1]
+    filler = socket.create_connection(("127.0.0.1", port))
+    yield port
+    filler.close()
+    server.close()
+
+
+@pytest.fixture(scope="module")
 def pits(upstream_ca: trustme.CA) -> Iterator[tuple[Tarpit, ...]]:
     """A TCP tarpit, a TLS tarpit, one answering with a 1 MiB response head, and one with a
     64 MiB body as fast as it is read."""
@@ -129,12 +140,14 @@ def limited(
     upstream_ca: trustme.CA,
     initialised_home: Path,
     pits: tuple[Tarpit, ...],
+    blackhole: int,
 ) -> Iterator[Proxy]:
     """A proxy with second-long deadlines and four tunnels per principal."""
     tcp, tls, huge, big = pits
     resolve = [f"{name}=127.0.0.1:{shared_upstream.port}" for name in NAMES if name != "localhost"]
     resolve += [f"tarpit.test=127.0.0.1:{tcp.port}", f"tlspit.test=127.0.0.1:{tls.port}"]
     resolve += [f"hugehead.test=127.0.0.1:{huge.port}", f"big.test=127.0.0.1:{big.port}"]
+    resolve += [f"blackhole.test=127.0.0.1:{blackhole}"]
     home = tmp_path_factory.mktemp("limited")
     running = start_proxy(home, upstream_ca, resolve, extra=SHORT, template=initialised_home)
     yield running
@@ -146,7 +159,16 @@ def agent(limited: Proxy) -> tuple[str, str]:
     name = "limits-" + os.urandom(3).hex()
     token = limited.store.add_principal(name)
     limited.store.add_grant(
-        name, ["GET"], hosts=["api.test", "tarpit.test", "tlspit.test", "hugehead.test", "big.test"]
+        name,
+        ["GET"],
+        hosts=[
+            "api.test",
+            "tarpit.test",
+            "tlspit.test",
+            "hugehead.test",
+            "big.test",
+            "blackhole.test",
+        ],
     )
     limited.wait_reload()
     return name, token
@@ -369,6 +391,7 @@ def test_a_101st_concurrent_h2_stream_ends_the_connection(limited: Proxy, agent)
 @pytest.mark.parametrize(
     ("host", "phase"),
     [
+        pytest.param("blackhole.test", "no connection", id="TCP connect never completes"),
         pytest.param("tarpit.test", "no connection", id="TCP tarpit: TLS never completes"),
         pytest.param("tlspit.test", "no response", id="TLS tarpit: no response head"),
     ],
