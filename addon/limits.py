@@ -297,6 +297,7 @@ class _Conn:
     deadline: float
     head: bool  # the deadline is for a request head (else: idle)
     flows: set[str] = field(default_factory=set)
+    principal: str | None = None  # whose tunnel this connection carries
 
 
 @dataclass(slots=True)
@@ -342,9 +343,10 @@ class Limits:
         self.conns[client] = _Conn(time.monotonic() + self.settings.head_timeout, head=True)
 
     def client_disconnected(self, client: connection.Client) -> None:
-        self.conns.pop(client, None)
-        for principal in [p for p, held in self.tunnels.items() if client in held]:
-            held = self.tunnels[principal]
+        conn = self.conns.pop(client, None)
+        principal = conn.principal if conn is not None else None
+        held = self.tunnels.get(principal) if principal is not None else None
+        if principal is not None and held is not None:
             held.discard(client)
             if not held:
                 del self.tunnels[principal]
@@ -380,6 +382,8 @@ class Limits:
             self.credproxy.deny(flow, Reason.TOO_MANY_CONNECTIONS, detail)
             return
         held.add(client)
+        if conn is not None:
+            conn.principal = tunnel.principal
 
     def requestheaders(self, flow: http.HTTPFlow) -> None:
         self._busy(flow.client_conn, flow.id)

@@ -155,3 +155,20 @@ def test_the_h2_queue_bound_counts_bytes_not_frames():
     full = [frame(data=b"x" * 16384) for _ in range(65)]
     assert limits._buffered((full,), 16384, 1024 * 1024)
     assert limits._buffered((full[:40], full[:40]), 16384, 1024 * 1024)  # over all streams
+
+
+def test_a_closed_tunnel_frees_its_place_under_the_principals_cap():
+    with taddons.context():
+        addon = _limits(max_tunnels=1)
+        first, second = tflow.tflow(), tflow.tflow()
+        for flow in (first, second):
+            flow.response = None
+            addon.client_connected(flow.client_conn)
+            addon.credproxy.tunnels[flow.client_conn.id] = SimpleNamespace(
+                principal="p", host="h", port=443
+            )
+        addon.http_connect(first)
+        addon.client_disconnected(first.client_conn)
+        assert "p" not in addon.tunnels
+        addon.http_connect(second)
+        assert second.response is None and len(addon.tunnels["p"]) == 1
