@@ -42,6 +42,9 @@ class Reason(enum.StrEnum):
     UPSTREAM_TLS_ERROR = "upstream-tls-error"
     UPSTREAM_TIMEOUT = "upstream-timeout"
     AUDIT_UNAVAILABLE = "audit-unavailable"
+    REQUEST_TOO_LARGE = "request-too-large"
+    REQUEST_TIMEOUT = "request-timeout"
+    TOO_MANY_CONNECTIONS = "too-many-connections"
 
 
 STATUS = {
@@ -55,6 +58,9 @@ STATUS = {
     Reason.UPSTREAM_TLS_ERROR: 502,
     Reason.UPSTREAM_TIMEOUT: 504,
     Reason.AUDIT_UNAVAILABLE: 503,
+    Reason.REQUEST_TOO_LARGE: 431,
+    Reason.REQUEST_TIMEOUT: 408,
+    Reason.TOO_MANY_CONNECTIONS: 429,
 }
 
 DEFAULT_PORTS = {"https": 443, "http": 80}

@@ -19,6 +19,7 @@ from addon import audit
 from addon.admin import AdminServer
 from addon.guard import DestinationGuard
 from addon.hosts import ResolveMap
+from addon.limits import LimitSettings, add_limit_flags
 from store.cli import Settings, count, seconds
 from store.errors import CredproxyError, InvalidInput
 from store.repository import Store
@@ -42,6 +43,7 @@ class RunConfig:
     admin: tuple[str, int] | None
     alert_streak: int
     drain_timeout: float = 10.0
+    limits: LimitSettings = LimitSettings()
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, settings: Settings) -> RunConfig:
@@ -69,6 +71,7 @@ class RunConfig:
             admin,
             args.alert_streak,
             args.drain_timeout,
+            LimitSettings.from_args(args),
         )
 
 
@@ -139,6 +142,7 @@ def add_command(sub: Any, common: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="on SIGTERM or SIGINT, let in-flight requests finish this long (default 10)",
     )
+    add_limit_flags(p)
     p.set_defaults(func=cmd_run)
 
 
@@ -161,6 +165,8 @@ async def serve(config: RunConfig, started: asyncio.Event | None = None) -> int:
     from mitmproxy.tools.dump import DumpMaster
 
     from addon import refusals, wire
+    from addon.limits import Limits
+    from addon.limits import install as install_limits
     from addon.live import LivePolicy
     from addon.proxy import REQUIRED_OPTIONS, Credproxy
 
@@ -182,6 +188,7 @@ async def serve(config: RunConfig, started: asyncio.Event | None = None) -> int:
     # Where mitmproxy has no hook: its error pages, head limits, refused bodies.
     wire.install()
     refusals.install()
+    install_limits()
     runtime = Path(tempfile.mkdtemp(prefix="credproxy-"))
     master = DumpMaster(options.Options(), with_termlog=False, with_dumper=False)
     update: dict[str, Any] = {
@@ -198,6 +205,7 @@ async def serve(config: RunConfig, started: asyncio.Event | None = None) -> int:
     master.options.update(**update)
     addon = Credproxy(live, config.resolve, config.guard, config.alert_streak)
     master.addons.add(addon)
+    master.addons.add(Limits(config.limits, addon))
 
     loop = asyncio.get_running_loop()
     stopping = _Stopping(master, addon, config.drain_timeout, log)

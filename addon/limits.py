@@ -1,0 +1,527 @@
+"""Limits a sandbox can push against: head sizes, deadlines, connection caps, upstream timeouts.
+
+Two parts. `install()` patches mitmproxy's HTTP layers where no hook can see: a head still
+arriving (its size, when it started) and the error a stream answers with. The `Limits` addon
+does what hooks can: count connections and tunnels, keep the deadlines of connections, flows
+and upstream connections, and close what is overdue from one sweeper task.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import time
+import weakref
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from addon import audit
+from addon.policy import STATUS, Reason
+from store.errors import InvalidInput
+
+if TYPE_CHECKING:
+    from mitmproxy import connection, http, tls
+    from mitmproxy.proxy import server_hooks
+
+    from addon.proxy import Credproxy
+
+# A request or response head (line and headers) may be this long; HTTP/2 header lists are
+# bounded by h2 itself (64 KiB decoded, 64 CONTINUATION frames), see `H2_LIMITS`.
+HEAD_LIMIT = 64 * 1024
+# What h2 (4.1) enforces per client connection, checked at install so an upgrade cannot
+# silently change it: a 101st concurrent stream ends the connection with PROTOCOL_ERROR.
+H2_LIMITS = {"max_concurrent_streams": 100, "max_header_list_size": 64 * 1024}
+# What the proxy holds for an HTTP/2 client that stops reading (its flow-control window kept
+# closed): over this per stream, or over the second bound for the whole connection, the stream
+# is reset and the upstream connection closed. HTTP/1 needs none: mitmproxy stops reading the
+# upstream while the client's socket buffer is full.
+H2_STREAM_BUFFER = 1024 * 1024
+H2_CONNECTION_BUFFER = 8 * 1024 * 1024
+SWEEP_INTERVAL = 0.5
+TIMEOUT_PREFIX = "upstream timeout"
+
+
+@dataclass(frozen=True)
+class LimitSettings:
+    """The numbers `credproxy run` was given (seconds and counts)."""
+
+    head_timeout: float = 10.0
+    idle_timeout: float = 60.0
+    connect_timeout: float = 10.0
+    upstream_timeout: float = 30.0
+    max_connections: int = 4096
+    max_tunnels: int = 256  # per principal
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> LimitSettings:
+        """Raises: InvalidInput for NaN, an infinity, zero or a negative number."""
+        values: dict[str, Any] = {}
+        for dest, (flag, _, default, _) in LIMIT_FLAGS.items():
+            value = getattr(args, dest, default)
+            if not math.isfinite(value) or value <= 0:
+                raise InvalidInput(f"{flag} must be a positive number, not {value}")
+            values[dest] = value
+        return cls(**values)
+
+
+LIMIT_FLAGS: dict[str, tuple[str, str, float, str]] = {  # dest: flag, metavar, default, help
+    "head_timeout": ("--head-timeout", "S", 10.0, "seconds to send a complete request head"),
+    "idle_timeout": ("--idle-timeout", "S", 60.0, "seconds a connection may sit idle"),
+    "connect_timeout": ("--connect-timeout", "S", 10.0, "seconds for upstream TCP and TLS"),
+    "upstream_timeout": (
+        "--upstream-timeout",
+        "S",
+        30.0,
+        "seconds the upstream may take to answer, or stall mid-response",
+    ),
+    "max_connections": ("--max-connections", "N", 4096, "client connections in total"),
+    "max_tunnels": ("--max-tunnels", "N", 256, "open CONNECT tunnels per principal"),
+}
+
+
+def add_limit_flags(parser: argparse.ArgumentParser) -> None:
+    for dest, (flag, metavar, default, text) in LIMIT_FLAGS.items():
+        parser.add_argument(
+            flag,
+            dest=dest,
+            type=int if isinstance(default, int) else float,
+            default=default,
+            metavar=metavar,
+            help=f"{text} (default {default:g})",
+        )
+
+
+# -- patches -----------------------------------------------------------------------------
+
+# Flows and upstream connections the sweeper cut off, and why; read by the patched layers.
+_timed_out_flows: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+_timed_out_servers: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+# Called with the client connection when an HTTP/1 request head starts arriving.
+_head_started: list[Callable[[Any], None]] = []
+_installed = False
+
+
+def install() -> None:
+    """Patch mitmproxy's layers once per process."""
+    global _installed
+    if _installed:
+        return
+    import h2.config
+    import h2.connection
+    import h2.frame_buffer
+    from mitmproxy.proxy.layers import tls as tls_layer
+    from mitmproxy.proxy.layers.http import HttpStream, _http1, _http2
+
+    settings = h2.connection.H2Connection(h2.config.H2Configuration()).local_settings
+    actual = {name: getattr(settings, name) for name in H2_LIMITS}
+    if actual != H2_LIMITS or h2.frame_buffer.CONTINUATION_BACKLOG != 64:
+        raise RuntimeError(f"h2's limits changed: {actual}")
+    server, client = _http1.Http1Server, _http1.Http1Client
+    server.read_headers = _bounded_head(server.read_headers, _refuse_request_head)  # type: ignore[method-assign]
+    client.read_headers = _bounded_head(client.read_headers, _refuse_response_head)  # type: ignore[method-assign]
+    HttpStream.handle_protocol_error = _timeout_answer(HttpStream.handle_protocol_error)  # type: ignore[method-assign]
+    _http2.Http2Server._handle_event = _bounded_h2_buffer(_http2.Http2Server._handle_event)  # type: ignore[method-assign]
+    tls_layer.ServerTLSLayer._handshake_finished = _timeout_handshake(  # type: ignore[method-assign]
+        tls_layer.ServerTLSLayer._handshake_finished
+    )
+    _installed = True
+
+
+def _head_complete(buf: Any) -> bool:
+    """Does a complete head start within the first HEAD_LIMIT bytes of this buffer?"""
+    from h11._receivebuffer import blank_line_regex
+
+    return blank_line_regex.search(buf._data, 0, HEAD_LIMIT + 3) is not None
+
+
+def _bounded_head(read_headers: Any, refuse: Any) -> Any:
+    from mitmproxy.proxy import events
+
+    def wrapper(self: Any, event: Any) -> Iterator[Any]:
+        if (
+            isinstance(event, events.DataReceived)
+            and len(self.buf) > HEAD_LIMIT
+            and not _head_complete(self.buf)
+        ):
+            yield from refuse(self)
+            return
+        yield from read_headers(self, event)
+        if self.state == self.read_headers and self.buf:  # a head still arriving
+            if len(self.buf) > HEAD_LIMIT:
+                # h11 drops one leading empty line per read: a CRLF flood grows the buffer too.
+                yield from refuse(self)
+            elif refuse is _refuse_request_head:
+                for started in _head_started:
+                    started(self.conn)
+
+    return wrapper
+
+
+def _end(self: Any) -> None:
+    from h11._receivebuffer import ReceiveBuffer
+
+    self.state = self.done
+    self.buf = ReceiveBuffer()  # free what was held now, not when the connection goes
+
+
+def _refuse_request_head(self: Any) -> Iterator[Any]:
+    from mitmproxy.proxy import commands
+
+    reason = Reason.REQUEST_TOO_LARGE
+    detail = f"the request line and headers exceed {HEAD_LIMIT // 1024} KiB"
+    yield commands.SendData(self.conn, _deny_bytes(reason, detail))
+    yield commands.CloseConnection(self.conn)
+    _end(self)
+    audit_refusal(self.conn, reason, detail)
+
+
+def _refuse_response_head(self: Any) -> Iterator[Any]:
+    from mitmproxy.proxy import commands
+    from mitmproxy.proxy.layers.http._base import ReceiveHttp
+    from mitmproxy.proxy.layers.http._events import ResponseProtocolError
+
+    yield commands.CloseConnection(self.conn)
+    if self.stream_id is not None:
+        # Worded as mitmproxy's own parse failures, so that error classifiers treat it alike.
+        message = f"Cannot parse HTTP response: head exceeds {HEAD_LIMIT // 1024} KiB"
+        yield ReceiveHttp(ResponseProtocolError(self.stream_id, message, 502))
+    _end(self)
+
+
+def _deny_bytes(reason: Reason, detail: str) -> bytes:
+    """A whole HTTP/1 deny response, closing the connection, as the proxy's hooks write it."""
+    from mitmproxy import http
+    from mitmproxy.net.http import http1
+
+    body = json.dumps({"error": "denied", "reason": reason.value, "detail": detail})
+    headers = {
+        "content-type": "application/json",
+        "x-credproxy-reason": reason.value,
+        "connection": "close",
+    }
+    return bytes(http1.assemble_response(http.Response.make(STATUS[reason], body, headers)))
+
+
+def _timeout_answer(handle: Any) -> Any:
+    """A stream the sweeper cut off answers 504 with a fixed message, whatever the socket said."""
+    from mitmproxy.proxy.layers.http._events import ResponseProtocolError
+
+    def wrapper(self: Any, event: Any) -> Iterator[Any]:
+        if isinstance(event, ResponseProtocolError):
+            flow = getattr(self, "flow", None)
+            message = _timed_out_flows.pop(flow, None) if flow is not None else None
+            if message is None and event.message.startswith(TIMEOUT_PREFIX):
+                message = event.message
+            if message is not None:
+                code = STATUS[Reason.UPSTREAM_TIMEOUT]
+                event = ResponseProtocolError(self.stream_id, message, code)
+        yield from handle(self, event)
+
+    return wrapper
+
+
+def _buffered(buffer: Any, frame: int, limit: int) -> bool:
+    """Is more than `limit` queued in these deques of frames (each at most `frame` long)?"""
+    if sum(map(len, buffer)) * frame <= limit:  # cheap upper bound first
+        return False
+    return sum(len(item.data) for queue in buffer for item in queue) > limit
+
+
+def _bounded_h2_buffer(handle: Any) -> Any:
+    """Reset a stream whose client stopped reading once too much is held for it."""
+    import h2.errors
+    from mitmproxy.net.http import status_codes
+    from mitmproxy.proxy import commands
+    from mitmproxy.proxy.layers.http._base import ReceiveHttp
+    from mitmproxy.proxy.layers.http._events import RequestProtocolError, ResponseData
+
+    def wrapper(self: Any, event: Any) -> Iterator[Any]:
+        yield from handle(self, event)
+        if not isinstance(event, ResponseData):
+            return
+        sid, conn = event.stream_id, self.h2_conn
+        queue = conn.stream_buffers.get(sid)
+        if not queue:  # the client keeps up: the common case costs this lookup
+            return
+        frame = conn.max_outbound_frame_size
+        if not (
+            _buffered((queue,), frame, H2_STREAM_BUFFER)
+            or _buffered(conn.stream_buffers.values(), frame, H2_CONNECTION_BUFFER)
+        ):
+            return
+        conn.reset_stream(sid, h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)  # drops the queue
+        yield commands.SendData(self.conn, conn.data_to_send())
+        self.streams.pop(sid, None)
+        message = "the client stopped reading: too much buffered for it"
+        yield ReceiveHttp(RequestProtocolError(sid, message, status_codes.CLIENT_CLOSED_REQUEST))
+
+    return wrapper
+
+
+def _timeout_handshake(finished: Any) -> Any:
+    def wrapper(self: Any, err: str | None) -> Iterator[Any]:
+        if err is not None:
+            err = _timed_out_servers.get(self.conn, err)
+        yield from finished(self, err)
+
+    return wrapper
+
+
+def audit_refusal(client: connection.Client, reason: Reason, detail: str) -> None:
+    """The audit line of a connection refused or closed before any request hook ran."""
+    peer = client.peername
+    audit.emit(
+        audit.REQUEST_EVENT,
+        {
+            audit.REQUEST_ID: None,
+            audit.PRINCIPAL: None,
+            audit.CLIENT: f"{peer[0]}:{peer[1]}" if peer else "",
+            audit.DECISION: "deny",
+            audit.REASON: reason.value,
+            audit.DETAIL: detail,
+            audit.STATUS: STATUS[reason] if reason is Reason.REQUEST_TOO_LARGE else None,
+        },
+    )
+
+
+# -- the addon ---------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Conn:
+    """A client connection's deadline and what keeps it open."""
+
+    deadline: float
+    head: bool  # the deadline is for a request head (else: idle)
+    flows: set[str] = field(default_factory=set)
+    principal: str | None = None  # whose tunnel this connection carries
+
+
+@dataclass(slots=True)
+class _Timer:
+    deadline: float
+    message: str
+    client_id: str = ""
+
+
+class Limits:
+    """Connection caps and deadlines; runs after `Credproxy` in the addon chain."""
+
+    def __init__(self, settings: LimitSettings, credproxy: Credproxy) -> None:
+        self.settings = settings
+        self.credproxy = credproxy
+        self.log = audit.logger()
+        # All keyed weakly: mitmproxy's lifecycle releases them, whatever hook is missed.
+        self.conns: weakref.WeakKeyDictionary[connection.Client, _Conn] = (
+            weakref.WeakKeyDictionary()
+        )
+        self.tunnels: dict[str, weakref.WeakSet[connection.Client]] = {}
+        self.flows: weakref.WeakKeyDictionary[http.HTTPFlow, _Timer] = weakref.WeakKeyDictionary()
+        self.upstream: weakref.WeakKeyDictionary[connection.Connection, _Timer] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._sweeper: asyncio.Task[None] | None = None
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    def running(self) -> None:
+        _head_started[:] = [self.head_started]
+        self._sweeper = asyncio.get_running_loop().create_task(self._sweep_forever())
+
+    def done(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+
+    def client_connected(self, client: connection.Client) -> None:
+        if len(self.conns) >= self.settings.max_connections:
+            client.error = "too many connections"  # mitmproxy closes it before reading
+            audit_refusal(client, Reason.TOO_MANY_CONNECTIONS, "the proxy is at its connection cap")
+            return
+        self.conns[client] = _Conn(time.monotonic() + self.settings.head_timeout, head=True)
+
+    def client_disconnected(self, client: connection.Client) -> None:
+        conn = self.conns.pop(client, None)
+        principal = conn.principal if conn is not None else None
+        held = self.tunnels.get(principal) if principal is not None else None
+        if principal is not None and held is not None:
+            held.discard(client)
+            if not held:
+                del self.tunnels[principal]
+
+    def head_started(self, client: connection.Client) -> None:
+        conn = self.conns.get(client)
+        if conn is not None and not conn.head:
+            conn.deadline = min(conn.deadline, time.monotonic() + self.settings.head_timeout)
+            conn.head = True
+
+    # -- client side -----------------------------------------------------------------
+
+    def http_connect(self, flow: http.HTTPFlow) -> None:
+        client = flow.client_conn
+        conn = self.conns.get(client)
+        if conn is not None:  # the TLS handshake and the first request inside, in time
+            conn.deadline, conn.head = time.monotonic() + self.settings.head_timeout, True
+        if flow.response is not None:
+            return
+        tunnel = self.credproxy.tunnels.get(client.id)
+        if tunnel is None:
+            return
+        held = self.tunnels.setdefault(tunnel.principal, weakref.WeakSet())
+        if client in held:
+            return
+        if len(held) >= self.settings.max_tunnels:
+            # Unbind first: a tunnel left behind would vouch for later requests.
+            del self.credproxy.tunnels[client.id]
+            pending = self.credproxy._begin(flow)
+            pending.method, pending.principal = "CONNECT", tunnel.principal
+            pending.host, pending.port = tunnel.host, tunnel.port
+            detail = f"this principal has {self.settings.max_tunnels} tunnels open"
+            self.credproxy.deny(flow, Reason.TOO_MANY_CONNECTIONS, detail)
+            return
+        held.add(client)
+        if conn is not None:
+            conn.principal = tunnel.principal
+
+    def requestheaders(self, flow: http.HTTPFlow) -> None:
+        self._busy(flow.client_conn, flow.id)
+
+    def request(self, flow: http.HTTPFlow) -> None:
+        if flow.response is None:  # it goes upstream
+            wait = self.settings.upstream_timeout
+            message = f"{TIMEOUT_PREFIX}: no response in {wait:g} s"
+            self.flows[flow] = _Timer(time.monotonic() + wait, message)
+
+    def responseheaders(self, flow: http.HTTPFlow) -> None:
+        timer = self.flows.get(flow)
+        response = flow.response
+        if timer is None or response is None:
+            return
+        wait = self.settings.upstream_timeout
+        timer.deadline = time.monotonic() + wait
+        timer.message = f"{TIMEOUT_PREFIX}: the response stalled for {wait:g} s"
+        stream = response.stream
+        if callable(stream):
+            response.stream = _touching(stream, timer, wait)
+
+    def response(self, flow: http.HTTPFlow) -> None:
+        self.flows.pop(flow, None)
+        self._idle(flow.client_conn, flow.id)
+
+    def error(self, flow: http.HTTPFlow) -> None:
+        self.flows.pop(flow, None)
+        self._idle(flow.client_conn, flow.id)
+
+    def websocket_start(self, flow: http.HTTPFlow) -> None:
+        self._busy(flow.client_conn, "ws:" + flow.id)
+
+    def websocket_end(self, flow: http.HTTPFlow) -> None:
+        self._idle(flow.client_conn, "ws:" + flow.id)
+
+    def _busy(self, client: connection.Client, key: str) -> None:
+        conn = self.conns.get(client)
+        if conn is not None:
+            conn.flows.add(key)
+            conn.deadline, conn.head = math.inf, False
+
+    def _idle(self, client: connection.Client, key: str) -> None:
+        conn = self.conns.get(client)
+        if conn is not None and key in conn.flows:
+            conn.flows.discard(key)
+            if not conn.flows:
+                conn.deadline = time.monotonic() + self.settings.idle_timeout
+
+    # -- upstream connections --------------------------------------------------------
+
+    def server_connect(self, data: server_hooks.ServerConnectionHookData) -> None:
+        if data.server.error is None:
+            wait = self.settings.connect_timeout
+            message = f"{TIMEOUT_PREFIX}: no connection in {wait:g} s"
+            self.upstream[data.server] = _Timer(time.monotonic() + wait, message, data.client.id)
+
+    def server_connected(self, data: server_hooks.ServerConnectionHookData) -> None:
+        if not data.server.tls:
+            self.upstream.pop(data.server, None)
+
+    def tls_established_server(self, data: tls.TlsData) -> None:
+        self.upstream.pop(data.conn, None)
+
+    def tls_failed_server(self, data: tls.TlsData) -> None:
+        self.upstream.pop(data.conn, None)
+
+    def server_disconnected(self, data: server_hooks.ServerConnectionHookData) -> None:
+        self.upstream.pop(data.server, None)
+
+    # -- the sweeper -----------------------------------------------------------------
+
+    async def _sweep_forever(self) -> None:
+        while True:
+            await asyncio.sleep(SWEEP_INTERVAL)
+            try:
+                self.sweep(time.monotonic())
+            except Exception as e:  # noqa: BLE001 - the sweeper must outlive one bad round
+                self.log.error("limits.sweep_failed", error_type=type(e).__name__)
+
+    def sweep(self, now: float) -> None:
+        """Close every connection and flow past its deadline."""
+        for client, conn in list(self.conns.items()):
+            if conn.deadline <= now:
+                conn.deadline = math.inf  # once
+                if conn.head:
+                    detail = "no complete request head in time"
+                    audit_refusal(client, Reason.REQUEST_TIMEOUT, detail)
+                _close(client.id, client, "request head or idle timeout")
+        for server, timer in list(self.upstream.items()):
+            # Not yet started: waiting for mitmproxy's per-address semaphore; cancelling
+            # there would leave the stream without an answer.
+            if timer.deadline <= now and server.timestamp_start is not None:
+                del self.upstream[server]
+                _timed_out_servers[server] = timer.message
+                _close(timer.client_id, server, timer.message)
+        for flow, timer in list(self.flows.items()):
+            if timer.deadline <= now:
+                del self.flows[flow]
+                _timed_out_flows[flow] = timer.message
+                self._cut_upstream(flow, timer.message)
+
+    def _cut_upstream(self, flow: http.HTTPFlow, message: str) -> None:
+        client = flow.client_conn
+        handler = _handler(client.id)
+        if handler is None:
+            return
+        server: connection.Connection | None = flow.server_conn
+        if server not in handler.transports:
+            address = (flow.request.host, flow.request.port)
+            server = next(
+                (c for c in handler.transports if c is not client and c.address == address),
+                None,
+            )
+        if server is None or not _close(client.id, server, message):
+            _close(client.id, client, message)  # nothing upstream to cut: end it all
+
+
+def _touching(stream: Callable[[bytes], Any], timer: _Timer, wait: float) -> Callable[[bytes], Any]:
+    def touched(chunk: bytes) -> Any:
+        timer.deadline = time.monotonic() + wait
+        return stream(chunk)
+
+    return touched
+
+
+def _handler(client_id: str) -> Any:
+    from mitmproxy import ctx
+
+    proxyserver = ctx.master.addons.get("proxyserver")
+    return proxyserver.connections.get(client_id) if proxyserver is not None else None
+
+
+def _close(client_id: str, conn: connection.Connection, why: str) -> bool:
+    """End `conn` the way mitmproxy's own inactivity watchdog does: cancel its task."""
+    handler = _handler(client_id)
+    io = handler.transports.get(conn) if handler is not None else None
+    if io is None or io.handler is None:
+        return False
+    io.handler.cancel(why)
+    return True

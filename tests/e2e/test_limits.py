@@ -1,0 +1,509 @@
+"""Limits against a real proxy: hostile heads, half-open lines, connection caps, tarpits, memory."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import ssl
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trustme
+
+from tests.e2e.conftest import NAMES, Proxy, start_proxy, stop_proxy
+from tests.e2e.raw import Reply, connect, proxy_auth, read_reply
+from tests.e2e.upstream import Upstream
+
+pytestmark = pytest.mark.e2e
+
+MEMORY_BOUND = 32 * 1024 * 1024
+BIG = 64 * 1024 * 1024
+SHORT = ["--head-timeout", "1", "--idle-timeout", "2", "--connect-timeout", "1"]
+SHORT += ["--upstream-timeout", "2", "--max-tunnels", "4"]
+
+
+def rss(pid: int) -> int:
+    """The process's resident memory in bytes, from /proc/PID/status."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS line")
+
+
+class Peak:
+    """Samples a process's VmRSS every 20 ms in a thread; `growth` is peak minus start."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.start = self.peak = rss(pid)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.02):
+            self.peak = max(self.peak, rss(self.pid))
+
+    def __enter__(self) -> Peak:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, rss(self.pid))
+
+    @property
+    def growth(self) -> int:
+        return self.peak - self.start
+
+
+class Tarpit:
+    """Accepts TCP connections on 127.0.0.1 and never answers; with `tls`, completes the TLS
+    handshake and reads the request first."""
+
+    def __init__(self, ca: trustme.CA | None = None, answer: bytes = b"") -> None:
+        self.answer = answer
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.context = None
+        if ca is not None:
+            self.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+            ca.issue_cert("tlspit.test", "hugehead.test", "big.test").configure_cert(self.context)
+        self.held: list[Any] = []
+        self.requests = 0
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.held.append(conn)
+            if self.context is not None:
+                threading.Thread(target=self._tls, args=(conn,), daemon=True).start()
+
+    def _tls(self, conn: socket.socket) -> None:
+        assert self.context is not None
+        try:
+            tls = self.context.wrap_socket(conn, server_side=True)
+            self.held.append(tls)
+            if tls.recv(65536):
+                self.requests += 1
+                tls.sendall(self.answer)
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        self.sock.close()
+        for conn in self.held:
+            conn.close()
+
+
+@pytest.fixture(scope="module")
+def blackhole() -> Iterator[int]:
+    """A port whose TCP connect never completes: backlog 0, filled by one connection."""
+    server = socket.create_server(("127.0.0.1", 0), backlog=0)
+    port = server.getsockname()[1]
+    filler = socket.create_connection(("127.0.0.1", port))
+    yield port
+    filler.close()
+    server.close()
+
+
+@pytest.fixture(scope="module")
+def pits(upstream_ca: trustme.CA) -> Iterator[tuple[Tarpit, ...]]:
+    """A TCP tarpit, a TLS tarpit, one answering with a 1 MiB response head, and one with a
+    64 MiB body as fast as it is read."""
+    huge = b"HTTP/1.1 200 OK\r\nX-Huge: " + b"h" * (1024 * 1024)
+    big = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % BIG + b"b" * BIG
+    pits = (
+        Tarpit(),
+        Tarpit(upstream_ca),
+        Tarpit(upstream_ca, answer=huge),
+        Tarpit(upstream_ca, answer=big),
+    )
+    yield pits
+    for pit in pits:
+        pit.close()
+
+
+@pytest.fixture(scope="module")
+def limited(
+    tmp_path_factory: pytest.TempPathFactory,
+    shared_upstream: Upstream,
+    upstream_ca: trustme.CA,
+    initialised_home: Path,
+    pits: tuple[Tarpit, ...],
+    blackhole: int,
+) -> Iterator[Proxy]:
+    """A proxy with second-long deadlines and four tunnels per principal."""
+    tcp, tls, huge, big = pits
+    resolve = [f"{name}=127.0.0.1:{shared_upstream.port}" for name in NAMES if name != "localhost"]
+    resolve += [f"tarpit.test=127.0.0.1:{tcp.port}", f"tlspit.test=127.0.0.1:{tls.port}"]
+    resolve += [f"hugehead.test=127.0.0.1:{huge.port}", f"big.test=127.0.0.1:{big.port}"]
+    resolve += [f"blackhole.test=127.0.0.1:{blackhole}"]
+    home = tmp_path_factory.mktemp("limited")
+    running = start_proxy(home, upstream_ca, resolve, extra=SHORT, template=initialised_home)
+    yield running
+    stop_proxy(running)
+
+
+@pytest.fixture(scope="module")
+def agent(limited: Proxy) -> tuple[str, str]:
+    name = "limits-" + os.urandom(3).hex()
+    token = limited.store.add_principal(name)
+    limited.store.add_grant(
+        name,
+        ["GET"],
+        hosts=[
+            "api.test",
+            "tarpit.test",
+            "tlspit.test",
+            "hugehead.test",
+            "big.test",
+            "blackhole.test",
+        ],
+    )
+    limited.wait_reload()
+    return name, token
+
+
+@pytest.fixture
+def principal(limited: Proxy, names: Callable[[str], str]) -> tuple[str, str]:
+    """A fresh principal with a grant for api.test, so tunnel counts start at zero."""
+    name = names("lim")
+    token = limited.store.add_principal(name)
+    limited.store.add_grant(name, ["GET"], hosts=["api.test"])
+    limited.wait_reload()
+    return name, token
+
+
+def get(proxy: Proxy, who: tuple[str, str], host: str = "api.test") -> Reply:
+    """One GET through a fresh CONNECT tunnel, read with a raw TLS socket."""
+    sock, reply = connect(proxy.port, f"{host}:443", proxy_auth(*who))
+    if reply.status != 200:
+        sock.close()
+        return reply
+    context = ssl.create_default_context(cafile=str(proxy.ca_file))
+    with context.wrap_socket(sock, server_hostname=host) as tls:
+        tls.sendall(f"GET /v1/x HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
+        return read_reply(tls)
+
+
+def closed_by_peer(sock: socket.socket, within: float) -> bool:
+    """Did the other side close `sock` (EOF or reset) within `within` seconds?"""
+    sock.settimeout(within)
+    try:
+        while sock.recv(65536):
+            pass
+    except TimeoutError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def send_endless_header(port: int, limit: int = 64 * 1024 * 1024) -> tuple[int, bytes]:
+    """Send one header line that never ends, up to `limit` bytes; (bytes sent, reply)."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+    sent = 0
+    with sock:
+        sock.sendall(b"GET http://api.test/ HTTP/1.1\r\nX-Long: ")
+        chunk = b"a" * 65536
+        try:
+            while sent < limit:
+                sock.sendall(chunk)
+                sent += len(chunk)
+        except OSError:
+            pass
+        sock.settimeout(2)
+        reply = b""
+        try:
+            while data := sock.recv(65536):
+                reply += data
+        except OSError:
+            pass
+    return sent, reply
+
+
+# -- request heads -------------------------------------------------------------------------
+
+
+def test_an_endless_header_line_gets_431_and_the_connection_closes(limited: Proxy):
+    sent, reply = send_endless_header(limited.port)
+    assert sent < 8 * 1024 * 1024, "the proxy kept reading"
+    head, _, body = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 431 ")
+    assert b"x-credproxy-reason: request-too-large" in head.lower()
+    assert json.loads(body)["reason"] == "request-too-large"
+    line = [r for r in limited.requests() if r.get("reason") == "request-too-large"][-1]
+    assert line["decision"] == "deny"
+
+
+def test_a_flood_of_empty_lines_is_bounded_too(limited: Proxy):
+    sock = socket.create_connection(("127.0.0.1", limited.port), timeout=5)
+    sent = 0
+    with sock:
+        try:
+            while sent < 8 * 1024 * 1024:
+                sock.sendall(b"\r\n" * 32768)
+                sent += 65536
+        except OSError:
+            pass
+    assert sent < 8 * 1024 * 1024
+
+
+def test_a_large_head_within_the_limit_passes(limited: Proxy, agent):
+    sock, reply = connect(limited.port, "api.test:443", proxy_auth(*agent))
+    context = ssl.create_default_context(cafile=str(limited.ca_file))
+    with context.wrap_socket(sock, server_hostname="api.test") as tls:
+        padding = "".join(f"X-Pad-{i}: {'p' * 900}\r\n" for i in range(60))  # ~55 KiB
+        tls.sendall(f"GET /v1/x HTTP/1.1\r\nHost: api.test\r\n{padding}\r\n".encode())
+        assert read_reply(tls).status == 200
+
+
+def test_a_half_open_connect_line_is_closed_after_the_head_deadline(limited: Proxy):
+    sock = socket.create_connection(("127.0.0.1", limited.port))
+    with sock:
+        sock.sendall(b"CONNECT api.test:443 HTTP/1.1\r\n")
+        assert closed_by_peer(sock, within=5)
+
+
+def test_a_silent_connection_is_closed_after_the_head_deadline(limited: Proxy):
+    with socket.create_connection(("127.0.0.1", limited.port)) as sock:
+        assert closed_by_peer(sock, within=5)
+
+
+def test_an_idle_keep_alive_connection_is_closed(limited: Proxy, agent):
+    sock, reply = connect(limited.port, "api.test:443", proxy_auth(*agent))
+    context = ssl.create_default_context(cafile=str(limited.ca_file))
+    with context.wrap_socket(sock, server_hostname="api.test") as tls:
+        tls.sendall(b"GET /v1/x HTTP/1.1\r\nHost: api.test\r\n\r\n")
+        assert read_reply(tls).status == 200
+        # Idle (2 s), not the head deadline (1 s): still open after 1.5 s.
+        assert not closed_by_peer(tls, within=1.5)  # type: ignore[arg-type]
+        assert closed_by_peer(tls, within=3)  # type: ignore[arg-type]
+
+
+# -- connection caps -----------------------------------------------------------------------
+
+
+def test_a_principal_over_its_tunnel_cap_gets_429(limited: Proxy, principal):
+    held = []
+    try:
+        for _ in range(4):
+            sock, reply = connect(limited.port, "api.test:443", proxy_auth(*principal))
+            held.append(sock)
+            assert reply.status == 200
+        sock, reply = connect(limited.port, "api.test:443", proxy_auth(*principal))
+        held.append(sock)
+        assert (reply.status, reply.reason) == (429, "too-many-connections")
+        line = limited.requests(principal[0])[-1]
+        assert (line["reason"], line["method"]) == ("too-many-connections", "CONNECT")
+        # The refused connection is not a tunnel: a request on it is authenticated afresh.
+        sock.sendall(b"GET http://api.test/v1/x HTTP/1.1\r\nHost: api.test\r\n\r\n")
+        assert read_reply(sock).reason == "auth-required"
+    finally:
+        for sock in held:
+            sock.close()
+    time.sleep(0.3)  # the proxy notices the closes
+    assert get(limited, principal).status == 200
+
+
+@pytest.fixture(scope="module")
+def capped(
+    tmp_path_factory: pytest.TempPathFactory,
+    shared_upstream: Upstream,
+    upstream_ca: trustme.CA,
+    initialised_home: Path,
+) -> Iterator[Proxy]:
+    resolve = [f"api.test=127.0.0.1:{shared_upstream.port}"]
+    home = tmp_path_factory.mktemp("capped")
+    extra = ["--max-connections", "10"]
+    running = start_proxy(home, upstream_ca, resolve, extra=extra, template=initialised_home)
+    yield running
+    stop_proxy(running)
+
+
+def test_connections_over_the_total_cap_are_closed_at_accept(capped: Proxy):
+    held = [socket.create_connection(("127.0.0.1", capped.port)) for _ in range(10)]
+    try:
+        time.sleep(0.3)
+        with socket.create_connection(("127.0.0.1", capped.port)) as extra:
+            assert closed_by_peer(extra, within=2)
+        lines = [r for r in capped.requests() if r.get("reason") == "too-many-connections"]
+        assert lines
+    finally:
+        for sock in held:
+            sock.close()
+    time.sleep(0.3)
+    name = "capped-" + os.urandom(3).hex()
+    token = capped.store.add_principal(name)
+    capped.store.add_grant(name, ["GET"], hosts=["api.test"])
+    capped.wait_reload()
+    assert get(capped, (name, token)).status == 200
+
+
+def open_h2_streams(proxy: Proxy, who: tuple[str, str], count: int) -> bool:
+    """Open `count` h2 streams, none ended, in one tunnel; True if the proxy ended it."""
+    import h2.config
+    import h2.connection
+    import h2.events
+
+    sock, reply = connect(proxy.port, "api.test:443", proxy_auth(*who))
+    assert reply.status == 200
+    context = ssl.create_default_context(cafile=str(proxy.ca_file))
+    context.set_alpn_protocols(["h2"])
+    with context.wrap_socket(sock, server_hostname="api.test") as tls:
+        assert tls.selected_alpn_protocol() == "h2"
+        conn = h2.connection.H2Connection(h2.config.H2Configuration())
+        conn.initiate_connection()
+        request = [(":method", "POST"), (":scheme", "https"), (":authority", "api.test")]
+        for n in range(count):  # before the proxy's SETTINGS arrive: nothing stops us here
+            conn.send_headers(2 * n + 1, [*request, (":path", "/v1/x")])
+        tls.sendall(conn.data_to_send())
+        tls.settimeout(1.5)
+        try:
+            while data := tls.recv(65536):
+                for event in conn.receive_data(data):
+                    if isinstance(event, h2.events.ConnectionTerminated):
+                        return True
+                tls.sendall(conn.data_to_send())
+        except TimeoutError:
+            return False
+    return True
+
+
+def test_a_101st_concurrent_h2_stream_ends_the_connection(limited: Proxy, agent):
+    assert not open_h2_streams(limited, agent, 100)
+    assert open_h2_streams(limited, agent, 101)
+
+
+# -- upstream timeouts ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("host", "phase"),
+    [
+        pytest.param("blackhole.test", "no connection", id="TCP connect never completes"),
+        pytest.param("tarpit.test", "no connection", id="TCP tarpit: TLS never completes"),
+        pytest.param("tlspit.test", "no response", id="TLS tarpit: no response head"),
+    ],
+)
+def test_a_tarpit_upstream_gets_504_upstream_timeout(limited: Proxy, agent, host, phase):
+    started = time.monotonic()
+    sock, reply = connect(limited.port, f"{host}:443", proxy_auth(*agent))
+    assert reply.status == 200
+    context = ssl.create_default_context(cafile=str(limited.ca_file))
+    with context.wrap_socket(sock, server_hostname=host) as tls:
+        tls.settimeout(10)
+        tls.sendall(f"GET /v1/x HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+        reply = read_reply(tls)
+    assert reply.status == 504
+    assert reply.reason in (None, "upstream-timeout")  # None: mitmproxy's own error page
+    assert time.monotonic() - started < 8
+    line = [r for r in limited.requests(agent[0]) if r.get("host") == host][-1]
+    assert "timeout" in line["error"]  # our phrase, or addon/wire.py's fixed class for it
+    if "upstream timeout:" in line["error"]:
+        assert phase in line["error"]
+
+
+def test_a_huge_upstream_response_head_is_cut_off(limited: Proxy, agent):
+    sock, reply = connect(limited.port, "hugehead.test:443", proxy_auth(*agent))
+    context = ssl.create_default_context(cafile=str(limited.ca_file))
+    with context.wrap_socket(sock, server_hostname="hugehead.test") as tls:
+        tls.settimeout(5)
+        tls.sendall(b"GET /v1/x HTTP/1.1\r\nHost: hugehead.test\r\n\r\n")
+        reply = read_reply(tls)
+    assert reply.status == 502
+    assert b"hhhh" not in reply.body
+    line = [r for r in limited.requests(agent[0]) if r.get("host") == "hugehead.test"][-1]
+    # Our fixed phrase, or the error class addon/wire.py makes of it.
+    assert "head exceeds 64 KiB" in line["error"] or "bad-response-head" in line["error"]
+
+
+# -- memory --------------------------------------------------------------------------------
+
+
+def test_hostile_clients_stay_within_the_memory_bound(limited: Proxy, principal):
+    """64 MiB of one header line, 500 half-open CONNECT lines and the connections they hold,
+    while another principal's requests keep succeeding; the proxy grows less than 32 MiB."""
+    assert get(limited, principal).status == 200  # warm: TLS contexts, certificates
+    sent: list[int] = []
+
+    def endless() -> None:
+        sent.append(send_endless_header(limited.port)[0])
+
+    with Peak(limited.process.pid) as peak:
+        half_open = []
+        for _ in range(500):
+            sock = socket.create_connection(("127.0.0.1", limited.port))
+            sock.sendall(b"CONNECT api.test:443 HTTP/1.1\r\nHost: api.test:443\r\n")
+            half_open.append(sock)
+        hostile = [threading.Thread(target=endless) for _ in range(4)]
+        for thread in hostile:
+            thread.start()
+        statuses = [get(limited, principal).status for _ in range(10)]
+        for thread in hostile:
+            thread.join(30)
+        deadline = time.monotonic() + 4  # the head deadline is 1 s
+        closed = sum(
+            closed_by_peer(sock, within=max(0.01, deadline - time.monotonic()))
+            for sock in half_open
+        )
+        for sock in half_open:
+            sock.close()
+    assert statuses == [200] * 10
+    assert closed == 500
+    assert peak.growth < MEMORY_BOUND, f"grew {peak.growth / 2**20:.1f} MiB"
+    assert len(sent) == 4 and max(sent) < 8 * 1024 * 1024
+
+
+def test_an_h2_client_that_stops_reading_gets_its_stream_reset(limited: Proxy, agent, principal):
+    """The client never sends WINDOW_UPDATE; the upstream sends 64 MiB as fast as it can."""
+    import h2.connection
+    import h2.events
+
+    with Peak(limited.process.pid) as peak:
+        sock, reply = connect(limited.port, "big.test:443", proxy_auth(*agent))
+        context = ssl.create_default_context(cafile=str(limited.ca_file))
+        context.set_alpn_protocols(["h2"])
+        ended = None
+        with context.wrap_socket(sock, server_hostname="big.test") as tls:
+            conn = h2.connection.H2Connection()
+            conn.initiate_connection()
+            request = [(":method", "GET"), (":scheme", "https"), (":authority", "big.test")]
+            conn.send_headers(1, [*request, (":path", "/v1/big")], end_stream=True)
+            tls.sendall(conn.data_to_send())
+            tls.settimeout(0.5)
+            deadline = time.monotonic() + 8
+            while ended is None and time.monotonic() < deadline:
+                try:
+                    data = tls.recv(65536)
+                except TimeoutError:
+                    continue
+                if not data:
+                    break
+                for event in conn.receive_data(data):
+                    if isinstance(event, h2.events.StreamReset | h2.events.ConnectionTerminated):
+                        ended = event
+        assert get(limited, principal).status == 200
+    assert peak.growth < MEMORY_BOUND, f"grew {peak.growth / 2**20:.1f} MiB"
+    assert isinstance(ended, h2.events.StreamReset)
+
+
+def test_an_http1_client_that_stops_reading_holds_the_upstream_back(limited: Proxy, agent):
+    """mitmproxy drains the client's socket before reading on: memory stays flat."""
+    with Peak(limited.process.pid) as peak:
+        sock, reply = connect(limited.port, "big.test:443", proxy_auth(*agent))
+        context = ssl.create_default_context(cafile=str(limited.ca_file))
+        with context.wrap_socket(sock, server_hostname="big.test") as tls:
+            tls.sendall(b"GET /v1/big HTTP/1.1\r\nHost: big.test\r\n\r\n")
+            time.sleep(2)
+    assert peak.growth < MEMORY_BOUND, f"grew {peak.growth / 2**20:.1f} MiB"
