@@ -545,9 +545,6 @@ class Credproxy:
 
     # -- WebSocket -------------------------------------------------------------------
 
-    def load(self, loader: Any) -> None:
-        wsredact.install()
-
     def websocket_message(self, flow: http.HTTPFlow) -> None:
         try:
             wsredact.on_message(flow)

@@ -164,7 +164,7 @@ async def serve(config: RunConfig, started: asyncio.Event | None = None) -> int:
     from mitmproxy import options
     from mitmproxy.tools.dump import DumpMaster
 
-    from addon import refusals, wire
+    from addon import refusals, wire, wsredact
     from addon.limits import Limits
     from addon.limits import install as install_limits
     from addon.live import LivePolicy
@@ -185,10 +185,12 @@ async def serve(config: RunConfig, started: asyncio.Event | None = None) -> int:
     except InvalidInput:
         store.close()
         raise
-    # Where mitmproxy has no hook: its error pages, head limits, refused bodies.
+    # Where mitmproxy has no hook: its error pages, head limits, refused bodies, WebSocket
+    # control frames. Each raises here if mitmproxy changed shape: never open later.
     wire.install()
     refusals.install()
     install_limits()
+    wsredact.install()
     runtime = Path(tempfile.mkdtemp(prefix="credproxy-"))
     master = DumpMaster(options.Options(), with_termlog=False, with_dumper=False)
     update: dict[str, Any] = {

@@ -115,7 +115,16 @@ class RedactingWebsocketLayer(_Base):
 
 
 def install() -> None:
-    """Make mitmproxy's HTTP layer upgrade to RedactingWebsocketLayer (idempotent)."""
+    """Make mitmproxy's HTTP layer upgrade to RedactingWebsocketLayer (idempotent).
+
+    Raises: RuntimeError if mitmproxy's WebSocket layer no longer has the shape replaced here.
+    """
+    if not (
+        callable(getattr(_Base, "start", None))
+        and callable(getattr(_Base, "relay_messages", None))
+        and isinstance(getattr(ws_layer.Fragmentizer, "FRAGMENT_SIZE", None), int)
+    ):
+        raise RuntimeError("mitmproxy's WebSocket layer changed: messages cannot be redacted")
     ws_layer.WebsocketLayer = RedactingWebsocketLayer  # type: ignore[misc]
     # A redacted message changes length and is re-fragmented; mitmproxy decodes each text
     # fragment alone, which would break a character cut at a fragment boundary. One frame.
