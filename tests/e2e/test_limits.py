@@ -16,6 +16,7 @@ import pytest
 import trustme
 
 from tests.e2e.conftest import NAMES, Proxy, start_proxy, stop_proxy
+from tests.e2e.memory import Peak
 from tests.e2e.raw import Reply, connect, proxy_auth, read_reply
 from tests.e2e.upstream import Upstream
 
@@ -25,41 +26,6 @@ MEMORY_BOUND = 32 * 1024 * 1024
 BIG = 64 * 1024 * 1024
 SHORT = ["--head-timeout", "1", "--idle-timeout", "2", "--connect-timeout", "1"]
 SHORT += ["--upstream-timeout", "2", "--max-tunnels", "4"]
-
-
-def rss(pid: int) -> int:
-    """The process's resident memory in bytes, from /proc/PID/status."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS line")
-
-
-class Peak:
-    """Samples a process's VmRSS every 20 ms in a thread; `growth` is peak minus start."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self.start = self.peak = rss(pid)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.02):
-            self.peak = max(self.peak, rss(self.pid))
-
-    def __enter__(self) -> Peak:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.peak = max(self.peak, rss(self.pid))
-
-    @property
-    def growth(self) -> int:
-        return self.peak - self.start
 
 
 class Tarpit:
