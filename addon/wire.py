@@ -16,6 +16,9 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any
 
+from mitmproxy import http
+from mitmproxy.proxy.layers.http._events import HttpEvent
+
 from addon.policy import STATUS, Reason
 
 MARK = "[credproxy] "
@@ -27,6 +30,13 @@ _MARKED_RE = re.compile(r"\[credproxy\] ([a-z-]+)/([a-z0-9-]+)")
 _INFORMATIONAL_RE = re.compile(rb"HTTP/1\.[01][ \t]+1(?!01)[0-9][0-9](?![0-9])")
 NO_RESPONSE = 444  # mitmproxy's "send nothing"
 CLIENT_CLOSED = 499
+
+
+@dataclass
+class Informational(HttpEvent):
+    """A 1xx answer (not 101) from the upstream, on its way to the agent before the final one."""
+
+    response: http.Response
 
 
 @dataclass(frozen=True)
@@ -252,8 +262,10 @@ def install() -> None:
         (_http2.Http2Server, "_handle_event", _h2_error_page),
         # A response transfer coding other than chunked would reach the agent unredacted.
         (layers, "validate_headers", _refuse_codings),
-        # mitmproxy takes a 1xx as the final response: drop them, the real one follows.
-        (_http1.Http1Client, "read_headers", _skip_informational),
+        # mitmproxy takes a 1xx as the final response: pass each on (redacted) to the agent,
+        # as a proxy must (RFC 9110, 15.2), and read the real one after it.
+        (_http1.Http1Client, "read_headers", _pass_informational),
+        (layers.HttpStream, "_handle_event", _forward_informational),
         # HTTP/1 trailers raise NotImplementedError inside mitmproxy: refuse them cleanly.
         (_http1.Http1Connection, "read_body", _refuse_trailers),
     ]
@@ -327,18 +339,54 @@ def _refuse_codings(original: Callable[[Any], None]) -> Callable[[Any], None]:
     return validate_headers
 
 
-def _skip_informational(original: Callable[..., Any]) -> Callable[..., Any]:
+def _pass_informational(original: Callable[..., Any]) -> Callable[..., Any]:
+    from mitmproxy.net.http import http1
     from mitmproxy.proxy import events
+    from mitmproxy.proxy.layers.http._base import ReceiveHttp
 
     def read_headers(self: Any, event: Any) -> Generator[Any, Any, None]:
         if isinstance(event, events.DataReceived) and self.request is not None:
-            # 101 stays: it is final for an upgrade. Dropped whole, headers and all.
+            # 101 stays: it is final for an upgrade. Each other 1xx goes to the stream whole,
+            # as an Informational event, and the real response is read after it.
             while _INFORMATIONAL_RE.match(bytes(self.buf)):
-                if self.buf.maybe_extract_lines() is None:
+                lines = self.buf.maybe_extract_lines()
+                if lines is None:
                     break  # not complete yet: wait for more
+                try:
+                    response = http1.read_response_head([bytes(x) for x in lines])
+                except ValueError:
+                    continue  # a malformed hint is dropped; the final response decides
+                yield ReceiveHttp(Informational(self.stream_id, response))
         yield from original(self, event)
 
     return read_headers
+
+
+def _forward_informational(original: Callable[..., Any]) -> Callable[..., Any]:
+    from mitmproxy.net.http import status_codes
+    from mitmproxy.proxy.layers.http import SendHttp
+    from mitmproxy.proxy.layers.http._events import ResponseHeaders
+
+    from addon.wsredact import REDACTORS
+
+    def _handle_event(self: Any, event: Any) -> Generator[Any, Any, None]:
+        if not isinstance(event, Informational):
+            yield from original(self, event)
+            return
+        request = self.flow.request
+        # 100 answers an Expect that mitmproxy already answered itself; HTTP/1.0 knows no 1xx.
+        if event.response.status_code == 100 or request.http_version == "HTTP/1.0":
+            return
+        if self.flow.response is not None:
+            return  # refused, or the final response is already here
+        response = event.response.copy()
+        redactor = REDACTORS.get(self.flow)
+        if redactor is not None:
+            response.headers.fields = redactor.headers(response.headers.fields)
+        response.reason = status_codes.RESPONSES.get(response.status_code, "Informational")
+        yield SendHttp(ResponseHeaders(self.stream_id, response, False), self.context.client)
+
+    return _handle_event
 
 
 def _refuse_trailers(original: Callable[..., Any]) -> Callable[..., Any]:

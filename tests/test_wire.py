@@ -280,6 +280,7 @@ def test_install_replaces_what_it_says():
         "Http2Server._handle_event": (_http2.Http2Server, "_handle_event"),
         f"{layers.__name__}.validate_headers": (layers, "validate_headers"),
         "Http1Client.read_headers": (_http1.Http1Client, "read_headers"),
+        "HttpStream._handle_event": (layers.HttpStream, "_handle_event"),
         "Http1Connection.read_body": (_http1.Http1Connection, "read_body"),
     }
     replaced = wire.installed()

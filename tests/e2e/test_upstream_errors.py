@@ -13,7 +13,7 @@ import os
 import socket
 import ssl
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -161,6 +161,7 @@ class Answer:
     body: bytes
     raw: bytes = b""
     broken: bool = False
+    informational: list[dict[str, str]] = field(default_factory=list)
 
     def json(self) -> Any:
         return json.loads(self.body)
@@ -208,7 +209,10 @@ def _h2_fetch(proxy: Proxy, agent: tuple[str, str], host: str, path: str) -> Ans
                 answer.broken = True
                 return answer
             for event in conn.receive_data(data):
-                if isinstance(event, h2.events.ResponseReceived):
+                if isinstance(event, h2.events.InformationalResponseReceived):
+                    hint = {k.decode(): v.decode() for k, v in event.headers}
+                    answer.informational.append(hint)
+                elif isinstance(event, h2.events.ResponseReceived):
                     answer.headers = {k.decode(): v.decode() for k, v in event.headers}
                     answer.status = int(answer.headers[":status"])
                 elif isinstance(event, h2.events.DataReceived):
@@ -383,7 +387,7 @@ def test_the_agents_te_header_is_reduced_to_trailers(wire_proxy: Proxy, agent, s
     ],
 )
 @pytest.mark.parametrize("http2", [False, True], ids=["agent over HTTP/1", "agent over HTTP/2"])
-def test_informational_answers_are_dropped_and_the_final_one_delivered(
+def test_the_final_answer_follows_informational_ones(
     wire_proxy: Proxy, agent, path: str, http2: bool
 ):
     reply = fetch(wire_proxy, agent, "h1.test", path, http2)
@@ -392,6 +396,30 @@ def test_informational_answers_are_dropped_and_the_final_one_delivered(
     line = audit_line(wire_proxy, agent, path)
     assert (line["decision"], line["status"]) == ("allow", 200)
     assert_no_leak(wire_proxy, reply.raw)
+    if http2:
+        # The hint reaches the agent, its echo of the secret redacted; 100 is mitmproxy's own.
+        assert [h[":status"] for h in reply.informational] == ["103"]
+        assert reply.informational[0]["x-hint-auth"] == "[REDACTED]"
+
+
+@pytest.mark.parametrize("path", ["/v1/early-hints", "/v1/continue-and-hints"])
+def test_a_103_reaches_an_http1_agent_redacted_before_the_final_answer(
+    wire_proxy: Proxy, agent, path: str
+):
+    sock = tunnel(wire_proxy.port, "h1.test:443", proxy_auth(*agent), "h1.test", wire_proxy.ca_file)
+    data = b""
+    with sock:
+        sock.sendall(f"GET {path} HTTP/1.1\r\nHost: h1.test\r\n\r\n".encode())
+        while b'"ok"' not in data:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    hint, _, final = data.partition(b"\r\n\r\n")
+    assert hint.startswith(b"HTTP/1.1 103 Early Hints\r\n")
+    assert b"x-hint-auth: [redacted]" in hint.lower()
+    assert final.startswith(b"HTTP/1.1 200 ")
+    assert_no_leak(wire_proxy, data)
 
 
 def test_request_trailers_are_refused_with_a_reason(wire_proxy: Proxy, agent):
