@@ -912,6 +912,9 @@ def test_one_client_connection_carries_one_principal(rproxy: Proxy, names, targe
                 f"GET {target} HTTP/1.1\r\nHost: credproxy.internal\r\n"
                 f"Proxy-Authorization: {proxy_auth(*agent)}\r\n\r\n"
             )
-            statuses.append(exchange(sock, head.encode()).status)
+            try:
+                statuses.append(exchange(sock, head.encode()).status)
+            except (ConnectionError, OSError):
+                statuses.append(None)
     # The second principal on the same connection must be refused (or the connection closed).
-    assert statuses[1] in (400, 407), statuses
+    assert statuses[1] in (None, 400, 407), statuses
