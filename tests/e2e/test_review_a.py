@@ -4,7 +4,8 @@ A real `credproxy run`, three TLS upstreams on 127.0.0.1 reached through `--reso
 
 - api.test: the recording upstream of tests/e2e/upstream.py (what exactly arrived);
 - raw.test: scripted raw HTTP/1 answers built from the stamped secret (misbehaving.py);
-- ws.test: a WebSocket server whose messages echo the stamped Authorization.
+- ws.test: a WebSocket server whose messages echo the stamped Authorization;
+- h2.test: scripted HTTP/2 answers (trailers) built from the stamped secret.
 
 Every finding is a test marked `xfail(strict=True)`: it fails on the code it was written
 against, and starts passing (so fails the suite) once the lead fixes it. Everything else is
