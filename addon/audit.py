@@ -55,6 +55,8 @@ OK, BACKLOG, FAILING = "ok", "backlog", "failing"
 
 # Foreign log lines (mitmproxy's) may quote a request line; a query string can carry a key.
 _QUERY_RE = re.compile(r"\?[^\s'\"]*")
+# ... and peer bytes: a hex dump ("Cannot parse ClientHello: 160301..."), a bytes repr.
+_BYTES_RE = re.compile(r"\b[0-9a-fA-F]{16,}\b|(?:bytearray\()?b(?:'[^']*'|\"[^\"]*\")\)?")
 
 Write = Callable[[int, bytes], int]
 
@@ -62,7 +64,15 @@ Write = Callable[[int, bytes], int]
 def _scrub_foreign(_: WrappedLogger, __: str, event_dict: EventDict) -> EventDict:
     message = event_dict.get(EVENT)
     if isinstance(message, str):
-        event_dict[EVENT] = _QUERY_RE.sub("?[query]", message)
+        event_dict[EVENT] = _BYTES_RE.sub("[bytes]", _QUERY_RE.sub("?[query]", message))
+    # A foreign traceback quotes whatever the exception held: keep only its type.
+    record = event_dict.get("_record")
+    exc_info = event_dict.pop("exc_info", None) or getattr(record, "exc_info", None)
+    if isinstance(exc_info, tuple) and exc_info[0] is not None:
+        event_dict["error_type"] = exc_info[0].__name__
+    if record is not None:
+        record.exc_info, record.exc_text = None, None
+    event_dict.pop("exception", None)
     return event_dict
 
 

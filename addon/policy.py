@@ -90,6 +90,9 @@ class Rule:
             h.matches(host, port, 443) for h in self.credential.hosts
         )
 
+    def allows_method(self, method: str) -> bool:
+        return self.methods is None or method in self.methods
+
     def longest_path(self, path: str) -> int:
         return max((len(p) for p in self.paths if path_matches(p, path)), default=-1)
 

@@ -34,7 +34,7 @@ from addon.metrics import Metrics, StreakAlerts
 from addon.paths import BadPath, canonicalize
 from addon.policy import DEFAULT_PORTS, STATUS, Decision, Policy, Reason, Request, Rule
 from addon.redact import Decoder, Redactor
-from addon.stamping import stamp_query
+from addon.stamping import slot, stamp_query
 from store.errors import CredproxyError
 
 REQUIRED_OPTIONS = {
@@ -49,7 +49,10 @@ REQUIRED_OPTIONS = {
     "stream_large_bodies": None,
     "validate_inbound_headers": True,  # addon.wire refuses response transfer codings there
 }
-METHOD_OVERRIDES = (b"x-http-method-override", b"x-http-method", b"x-method-override")
+METHOD_OVERRIDES = frozenset((b"x-http-method-override", b"x-http-method", b"x-method-override"))
+# Headers some frameworks take as the real target (IIS, Symfony, Zend): never forwarded.
+PATH_OVERRIDES = frozenset((b"x-original-url", b"x-rewrite-url"))
+_OVERRIDES = METHOD_OVERRIDES | PATH_OVERRIDES
 DNS_TIMEOUT = 5.0
 # Responses of known length up to this size are held whole and redacted in one piece;
 # anything longer, chunked or compressed is streamed and redacted chunk by chunk.
@@ -158,6 +161,8 @@ class Credproxy:
         self.alerts = StreakAlerts(alert_streak, self.log)
         self.access = AccessRequests(live, self.log)
         self.tunnels: dict[str, Tunnel] = {}
+        # client id -> the principal of its plain-proxy (absolute-form) requests
+        self.plain_principals: dict[str, str] = {}
         self.broken_clients: set[str] = set()
         # (client id, dialled address) -> the host name to use as upstream SNI.
         self.upstream_names: dict[tuple[str, tuple[str, int]], str] = {}
@@ -181,6 +186,7 @@ class Credproxy:
 
     def client_disconnected(self, client: connection.Client) -> None:
         self.tunnels.pop(client.id, None)
+        self.plain_principals.pop(client.id, None)
         self.broken_clients.discard(client.id)
         for key in [k for k in self.upstream_names if k[0] == client.id]:
             del self.upstream_names[key]
@@ -200,6 +206,8 @@ class Credproxy:
             raise Denied(Reason.BAD_REQUEST, "CONNECT over HTTP/2 to the proxy is not supported")
         if flow.client_conn.id in self.tunnels or flow.client_conn.id in self.broken_clients:
             raise Denied(Reason.BAD_REQUEST, "CONNECT inside a tunnel")
+        if self.plain_principals.get(flow.client_conn.id, principal) != principal:
+            raise Denied(Reason.AUTH_REQUIRED, "credentials differ from the connection's")
         try:
             host, port = normalize_host(flow.request.host), flow.request.port
         except BadAuthority as e:
@@ -275,6 +283,9 @@ class Credproxy:
         tunnel = self.tunnels.get(flow.client_conn.id)
         if tunnel is None:
             principal = self._authenticate(flow, headers.get_all(b"proxy-authorization"))
+            # One client connection, one principal: its upstream connections are shared.
+            if self.plain_principals.setdefault(flow.client_conn.id, principal) != principal:
+                raise Denied(Reason.AUTH_REQUIRED, "credentials differ from the connection's")
             if request.is_http2:
                 # Streams of one HTTP/2 connection to the proxy would share its state.
                 raise Denied(Reason.BAD_REQUEST, "HTTP/2 to the proxy is not supported")
@@ -318,13 +329,15 @@ class Credproxy:
                 if asked is not None:
                     extra = {"access_request": asked, "how_to_ask": HOW_TO_ASK}
             raise Denied(decision.reason, decision.detail, extra)
-        for header in METHOD_OVERRIDES:
-            for value in headers.get_all(header):
-                override = _method(value.strip())
-                if not policy.decide(principal, facts._replace(method=override), now).allowed:
-                    raise Denied(Reason.METHOD_NOT_ALLOWED, "the method override is not granted")
         rule = decision.rule
         assert rule is not None
+        for name, value in headers.overrides():
+            if name in PATH_OVERRIDES:
+                raise Denied(Reason.BAD_REQUEST, "path-override headers are not allowed")
+            # The grant whose credential is stamped (and whose once-use is spent) must allow
+            # the override itself: another grant allowing it would lend this one's credential.
+            if not rule.allows_method(_method(value.strip())):
+                raise Denied(Reason.METHOD_NOT_ALLOWED, "the method override is not granted")
         address = self.resolve.lookup(host, port) or await self._vet(host, port)
         await self._consume(rule)
         pending.rule = rule
@@ -431,7 +444,7 @@ class Credproxy:
             # Replace, never append: a second value would let the upstream pick the agent's.
             names = stamp.names
             request.headers.fields = (
-                *[f for f in request.headers.fields if f[0].lower() not in names],
+                *[f for f in request.headers.fields if slot(f[0]) not in names],
                 *stamp.fields,
             )
         # Forward exactly the path that was matched.
@@ -477,7 +490,10 @@ class Credproxy:
         codings = [c for c in codings if c not in (b"", b"identity")]
         encoding = b", ".join(codings)
         drop = set()
-        if redactor is not None and encoding:
+        if flow.request.method == "HEAD" or response.status_code in (204, 304):
+            # No body follows, whatever Content-Length announces: keep the head as it is.
+            pending.buffered = True
+        elif redactor is not None and encoding:
             # Compressed anyway, despite Accept-Encoding: identity. Decode so redaction
             # sees the plaintext; an encoding we cannot decode kills the flow.
             pending.decoder = Decoder(encoding.decode("latin-1"))
@@ -516,9 +532,22 @@ class Credproxy:
                 if redacted != body:
                     response.raw_content = redacted
                     response.headers["content-length"] = str(len(redacted))
+        if pending.failure is not None and not pending.buffered:
+            # A streamed body that could not be decoded or redacted: cut, never completed.
+            del self.pending[flow.id]
+            flow.kill()
+            failure = pending.failure
+            reason = failure.reason.value if failure.reason is not None else None
+            self._audit(
+                pending, "allow", status=response.status_code, reason=reason, error=failure.error
+            )
+            return
         if pending.redactor is not None and response.trailers is not None:
             # mitmproxy sends the trailers (h2, e.g. grpc-message) after this hook returns.
-            response.trailers.fields = pending.redactor.headers(response.trailers.fields)
+            if pending.buffered:
+                body = response.raw_content or b""
+                pending.redactor.flushed = body[len(body) - pending.redactor.partial(body) :]
+            response.trailers.fields = pending.redactor.trailers(response.trailers.fields)
         del self.pending[flow.id]
         redactions = pending.redactor.count if pending.redactor is not None else 0
         self._audit(pending, "allow", status=response.status_code, redactions=redactions)
@@ -664,19 +693,28 @@ def _counter(pending: Pending, attribute: str) -> Callable[[bytes], bytes]:
 def _response_stream(pending: Pending) -> Callable[[bytes], bytes | list[bytes]]:
     redactor, decoder = pending.redactor, pending.decoder
 
+    def redacted(chunk: bytes) -> bytes:
+        assert redactor is not None
+        if decoder is None:
+            return redactor.feed(chunk)
+        if chunk:
+            decoded = decoder.feed(chunk)
+            return redactor.feed(decoded) if decoded else b""
+        rest = decoder.feed(b"")
+        return (redactor.feed(rest) if rest else b"") + redactor.feed(b"")
+
     def stream(chunk: bytes) -> bytes | list[bytes]:
         pending.bytes_in += len(chunk)
         if redactor is None:
             return chunk
-        if decoder is not None:
-            if chunk:
-                decoded = decoder.feed(chunk)
-                out = redactor.feed(decoded) if decoded else b""
-            else:
-                rest = decoder.feed(b"")
-                out = (redactor.feed(rest) if rest else b"") + redactor.feed(b"")
-            return out if out or not chunk else []
-        out = redactor.feed(chunk)
+        if pending.failure is not None:
+            return []  # the flow dies in `response`; nothing more reaches the agent
+        try:
+            out = redacted(chunk)
+        except Exception as e:  # noqa: BLE001 - fail closed: the rest is dropped, the flow killed
+            audit.logger().error("hook.failed", hook="response_stream", error_type=type(e).__name__)
+            pending.failure = wire.Failure(Reason.UPSTREAM_PROTOCOL_ERROR, "undecodable-body")
+            return []
         # b"" mid-stream would end a chunked HTTP/1 response: send nothing instead.
         return out if out or not chunk else []
 
@@ -732,6 +770,15 @@ class _RequestHeaders:
 
     def get_all(self, name: bytes) -> list[bytes]:
         return self.index.get(name, [])
+
+    def overrides(self) -> list[tuple[bytes, bytes]]:
+        """Method- and path-override fields, `_` read as `-` as CGI and WSGI backends do."""
+        return [
+            (key, value)
+            for name, values in self.index.items()
+            if name.startswith(b"x") and (key := name.replace(b"_", b"-")) in _OVERRIDES
+            for value in values
+        ]
 
     def check_framing(self) -> None:
         """Refuse what a front end and a back end could read two ways (smuggling, injection)."""

@@ -155,6 +155,8 @@ class Redactor:
     def __init__(self, secrets: Sequence[bytes]) -> None:
         self._c = _compile(tuple(secrets))
         self._tail = b""
+        # The end of a stream as flushed: it may begin a form that its trailers finish.
+        self.flushed = b""
         self.count = 0
 
     def _sub(self, data: bytes) -> bytes:
@@ -187,7 +189,8 @@ class Redactor:
             return chunk
         if not chunk:
             rest, self._tail = self._tail, b""
-            return self._sub(rest)
+            self.flushed = self._sub(rest)
+            return self.flushed
         data = self._sub(self._tail + chunk)
         # After _sub no form is left whole, so holding back the unfinished tail is enough.
         hold = self.partial(data)
@@ -199,6 +202,16 @@ class Redactor:
         if self._c is None or len(body) < self._c.shortest:
             return body  # shorter than the shortest form of a secret
         return self._sub(body)
+
+    def trailers(self, fields: tuple[tuple[bytes, bytes], ...]) -> tuple[tuple[bytes, bytes], ...]:
+        """Trailer fields redacted like headers; one finishing a form the body began is dropped."""
+        kept = []
+        for name, value in self.headers(fields):
+            if self.spans(self.flushed, name) or self.spans(self.flushed, value):
+                self.count += 1
+            else:
+                kept.append((name, value))
+        return tuple(kept)
 
     def spans(self, before: bytes, after: bytes) -> bool:
         """Does a form start in `before` (already sent, redacted) and end in `after`?"""

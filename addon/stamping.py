@@ -22,6 +22,11 @@ def header_for(credential: CredentialRecord) -> tuple[str, str] | None:
     return None
 
 
+def slot(name: bytes) -> bytes:
+    """The header a field name lands in at the upstream: case and `_` / `-` ignored."""
+    return name.lower().replace(b"_", b"-")
+
+
 class Stamp:
     """What one credential writes onto every request it is stamped on, built once per policy.
 
@@ -39,7 +44,8 @@ class Stamp:
         if header is not None:
             fields.append((header[0].encode("ascii"), header[1].encode("ascii")))
         self.fields = tuple(fields)
-        self.names = frozenset(name.lower() for name, _ in fields)
+        # Lower-case, `_` as `-`: backends behind CGI or WSGI read X_Api_Key as X-Api-Key.
+        self.names = frozenset(slot(name) for name, _ in fields)
         self.param = credential.param_name if header is None else None
         assert header is not None or self.param is not None
 
@@ -53,10 +59,15 @@ class Stamp:
 def stamp_query(query: bytes | None, param: str, secret: bytes) -> bytes:
     """Drop every `param` the client sent (in any encoding), then add ours, URL-encoded."""
     wanted = param.encode()
-    kept = [
-        pair
-        for pair in (query.split(b"&") if query else [])
-        if pair and unquote_to_bytes(pair.split(b"=", 1)[0].replace(b"+", b" ")) != wanted
-    ]
+
+    def theirs(part: bytes) -> bool:
+        return unquote_to_bytes(part.split(b"=", 1)[0].replace(b"+", b" ")) == wanted
+
+    kept = []
+    for pair in query.split(b"&") if query else []:
+        # Some parsers split on ";" too: a `;param=` inside a pair is the client's as well.
+        pair = b";".join(part for part in pair.split(b";") if not theirs(part))
+        if pair:
+            kept.append(pair)
     kept.append(wanted + b"=" + quote(secret, safe="").encode("ascii"))
     return b"&".join(kept)

@@ -51,8 +51,11 @@ def on_message(flow: http.HTTPFlow) -> None:
         # A non-ASCII secret may cut a character: send valid UTF-8, redacted again.
         out = redactor.whole(out.decode("utf-8", "replace").encode())
     message.content = out
-    hold = redactor.partial(out)
-    _TAILS[flow] = out[len(out) - hold :] if hold else b""
+    # The tail of everything sent so far, not of this message alone: a form may be spread
+    # over three messages or more.
+    sent = _TAILS.get(flow, b"") + out
+    hold = redactor.partial(sent)
+    _TAILS[flow] = sent[len(sent) - hold :] if hold else b""
 
 
 def kill(flow: http.HTTPFlow) -> None:
@@ -74,13 +77,20 @@ def _holds(redactor: Redactor, data: bytes) -> bool:
         return True
 
 
-def _redact_control(ev: wsproto.events.Event, redactor: Redactor) -> wsproto.events.Event:
-    """A control frame with a form in it goes on with MARK as its whole payload."""
+def _redact_control(
+    ev: wsproto.events.Event, redactor: Redactor, tail: bytes
+) -> wsproto.events.Event:
+    """A control frame with a form in it, or ending one the messages began, goes on with
+    MARK as its whole payload."""
+
+    def holds(payload: bytes) -> bool:
+        return _holds(redactor, payload) or redactor.spans(tail, payload)
+
     if isinstance(ev, wsproto.events.CloseConnection):
-        if ev.reason and _holds(redactor, ev.reason.encode("utf-8", "surrogateescape")):
+        if ev.reason and holds(ev.reason.encode("utf-8", "surrogateescape")):
             return wsproto.events.CloseConnection(ev.code, MARK.decode())
     elif isinstance(ev, wsproto.events.Ping | wsproto.events.Pong):
-        if ev.payload and _holds(redactor, bytes(ev.payload)):
+        if ev.payload and holds(bytes(ev.payload)):
             return type(ev)(payload=MARK)
     return ev
 
@@ -99,7 +109,10 @@ class RedactingWebsocketLayer(_Base):
             for ev in read():
                 if killed(flow):
                     return  # nothing more from the server once the flow is dead
-                yield ev if redactor is None else _redact_control(ev, redactor)
+                if redactor is None:
+                    yield ev
+                else:
+                    yield _redact_control(ev, redactor, _TAILS.get(flow, b""))
 
         self.server_ws.events = redacted  # type: ignore[method-assign]
 

@@ -81,12 +81,14 @@ def test_the_message_history_is_not_kept():
 
 def test_control_frames_holding_a_form_carry_only_the_mark():
     redactor = Redactor([SECRET])
-    close = wsredact._redact_control(ev.CloseConnection(1000, "bad " + SECRET.decode()), redactor)
+    close = wsredact._redact_control(
+        ev.CloseConnection(1000, "bad " + SECRET.decode()), redactor, b""
+    )
     assert (close.code, close.reason) == (1000, MARK.decode())
-    assert wsredact._redact_control(ev.Ping(SECRET), redactor).payload == MARK
-    assert wsredact._redact_control(ev.Pong(b"x" + SECRET), redactor).payload == MARK
+    assert wsredact._redact_control(ev.Ping(SECRET), redactor, b"").payload == MARK
+    assert wsredact._redact_control(ev.Pong(b"x" + SECRET), redactor, b"").payload == MARK
     kept = ev.CloseConnection(1000, "bye")
-    assert wsredact._redact_control(kept, redactor) is kept
+    assert wsredact._redact_control(kept, redactor, b"") is kept
 
 
 def test_the_proxy_hook_fails_closed(monkeypatch):
@@ -101,3 +103,10 @@ def test_the_proxy_hook_fails_closed(monkeypatch):
     flow = _flow(_server(SECRET))
     addon.websocket_message(flow)
     assert flow.websocket.messages[-1].dropped and wsredact.killed(flow)
+
+
+def test_a_control_frame_ending_a_form_the_messages_began_carries_only_the_mark():
+    redactor = Redactor([SECRET])
+    half = len(SECRET) // 2
+    ping = wsredact._redact_control(ev.Ping(SECRET[half:]), redactor, SECRET[:half])
+    assert ping.payload == MARK
