@@ -989,3 +989,103 @@ def test_a_once_grant_raced_by_h2_streams_of_one_tunnel_serves_one(
     assert sorted(statuses.values()) == ["200"] + ["403"] * 11
     assert sorted(reasons.values()) == [""] + ["grant-consumed"] * 11
     assert [r.target for r in upstream.log.requests] == ["/v1/once"]
+
+
+# -- a stalled stdout at shutdown ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("reader", ["stalled", "gone"])
+def test_sigterm_with_stdout_that_cannot_take_lines_still_exits_promptly(
+    tmp_path: Path, upstream_ca: trustme.CA, initialised_home: Path, reader: str
+):
+    """stdout a pipe that nobody reads (or whose reader has gone), the proxy refusing with
+    audit-unavailable; SIGTERM still ends it within the drain timeout plus the 5 s drain."""
+    import shutil
+    import subprocess
+
+    from tests.e2e.conftest import CREDPROXY
+
+    shutil.copytree(initialised_home, tmp_path, dirs_exist_ok=True)
+    env = {**_cli_env(tmp_path), "PYTHONUNBUFFERED": "1"}
+    args = [*CREDPROXY, "run", "--listen", "127.0.0.1:0", "--drain-timeout", "1"]
+    process = subprocess.Popen(
+        args, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        assert process.stdout is not None
+        started = json.loads(process.stdout.readline())
+        port = int(started["listen"][0].rsplit(":", 1)[1])
+        if reader == "gone":
+            process.stdout.close()
+        refused = None
+        for _ in range(3000):  # unauthenticated CONNECTs: one deny line each
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+                sock.sendall(b"CONNECT api.test:443 HTTP/1.1\r\nHost: api.test:443\r\n\r\n")
+                reply = read_reply(sock)
+            if reply.reason == "audit-unavailable":
+                refused = reply
+                break
+        assert refused is not None and refused.status == 503
+        began = time.monotonic()
+        process.terminate()
+        rc = process.wait(15)
+        took = time.monotonic() - began
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(5)
+    assert rc == 0
+    assert took < 1 + 5 + 2 + 1
+    assert process.stderr is not None and process.stderr.read() == b""
+
+
+# -- the connection cap ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def capped_proxy(
+    tmp_path: Path, shared_upstream: Upstream, upstream_ca: trustme.CA, initialised_home: Path
+) -> Iterator[Proxy]:
+    resolve = [f"api.test=127.0.0.1:{shared_upstream.port}"]
+    extra = ["--max-connections", "8", "--head-timeout", "1"]
+    running = start_proxy(tmp_path, upstream_ca, resolve, extra=extra, template=initialised_home)
+    yield running
+    stop_proxy(running)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="--max-connections is one pool for everyone: a client without a token that "
+    "keeps it full shuts every principal out",
+)
+def test_an_unauthenticated_client_cannot_shut_every_principal_out(capped_proxy: Proxy):
+    name = "capv-" + os.urandom(3).hex()
+    token = capped_proxy.store.add_principal(name)
+    capped_proxy.store.add_grant(name, ["GET"], hosts=["api.test"])
+    capped_proxy.wait_reload()
+    assert get(capped_proxy, (name, token)).status == 200
+    stop = time.monotonic() + 6
+
+    def hog() -> None:  # no token, never a byte: each connection lives for the head deadline
+        while time.monotonic() < stop:
+            try:
+                with socket.create_connection(("127.0.0.1", capped_proxy.port), timeout=3) as s:
+                    s.settimeout(max(0.01, stop - time.monotonic()))
+                    s.recv(1)
+            except OSError:
+                pass
+
+    hogs = [threading.Thread(target=hog) for _ in range(12)]
+    for thread in hogs:
+        thread.start()
+    time.sleep(0.5)
+    served = 0
+    for _ in range(5):
+        try:
+            served += get(capped_proxy, (name, token)).status == 200
+        except (OSError, ConnectionError):
+            pass
+        time.sleep(0.3)
+    for thread in hogs:
+        thread.join(10)
+    assert served >= 4, f"served {served} of 5"
