@@ -109,6 +109,58 @@ def big_pit(upstream_ca: trustme.CA) -> Iterator[Tarpit]:
     pit.close()
 
 
+class BombUpstream:
+    """bomb.test over TLS: every response is `body` with `Content-Encoding: encoding`,
+    despite the proxy's Accept-Encoding: identity (an object stored with that encoding)."""
+
+    def __init__(self, ca: trustme.CA, encoding: str, body: bytes) -> None:
+        self.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ca.issue_cert("bomb.test").configure_cert(self.context)
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.head = (
+            "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\n"
+            f"Content-Encoding: {encoding}\r\nContent-Length: {len(body)}\r\n\r\n"
+        ).encode()
+        self.body = body
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                raw, _ = self.listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(raw,), daemon=True).start()
+
+    def _serve(self, raw: socket.socket) -> None:
+        raw.settimeout(10)
+        try:
+            with self.context.wrap_socket(raw, server_side=True) as sock:
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    chunk = sock.recv(65536)
+                    if not chunk:
+                        return
+                    data += chunk
+                sock.sendall(self.head + self.body)
+                time.sleep(1)
+        except (OSError, ssl.SSLError):
+            return
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+@pytest.fixture(scope="module")
+def bomb(upstream_ca: trustme.CA) -> Iterator[BombUpstream]:
+    import gzip
+
+    server = BombUpstream(upstream_ca, "gzip", gzip.compress(b"\0" * (96 * MIB), 9))
+    yield server
+    server.close()
+
+
 @pytest.fixture(scope="module")
 def proxy_b(
     tmp_path_factory: pytest.TempPathFactory,
@@ -117,10 +169,12 @@ def proxy_b(
     initialised_home: Path,
     ws_upstream: WsUpstream,
     big_pit: Tarpit,
+    bomb: BombUpstream,
 ) -> Iterator[Proxy]:
     """One proxy with second-long deadlines for the attacks that need nothing else."""
     resolve = [f"{name}=127.0.0.1:{shared_upstream.port}" for name in NAMES if name != "localhost"]
     resolve += [f"ws.test=127.0.0.1:{ws_upstream.port}", f"big.test=127.0.0.1:{big_pit.port}"]
+    resolve += [f"bomb.test=127.0.0.1:{bomb.port}"]
     home = tmp_path_factory.mktemp("review-b")
     running = start_proxy(home, upstream_ca, resolve, extra=SHORT, template=initialised_home)
     yield running
@@ -1089,3 +1143,43 @@ def test_an_unauthenticated_client_cannot_shut_every_principal_out(capped_proxy:
     for thread in hogs:
         thread.join(10)
     assert served >= 4, f"served {served} of 5"
+
+
+# -- compressed responses to a stamped request ------------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a compressed response to a stamped request is inflated without an output bound",
+)
+def test_a_gzip_bomb_in_a_stamped_response_stays_within_the_memory_bound(
+    proxy_b: Proxy, names, bystander, bomb: BombUpstream
+):
+    """An agent stores an object with Content-Encoding: gzip (S3 allows it) and fetches it
+    with the stamped credential: 100 KB on the wire, 96 MiB of zeros once inflated."""
+    from store.crypto import Secret
+
+    name, cred = names("bomb"), names("bomb-cred")
+    token = proxy_b.store.add_principal(name)
+    proxy_b.store.add_credential(cred, "bearer", ["bomb.test"], Secret(b"bomb-secret-123"))
+    proxy_b.store.add_grant(name, ["GET"], credential=cred)
+    proxy_b.wait_reload()
+    assert len(bomb.body) < 200_000
+    assert get(proxy_b, bystander).status == 200
+    received = 0
+    with Peak(proxy_b.process.pid) as peak:
+        sock, reply = connect(proxy_b.port, "bomb.test:443", proxy_auth(name, token))
+        assert reply.status == 200
+        context = ssl.create_default_context(cafile=str(proxy_b.ca_file))
+        with context.wrap_socket(sock, server_hostname="bomb.test") as tls:
+            tls.settimeout(10)
+            tls.sendall(b"GET /v1/object HTTP/1.1\r\nHost: bomb.test\r\nConnection: close\r\n\r\n")
+            try:
+                while data := tls.recv(1 << 20):  # a reader that keeps up
+                    received += len(data)
+            except (OSError, ssl.SSLError):
+                pass
+        statuses = [get(proxy_b, bystander).status for _ in range(3)]
+    assert statuses == [200] * 3
+    assert received > 96 * MIB  # it was delivered, inflated
+    assert peak.growth < MEMORY_BOUND, f"grew {peak.growth / MIB:.1f} MiB"
