@@ -152,6 +152,41 @@ class BombUpstream:
         self.listener.close()
 
 
+class DripUpstream(BombUpstream):
+    """drip.test: a 40-byte body of known length, one byte every 0.25 s (10 s in all)."""
+
+    def __init__(self, ca: trustme.CA) -> None:
+        super().__init__(ca, "identity", b"d" * 40)
+        self.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ca.issue_cert("drip.test").configure_cert(self.context)
+        self.head = b"HTTP/1.1 200 OK\r\nContent-Length: 40\r\n\r\n"
+
+    def _serve(self, raw: socket.socket) -> None:
+        raw.settimeout(15)
+        try:
+            with self.context.wrap_socket(raw, server_side=True) as sock:
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    chunk = sock.recv(65536)
+                    if not chunk:
+                        return
+                    data += chunk
+                sock.sendall(self.head)
+                for _ in range(40):
+                    time.sleep(0.25)
+                    sock.sendall(b"d")
+                time.sleep(1)
+        except (OSError, ssl.SSLError):
+            return
+
+
+@pytest.fixture(scope="module")
+def drip(upstream_ca: trustme.CA) -> Iterator[DripUpstream]:
+    server = DripUpstream(upstream_ca)
+    yield server
+    server.close()
+
+
 @pytest.fixture(scope="module")
 def bomb(upstream_ca: trustme.CA) -> Iterator[BombUpstream]:
     import gzip
@@ -170,11 +205,12 @@ def proxy_b(
     ws_upstream: WsUpstream,
     big_pit: Tarpit,
     bomb: BombUpstream,
+    drip: DripUpstream,
 ) -> Iterator[Proxy]:
     """One proxy with second-long deadlines for the attacks that need nothing else."""
     resolve = [f"{name}=127.0.0.1:{shared_upstream.port}" for name in NAMES if name != "localhost"]
     resolve += [f"ws.test=127.0.0.1:{ws_upstream.port}", f"big.test=127.0.0.1:{big_pit.port}"]
-    resolve += [f"bomb.test=127.0.0.1:{bomb.port}"]
+    resolve += [f"bomb.test=127.0.0.1:{bomb.port}", f"drip.test=127.0.0.1:{drip.port}"]
     home = tmp_path_factory.mktemp("review-b")
     running = start_proxy(home, upstream_ca, resolve, extra=SHORT, template=initialised_home)
     yield running
@@ -1272,3 +1308,19 @@ def test_a_brotli_bomb_to_credproxy_internal_stays_within_the_memory_bound(
     assert statuses == [200] * 3
     assert reply.status in (400, 413)
     assert peak.growth < MEMORY_BOUND, f"grew {peak.growth / MIB:.1f} MiB"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a small response of known length is cut by --upstream-timeout while its bytes "
+    "still flow: the stall timer is only touched for streamed bodies",
+)
+def test_a_small_response_that_keeps_flowing_is_not_cut_as_a_stall(proxy_b: Proxy, names):
+    """README: 'Upstream stall mid-response (no data for) 30 s'. Here --upstream-timeout is
+    2 s and a byte arrives every 0.25 s, for 10 s."""
+    name = names("drip")
+    token = proxy_b.store.add_principal(name)
+    proxy_b.store.add_grant(name, ["GET"], hosts=["drip.test"])
+    proxy_b.wait_reload()
+    reply = get(proxy_b, (name, token), host="drip.test")
+    assert (reply.status, reply.body) == (200, b"d" * 40)
