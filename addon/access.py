@@ -16,7 +16,7 @@ from addon.hosts import parse_authority
 from addon.live import LivePolicy
 from addon.paths import canonicalize
 from addon.policy import Reason
-from store.errors import CredproxyError
+from store.errors import CredproxyError, InvalidInput
 
 INTERNAL_HOST = "credproxy.internal"
 RECORDED_REASONS = frozenset({Reason.NO_GRANT, Reason.METHOD_NOT_ALLOWED, Reason.PATH_NOT_ALLOWED})
@@ -63,6 +63,8 @@ class AccessRequests:
         recent = self._within_window(key)
         if recent is not None:
             return {"id": recent, "state": "pending"}
+        if not self.live.store_up:
+            return None  # never a write to a store the poller has lost (or a deleted file)
         try:
             recorded = await self.live.call(
                 self.live.store.record_access_request, principal, host, port, method, path
@@ -89,20 +91,27 @@ class AccessRequests:
     async def handle(self, flow: http.HTTPFlow, principal: str, path: str) -> http.Response:
         """The agent's own endpoint: POST /access-requests, GET /access-requests/ID."""
         method = flow.request.method
+        if not self.live.store_up:
+            return _unavailable()
         if path == "/access-requests" and method == "POST":
             return await self._create(flow, principal)
         prefix = "/access-requests/"
         if path.startswith(prefix) and path[len(prefix) :].isdigit() and method == "GET":
-            found = await self.live.call(
-                self.live.store.get_access_request, principal, int(path[len(prefix) :])
-            )
+            try:
+                found = await self.live.call(
+                    self.live.store.get_access_request, principal, int(path[len(prefix) :])
+                )
+            except InvalidInput:
+                found = None
+            except CredproxyError:
+                return _unavailable()
             if found is None:
                 return _reply(404, {"error": "not found"})
             return _reply(200, _public(found))
         return _reply(404, {"error": "not found", "detail": HOW_TO_ASK})
 
     async def _create(self, flow: http.HTTPFlow, principal: str) -> http.Response:
-        raw = flow.request.get_content(strict=False) or b""
+        raw = flow.request.raw_content or b""  # never decoded: the gate refused codings
         try:
             if len(raw) > MAX_BODY:
                 raise ValueError("too large")
@@ -134,8 +143,10 @@ class AccessRequests:
                 purpose,
                 True,
             )
-        except CredproxyError as e:
+        except InvalidInput as e:  # our own one-line message, nothing from the store
             return _reply(400, {"error": "bad request", "detail": str(e)})
+        except CredproxyError:
+            return _unavailable()
         if recorded is None:
             return _reply(429, {"error": "too many pending access requests"})
         request_id, state = recorded
@@ -167,6 +178,14 @@ def _public(found: dict[str, Any]) -> dict[str, Any]:
         "decision_reason",
     )
     return {k: found.get(k) for k in keys}
+
+
+def _unavailable() -> http.Response:
+    reason = Reason.STORE_UNAVAILABLE.value
+    body = {"error": "denied", "reason": reason, "detail": "the store did not answer"}
+    response = _reply(503, body)
+    response.headers["x-credproxy-reason"] = reason
+    return response
 
 
 def _reply(status: int, body: dict[str, Any]) -> http.Response:

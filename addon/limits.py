@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from addon import audit
 from addon.policy import STATUS, Reason
+from store.cli import count, seconds
 from store.errors import InvalidInput
 
 if TYPE_CHECKING:
@@ -87,7 +88,7 @@ def add_limit_flags(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(
             flag,
             dest=dest,
-            type=int if isinstance(default, int) else float,
+            type=count(1) if isinstance(default, int) else seconds(),
             default=default,
             metavar=metavar,
             help=f"{text} (default {default:g})",
@@ -387,6 +388,21 @@ class Limits:
 
     def requestheaders(self, flow: http.HTTPFlow) -> None:
         self._busy(flow.client_conn, flow.id)
+        request = flow.request
+        if flow.response is not None:
+            return  # refused: its body is dropped, and the idle deadline ends a silent one
+        now = time.monotonic()
+        if callable(request.stream):
+            # Streamed upstream: the body may not stall longer than the upstream may.
+            wait = self.settings.upstream_timeout
+            message = f"{TIMEOUT_PREFIX}: the request body stalled for {wait:g} s"
+            timer = self.flows[flow] = _Timer(now + wait, message)
+            request.stream = _touching(request.stream, timer, wait)
+        else:
+            # Held whole (credproxy.internal, 16 KiB at most): within the head deadline.
+            wait = self.settings.head_timeout
+            message = f"request timeout: the body was not sent in {wait:g} s"
+            self.flows[flow] = _Timer(now + wait, message)
 
     def request(self, flow: http.HTTPFlow) -> None:
         if flow.response is None:  # it goes upstream

@@ -67,7 +67,19 @@ class LivePolicy:
         try:
             return await asyncio.wait_for(future, DB_TIMEOUT)
         except TimeoutError as e:
+            self._abandon()
             raise StoreUnavailable(f"the store did not answer within {DB_TIMEOUT:g} s") from e
+
+    def _abandon(self) -> None:
+        """A call past its deadline may hold a thread and a connection that never come back
+        (a connection gone silent after a failover): leave both behind, start afresh."""
+        global _abandoned
+        _abandoned += 1
+        # Not cancel_futures: a queued call's own caller would get CancelledError, not its
+        # timeout (the poller would die of it). Its deadline ends it like any other.
+        self._executor.shutdown(wait=False)
+        self._executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="credproxy-db")
+        self.store.engine.dispose(close=False)  # new connections; the stuck ones stay theirs
 
     async def consume_once(self, grant_id: int) -> bool:
         """Raises StoreUnavailable when the store cannot say."""
@@ -79,7 +91,10 @@ class LivePolicy:
 
     async def run(self) -> None:
         while True:
-            await self.poll()
+            try:
+                await self.poll()
+            except Exception as e:  # noqa: BLE001 - the poller must live; the policy goes stale
+                self._log.error("hook.failed", hook="poll", error_type=type(e).__name__)
             await asyncio.sleep(self.poll_interval)
 
     async def poll(self, *, force: bool = False) -> None:
@@ -158,4 +173,12 @@ class LivePolicy:
         self.store.close()
 
 
-__all__ = ["LivePolicy", "StoreUnavailable"]
+_abandoned = 0
+
+
+def abandoned() -> int:
+    """How many store calls were left running past their deadline in this process."""
+    return _abandoned
+
+
+__all__ = ["LivePolicy", "StoreUnavailable", "abandoned"]

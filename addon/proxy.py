@@ -343,6 +343,9 @@ class Credproxy:
         pending.rule = rule
         if b"te" in headers.index:
             request.headers.fields = wire.only_trailers(request.headers.fields)
+        if b"sec-websocket-extensions" in headers.index:
+            # No permessage-deflate: a frame of it inflates without bound inside wsproto.
+            request.headers.pop("sec-websocket-extensions")
         self._forward(flow, policy, rule, host, path, query, address)
 
     async def _vet(self, host: str, port: int) -> tuple[str, int]:
@@ -473,6 +476,9 @@ class Credproxy:
         if pending is None or pending.rule is None or response is None:
             return
         redactor = pending.redactor
+        if response.status_code == 101 and "sec-websocket-extensions" in response.headers:
+            # The request went without it: no permessage-deflate, whatever the upstream says.
+            response.headers.pop("sec-websocket-extensions")
         fields = response.headers.fields
         if wire.foreign_coding(fields):
             # addon.wire refuses these first (a JSON 502); never pass one undecoded.
@@ -727,7 +733,10 @@ def _chunked(request: http.Request) -> bool:
 
 
 def _check_internal_body(request: http.Request) -> None:
-    """The internal endpoint holds a body whole: only a declared length within its limit."""
+    """The internal endpoint holds a body whole: only a declared length within its limit,
+    never compressed (a few bytes of brotli decode to hundreds of MiB)."""
+    if request.headers.get("content-encoding", "identity").strip().lower() != "identity":
+        raise Denied(Reason.BAD_REQUEST, "credproxy.internal takes no Content-Encoding")
     if "transfer-encoding" in request.headers:
         raise Denied(Reason.BODY_TOO_LARGE, "send a Content-Length to credproxy.internal")
     length = request.headers.get("content-length", "0")

@@ -240,24 +240,68 @@ class Redactor:
         return tuple(kept)
 
 
+# What one chunk of a compressed response may decode to: past it the response is a bomb, and
+# the flow is killed. A 64 KiB chunk may expand 128-fold.
+DECODE_LIMIT = 8 * 1024 * 1024
+
+
+class DecodeLimit(ValueError):
+    """A compressed chunk decodes to more than DECODE_LIMIT."""
+
+
+class _Capped:
+    """A sink for zstandard's stream writer that refuses more than DECODE_LIMIT per feed."""
+
+    def __init__(self) -> None:
+        self.parts: list[bytes] = []
+        self.size = 0
+
+    def write(self, data: bytes) -> int:
+        self.size += len(data)
+        if self.size > DECODE_LIMIT:
+            raise DecodeLimit("a compressed chunk decodes past the limit")
+        self.parts.append(bytes(data))
+        return len(data)
+
+    def take(self) -> bytes:
+        out, self.parts, self.size = b"".join(self.parts), [], 0
+        return out
+
+
 class Decoder:
-    """Undo a response's Content-Encoding chunk by chunk, so redaction sees the plaintext."""
+    """Undo a response's Content-Encoding chunk by chunk, so redaction sees the plaintext.
+
+    Every decoder's output is bounded per chunk (DECODE_LIMIT). Brotli's Python decoder
+    cannot bound its output (200 bytes can expand to 248 MiB), so `br` is refused.
+
+    Raises: ValueError for an encoding it does not decode; DecodeLimit from `feed`.
+    """
 
     def __init__(self, encoding: str) -> None:
         self._flush: Callable[[], bytes] = lambda: b""
         if encoding in ("gzip", "x-gzip", "deflate"):
             # 32 + 15: accept a gzip or zlib header.
             inflater = zlib.decompressobj(wbits=47)
-            self._decode: Callable[[bytes], bytes] = inflater.decompress
-            self._flush = inflater.flush
-        elif encoding == "br":
-            import brotli
 
-            self._decode = brotli.Decompressor().process
+            def inflate(chunk: bytes) -> bytes:
+                out = inflater.decompress(chunk, DECODE_LIMIT)
+                if inflater.unconsumed_tail:
+                    raise DecodeLimit("a compressed chunk decodes past the limit")
+                return out
+
+            self._decode: Callable[[bytes], bytes] = inflate
+            self._flush = inflater.flush
         elif encoding == "zstd":
             import zstandard
 
-            self._decode = zstandard.ZstdDecompressor().decompressobj().decompress
+            sink = _Capped()
+            writer = zstandard.ZstdDecompressor().stream_writer(sink, write_size=65536)  # type: ignore[arg-type]
+
+            def unzstd(chunk: bytes) -> bytes:
+                writer.write(chunk)
+                return sink.take()
+
+            self._decode = unzstd
         else:
             raise ValueError(f"unsupported content-encoding {encoding!r}")
 

@@ -149,7 +149,14 @@ def add_command(sub: Any, common: argparse.ArgumentParser) -> None:
 def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     config = RunConfig.from_args(args, settings)
     audit.configure()
-    return asyncio.run(serve(config))
+    code = asyncio.run(serve(config))
+    from addon import live
+
+    if live.abandoned():
+        # Threads stuck on dead database connections would be joined at exit, forever.
+        audit.drain()
+        os._exit(code)
+    return code
 
 
 def _trust_bundle(extra: Path, directory: Path) -> Path:

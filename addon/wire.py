@@ -112,6 +112,7 @@ UPSTREAM_WORDS: tuple[Rule, ...] = (
     ("connection cancelled", _U, "connection-cancelled"),
 )
 CLIENT_PREFIXES: tuple[Rule, ...] = (
+    ("the client stopped reading", None, "client-not-reading"),  # addon.limits' h2 bound
     ("client disconnected", None, "client-disconnected"),
     ("stream reset by client", None, "client-disconnected"),
     ("peer closed connection", None, "client-disconnected"),

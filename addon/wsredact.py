@@ -23,6 +23,8 @@ from addon.redact import MARK, Redactor, Unredactable
 
 # Held beside the flow, never in flow.metadata (mitmproxy serialises metadata).
 REDACTORS: weakref.WeakKeyDictionary[http.HTTPFlow, Redactor] = weakref.WeakKeyDictionary()
+# The largest message (either direction) mitmproxy may gather before the connection is closed.
+MESSAGE_LIMIT = 8 * 1024 * 1024
 # The end of the last server message sent that could begin a form.
 _TAILS: weakref.WeakKeyDictionary[http.HTTPFlow, bytes] = weakref.WeakKeyDictionary()
 
@@ -99,7 +101,11 @@ _Base = ws_layer.WebsocketLayer
 
 
 class RedactingWebsocketLayer(_Base):
-    """mitmproxy's layer, with the server's control frames redacted and kills honoured."""
+    """mitmproxy's layer, with the server's control frames redacted, kills honoured and
+    messages bounded."""
+
+    def _sides(self) -> tuple[Any, ...]:
+        return (self.client_ws, self.server_ws)
 
     def _start(self, event: events.Event) -> layer.CommandGenerator[None]:
         yield from _Base.start(self, event)
@@ -120,6 +126,9 @@ class RedactingWebsocketLayer(_Base):
 
     def relay_messages(self, event: events.Event) -> layer.CommandGenerator[None]:
         yield from super().relay_messages(event)
+        # mitmproxy gathers a message's frames until its last one: bound what it gathers.
+        if any(sum(map(len, ws.frame_buf)) > MESSAGE_LIMIT for ws in self._sides()):
+            kill(self.flow)
         # flow.kill() alone does not end a WebSocket in mitmproxy: close both sides.
         if killed(self.flow) and self._handle_event != self.done:
             yield commands.CloseConnection(self.context.client)

@@ -69,6 +69,9 @@ def seconds(*, allow_inf: bool = False) -> Callable[[str], float]:
 
     def parse(text: str) -> float:
         try:
+            # float() also takes other scripts' digits and `1_0`: plain ASCII only.
+            if not text.isascii() or "_" in text:
+                raise ValueError(text)
             value = float(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"invalid number of seconds {text!r}") from None
@@ -272,13 +275,13 @@ def read_secret() -> Secret:
     if sys.stdin.isatty():
         raw = getpass.getpass("secret (not echoed): ").encode()
     else:
-        raw = sys.stdin.buffer.read(MAX_SECRET + 1)
-        if len(raw) > MAX_SECRET:
-            raise InvalidInput("the secret is longer than 64 KiB")
+        raw = sys.stdin.buffer.read(MAX_SECRET + 3)  # room for the newline that is stripped
         if raw.endswith(b"\r\n"):
             raw = raw[:-2]
         elif raw.endswith(b"\n"):
             raw = raw[:-1]
+        if len(raw) > MAX_SECRET:
+            raise InvalidInput("the secret is longer than 64 KiB")
     if not raw:
         raise InvalidInput("the secret is empty (it is read from standard input)")
     return Secret(raw)
