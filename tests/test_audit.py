@@ -286,3 +286,37 @@ def test_metrics_show_the_queue_and_the_failures(sink: Sink) -> None:
     assert "credproxy_audit_queue_bytes 0.0" in text
     assert "credproxy_audit_write_failures_total 0.0" in text
     assert "credproxy_audit_writable 1.0" in text
+
+
+@pytest.mark.parametrize(
+    ("message", "kept"),
+    [
+        pytest.param(
+            "Cannot parse ClientHello: 1603010200aabbccddeeff0011",
+            "Cannot parse ClientHello: [bytes]",
+            id="a hex dump of the client's bytes is scrubbed",
+        ),
+        pytest.param(
+            "Bad line: b'Authorization: x'", "Bad line: [bytes]", id="a bytes repr is scrubbed"
+        ),
+        pytest.param(
+            "GET /a?key=v HTTP/1.1", "GET /a?[query] HTTP/1.1", id="a query string is scrubbed"
+        ),
+    ],
+)
+def test_foreign_log_lines_carry_no_peer_bytes(sink: Sink, message: str, kept: str) -> None:
+    logging.getLogger("mitmproxy.proxy.server").warning(message)
+    audit.drain()
+    [line] = sink.lines()
+    assert line["event"] == kept
+
+
+def test_a_foreign_traceback_is_reduced_to_its_type(sink: Sink) -> None:
+    try:
+        raise ValueError("text-from-a-peer")
+    except ValueError:
+        logging.getLogger("mitmproxy.proxy.server").error("crashed", exc_info=True)
+    audit.drain()
+    [line] = sink.lines()
+    assert line["error_type"] == "ValueError"
+    assert "text-from-a-peer" not in json.dumps(line)

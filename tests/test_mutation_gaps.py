@@ -744,3 +744,15 @@ def test_a_credential_never_rides_a_tls_connection_verified_for_another_host(
     # the certificate the proxy verified) names the request's own host.
     pairs = [(r.sni, r.header("host")) for r in upstream.log.requests]
     assert all([sni] == host for sni, host in pairs), pairs
+
+
+async def test_a_method_override_must_be_allowed_by_the_grant_that_is_stamped() -> None:
+    # GET is granted with the credential, DELETE only by a pass-through grant: an override
+    # to DELETE would carry the GET grant's credential, so it is refused.
+    passthrough = replace(grant(2), credential=None, methods=frozenset({"DELETE"}))
+    addon = make_addon(SpyLive(snapshot_policy(grant(1), passthrough)))
+    with taddons.context(addon):
+        flow = https_flow(addon)
+        flow.request.headers["X_HTTP_Method_Override"] = "DELETE"
+        await addon.requestheaders(flow)
+    assert_refused_unstamped(flow, "method-not-allowed")

@@ -225,3 +225,32 @@ def test_a_message_boundary_inside_a_form_is_seen():
     assert redactor.spans(b"x sk-li", b"ve/abc+def=123")
     assert not redactor.spans(b"x sk-li", b"nux")
     assert not redactor.spans(b"done ", SECRET)  # whole in the second: redacted there
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate", "zstd"])
+def test_a_chunk_decoding_past_the_limit_is_refused(encoding: str) -> None:
+    import gzip
+    import zlib
+
+    import zstandard
+
+    from addon.redact import DECODE_LIMIT, Decoder, DecodeLimit
+
+    plain = b"\0" * (DECODE_LIMIT + 1)
+    packers = {
+        "gzip": gzip.compress,
+        "deflate": zlib.compress,
+        "zstd": zstandard.ZstdCompressor().compress,
+    }
+    packed = packers[encoding](plain)
+    with pytest.raises(DecodeLimit):
+        Decoder(encoding).feed(packed)
+    decoder = Decoder(encoding)
+    assert decoder.feed(packers[encoding](b"hello")) + decoder.feed(b"") == b"hello"
+
+
+def test_brotli_is_not_decoded() -> None:
+    from addon.redact import Decoder
+
+    with pytest.raises(ValueError, match="unsupported"):
+        Decoder("br")
