@@ -234,7 +234,7 @@ def test_a_chunk_decoding_past_the_limit_is_refused(encoding: str) -> None:
 
     import zstandard
 
-    from addon.redact import DECODE_LIMIT, Decoder, DecodeLimit
+    from addon.redact import DECODE_LIMIT, DecodeLimit, Decoder
 
     plain = b"\0" * (DECODE_LIMIT + 1)
     packers = {
