@@ -56,7 +56,9 @@ OK, BACKLOG, FAILING = "ok", "backlog", "failing"
 # Foreign log lines (mitmproxy's) may quote a request line; a query string can carry a key.
 _QUERY_RE = re.compile(r"\?[^\s'\"]*")
 # ... and peer bytes: a hex dump ("Cannot parse ClientHello: 160301..."), a bytes repr.
-_BYTES_RE = re.compile(r"\b[0-9a-fA-F]{16,}\b|(?:bytearray\()?b(?:'[^']*'|\"[^\"]*\")\)?")
+_BYTES_RE = re.compile(
+    r"\b[0-9a-fA-F]{16,}\b|(?:bytearray\()?b(?:'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\")\)?"
+)
 
 Write = Callable[[int, bytes], int]
 

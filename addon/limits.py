@@ -361,6 +361,14 @@ class Limits:
     # -- client side -----------------------------------------------------------------
 
     def http_connect(self, flow: http.HTTPFlow) -> None:
+        try:
+            self._connect(flow)
+        except Exception as e:  # noqa: BLE001 - fail closed: no tunnel opens unchecked
+            self.log.error("hook.failed", hook="limits.http_connect", error_type=type(e).__name__)
+            self.credproxy.tunnels.pop(flow.client_conn.id, None)
+            flow.kill()
+
+    def _connect(self, flow: http.HTTPFlow) -> None:
         client = flow.client_conn
         conn = self.conns.get(client)
         if conn is not None:  # the TLS handshake and the first request inside, in time

@@ -19,6 +19,8 @@ T = TypeVar("T")
 
 # A database that accepts but never answers must not hold a request or the poll forever.
 DB_TIMEOUT = 5.0
+# Thread pools left behind to calls stuck past their deadline, at most (4 threads each).
+MAX_ABANDONED = 16
 
 
 class LivePolicy:
@@ -75,6 +77,8 @@ class LivePolicy:
         (a connection gone silent after a failover): leave both behind, start afresh."""
         global _abandoned
         _abandoned += 1
+        if _abandoned > MAX_ABANDONED:
+            return  # a bound on stuck threads: later calls queue, and time out, behind them
         # Not cancel_futures: a queued call's own caller would get CancelledError, not its
         # timeout (the poller would die of it). Its deadline ends it like any other.
         self._executor.shutdown(wait=False)
