@@ -277,13 +277,15 @@ def test_a_modest_websocket_message_still_goes_through(proxy_b: Proxy, ws_agent,
 # -- slow writers ---------------------------------------------------------------------------
 
 
-def _internal_post_head(who: tuple[str, str], length: int) -> bytes:
+def _internal_head(who: tuple[str, str], method: str, path: str, length: int, *extra: str) -> bytes:
+    """A request head to credproxy.internal with a JSON body of `length` bytes."""
     return (
-        "POST http://credproxy.internal/access-requests HTTP/1.1\r\n"
+        f"{method} http://credproxy.internal{path} HTTP/1.1\r\n"
         "Host: credproxy.internal\r\n"
         f"Proxy-Authorization: {proxy_auth(*who)}\r\n"
         "Content-Type: application/json\r\n"
-        f"Content-Length: {length}\r\n\r\n"
+        + "".join(f"{line}\r\n" for line in extra)
+        + f"Content-Length: {length}\r\n\r\n"
     ).encode()
 
 
@@ -312,7 +314,7 @@ def test_a_body_trickled_to_credproxy_internal_is_cut_off(proxy_b: Proxy, bystan
     """16 KiB announced, one byte every 0.4 s: the head (1 s), idle (2 s) and upstream (2 s)
     deadlines are all long past after 8 s, yet the proxy holds the connection and its buffer."""
     with socket.create_connection(("127.0.0.1", proxy_b.port)) as sock:
-        sock.sendall(_internal_post_head(bystander, 16000) + b"{")
+        sock.sendall(_internal_head(bystander, "POST", "/access-requests", 16000) + b"{")
         assert _trickle(sock, seconds=8, gap=0.4)
 
 
@@ -448,14 +450,7 @@ def _kill_db_connections_silently(proxy: Proxy, relay: Relay, who: tuple[str, st
 
 def _internal(proxy: Proxy, who: tuple[str, str], method: str, path: str, body: bytes) -> Reply:
     with socket.create_connection(("127.0.0.1", proxy.port), timeout=15) as sock:
-        head = (
-            f"{method} http://credproxy.internal{path} HTTP/1.1\r\n"
-            "Host: credproxy.internal\r\n"
-            f"Proxy-Authorization: {proxy_auth(*who)}\r\n"
-            "Content-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n"
-        ).encode()
-        sock.sendall(head + body)
+        sock.sendall(_internal_head(who, method, path, len(body)) + body)
         return read_reply(sock)
 
 
@@ -1055,13 +1050,7 @@ def test_a_brotli_bomb_to_credproxy_internal_stays_within_the_memory_bound(
 
     body = brotli.compress(b"\0" * (128 * MIB), quality=5)
     assert len(body) < 1024
-    head = (
-        "POST http://credproxy.internal/access-requests HTTP/1.1\r\n"
-        "Host: credproxy.internal\r\n"
-        f"Proxy-Authorization: {proxy_auth(*bystander)}\r\n"
-        "Content-Type: application/json\r\nContent-Encoding: br\r\n"
-        f"Content-Length: {len(body)}\r\n\r\n"
-    ).encode()
+    head = _internal_head(bystander, "POST", "/access-requests", len(body), "Content-Encoding: br")
     with Peak(proxy_b.process.pid) as peak:
         with socket.create_connection(("127.0.0.1", proxy_b.port), timeout=15) as sock:
             sock.sendall(head + body)
