@@ -23,10 +23,9 @@ from wsproto import ConnectionType, WSConnection
 from wsproto.extensions import PerMessageDeflate
 
 from addon.live import DB_TIMEOUT
-from tests.e2e import misbehaving
 from tests.e2e.conftest import CREDPROXY, NAMES, Proxy, _env, start_proxy, stop_proxy
 from tests.e2e.memory import MEMORY_BOUND, MIB, Peak
-from tests.e2e.misbehaving import RawUpstream
+from tests.e2e.misbehaving import RawUpstream, head
 from tests.e2e.raw import (
     Reply,
     closed_by_peer,
@@ -106,7 +105,7 @@ def bomb_body() -> bytes:
 def bomb(upstream_ca: trustme.CA, bomb_body: bytes) -> Iterator[RawUpstream]:
     """bomb.test: every response is the bomb with `Content-Encoding: gzip`, despite the
     proxy's Accept-Encoding: identity (an object stored with that encoding)."""
-    answer = misbehaving.head(
+    answer = head(
         b"HTTP/1.1 200 OK",
         b"Content-Type: application/octet-stream",
         b"Content-Encoding: gzip",
