@@ -6,6 +6,10 @@ import threading
 from pathlib import Path
 from typing import Any
 
+MIB = 1024 * 1024
+MEMORY_BOUND = 32 * MIB  # what the proxy may grow by while a test pushes against it
+BIG = 64 * MIB  # a body larger than the memory bound
+
 
 def rss(pid: int) -> int:
     """The process's resident memory in bytes, from /proc/PID/status."""

@@ -6,96 +6,80 @@ returns the raw bytes (HTTP/1) or sends the frames (HTTP/2) of a broken answer t
 
 from __future__ import annotations
 
-import socket
 import ssl
-import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterable
 from typing import Any
 
-Script = Callable[[bytes], bytes]
+from tests.e2e.raw import recv_until
+from tests.e2e.servers import TlsServer, server_context
+
+# The answer's bytes, or pieces of it sent one by one (a generator may sleep between them).
+Script = Callable[[bytes], bytes | Iterable[bytes]]
 H2Script = Callable[[Any, int, bytes], None]  # (h2 connection, stream id, secret)
 
 
-def _context(ca: Any, names: list[str], alpn: str) -> ssl.SSLContext:
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ca.issue_cert(*names).configure_cert(context)
-    context.set_alpn_protocols([alpn])
-    return context
+def head(*lines: bytes) -> bytes:
+    return b"\r\n".join(lines) + b"\r\n\r\n"
+
+
+def ok(body: bytes, *extra: bytes) -> bytes:
+    return head(b"HTTP/1.1 200 OK", *extra, b"Content-Length: %d" % len(body)) + body
+
+
+def chunked(body: bytes, size: int | None = None) -> bytes:
+    """`body` as chunks of `size` bytes (one chunk by default), then the last chunk."""
+    size = size or len(body) or 1
+    out = b""
+    for i in range(0, len(body), size):
+        piece = body[i : i + size]
+        out += b"%x\r\n%s\r\n" % (len(piece), piece)
+    return out + b"0\r\n\r\n"
 
 
 def _secret(authorization: bytes) -> bytes:
     return authorization.removeprefix(b"Bearer ").strip()
 
 
-class _Server:
-    """Accepts TLS connections in a thread; `serve` handles one connection."""
+class RawUpstream(TlsServer):
+    """HTTP/1: read one request, answer `scripts[path](secret)` verbatim, wait `linger`
+    seconds, close."""
 
-    def __init__(self, context: ssl.SSLContext) -> None:
-        self.context = context
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self._thread = threading.Thread(target=self._accept, daemon=True)
-
-    def __enter__(self) -> _Server:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.listener.close()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                sock, _ = self.listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._run, args=(sock,), daemon=True).start()
-
-    def _run(self, sock: socket.socket) -> None:
-        sock.settimeout(5)
-        try:
-            with self.context.wrap_socket(sock, server_side=True) as tls:
-                self.serve(tls)
-        except (OSError, ssl.SSLError):
-            pass
-
-    def serve(self, tls: ssl.SSLSocket) -> None:
-        raise NotImplementedError
-
-
-class RawUpstream(_Server):
-    """HTTP/1: read one request, answer `scripts[path](secret)` verbatim, close."""
-
-    def __init__(self, ca: Any, names: list[str], scripts: dict[str, Script]) -> None:
-        super().__init__(_context(ca, names, "http/1.1"))
+    def __init__(
+        self, ca: Any, names: list[str], scripts: dict[str, Script], linger: float = 0
+    ) -> None:
         self.scripts = scripts
+        self.linger = linger
         self.heads: list[list[tuple[bytes, bytes]]] = []
+        super().__init__(server_context(ca, names, "http/1.1"))
 
     def serve(self, tls: ssl.SSLSocket) -> None:
-        data = b""
-        while b"\r\n\r\n" not in data:
-            chunk = tls.recv(65536)
-            if not chunk:
-                return
-            data += chunk
-        head = data.split(b"\r\n\r\n", 1)[0].split(b"\r\n")
-        path = head[0].split(b" ")[1].decode()
-        fields = [tuple(line.split(b": ", 1)) for line in head[1:]]
+        data = recv_until(tls)
+        if b"\r\n\r\n" not in data:
+            return
+        lines = data.split(b"\r\n\r\n", 1)[0].split(b"\r\n")
+        path = lines[0].split(b" ")[1].decode()
+        fields = [tuple(line.split(b": ", 1)) for line in lines[1:]]
         self.heads.append(fields)  # type: ignore[arg-type]
         headers = {k.lower(): v for k, v in fields}
         answer = self.scripts[path](_secret(headers.get(b"authorization", b"")))
-        if not answer:  # nothing to say: wait for the proxy to give up
-            while tls.recv(65536):
-                pass
-        tls.sendall(answer)
+        if isinstance(answer, bytes):
+            if not answer:  # nothing to say: wait for the proxy to give up
+                while tls.recv(65536):
+                    pass
+            tls.sendall(answer)
+        else:
+            for piece in answer:
+                tls.sendall(piece)
+        time.sleep(self.linger)
 
 
-class H2Upstream(_Server):
+class H2Upstream(TlsServer):
     """HTTP/2: for each request, `scripts[path](conn, stream_id, secret)` sends the answer."""
 
     def __init__(self, ca: Any, names: list[str], scripts: dict[str, H2Script]) -> None:
-        super().__init__(_context(ca, names, "h2"))
         self.scripts = scripts
+        super().__init__(server_context(ca, names, "h2"))
 
     def serve(self, tls: ssl.SSLSocket) -> None:
         import h2.config

@@ -18,7 +18,7 @@ import pytest
 
 from store.crypto import Secret
 from tests.e2e.conftest import Proxy
-from tests.e2e.raw import connect, exchange, proxy_auth, read_reply
+from tests.e2e.raw import connect, exchange, h2_streams, h2_tunnel, proxy_auth, read_reply
 from tests.e2e.upstream import Upstream
 
 pytestmark = pytest.mark.e2e
@@ -116,48 +116,6 @@ def test_a_connect_inside_a_tunnel_is_refused(proxy: Proxy, upstream: Upstream, 
     assert upstream.log.connections == 0
 
 
-def h2_streams(
-    tls: ssl.SSLSocket, requests: list[list[tuple[str, str]]]
-) -> dict[int, tuple[int, dict[str, str]]]:
-    """Send every request at once as streams of one HTTP/2 connection; their replies by id."""
-    conn = h2.connection.H2Connection(h2.config.H2Configuration(validate_outbound_headers=False))
-    conn.initiate_connection()
-    ids = []
-    for fields in requests:
-        stream_id = conn.get_next_available_stream_id()
-        conn.send_headers(stream_id, fields, end_stream=True)
-        ids.append(stream_id)
-    tls.sendall(conn.data_to_send())
-    replies: dict[int, tuple[int, dict[str, str]]] = {}
-    ended: set[int] = set()
-    while ended != set(ids):
-        data = tls.recv(65536)
-        if not data:
-            raise ConnectionError("the proxy closed the h2 connection")
-        for event in conn.receive_data(data):
-            if isinstance(event, h2.events.ResponseReceived):
-                fields = {k.decode(): v.decode() for k, v in event.headers}
-                replies[event.stream_id] = (int(fields[":status"]), fields)
-            elif isinstance(event, h2.events.DataReceived):
-                conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
-            elif isinstance(event, h2.events.StreamEnded | h2.events.StreamReset):
-                ended.add(event.stream_id)
-            elif isinstance(event, h2.events.ConnectionTerminated):
-                raise ConnectionError("the proxy ended the h2 connection")
-        tls.sendall(conn.data_to_send())
-    return replies
-
-
-def h2_tunnel(proxy: Proxy, auth: str, host: str) -> ssl.SSLSocket:
-    sock, reply = connect(proxy.port, f"{host}:443", auth)
-    assert reply.status == 200
-    context = ssl.create_default_context(cafile=str(proxy.ca_file))
-    context.set_alpn_protocols(["h2"])
-    tls = context.wrap_socket(sock, server_hostname=host)
-    assert tls.selected_alpn_protocol() == "h2"
-    return tls
-
-
 def get(host: str, path: str) -> list[tuple[str, str]]:
     return [(":method", "GET"), (":scheme", "https"), (":authority", host), (":path", path)]
 
@@ -167,6 +125,7 @@ def test_a_once_grant_used_from_eight_h2_streams_passes_exactly_once(
 ):
     agent, token = granted(once=True)
     with h2_tunnel(proxy, proxy_auth(agent, token), "api.test") as tls:
+        assert tls.selected_alpn_protocol() == "h2"
         replies = h2_streams(tls, [get("api.test", "/v1/once")] * 8)
     statuses = sorted(status for status, _ in replies.values())
     assert statuses == [200] + [403] * 7
@@ -180,6 +139,7 @@ def test_h2_streams_in_one_tunnel_go_only_to_the_tunnels_host(
 ):
     agent, token = granted()
     with h2_tunnel(proxy, proxy_auth(agent, token), "api.test") as tls:
+        assert tls.selected_alpn_protocol() == "h2"
         replies = h2_streams(tls, [get("api.test", "/v1/a"), get("other.test", "/v1/b")])
     outcomes = sorted((s, f.get("x-credproxy-reason")) for s, f in replies.values())
     assert outcomes == [(200, None), (403, "host-mismatch")]
@@ -196,6 +156,7 @@ def test_each_tunnel_is_judged_by_its_own_credentials(proxy: Proxy, upstream: Up
         h2_tunnel(proxy, proxy_auth(agent, token), "api.test") as first,
         h2_tunnel(proxy, proxy_auth(reader, reader_token), "other.test") as second,
     ):
+        assert first.selected_alpn_protocol() == second.selected_alpn_protocol() == "h2"
         assert [s for s, _ in h2_streams(first, [get("api.test", "/v1/a")]).values()] == [200]
         assert [s for s, _ in h2_streams(second, [get("other.test", "/v1/b")]).values()] == [200]
     assert [(r.sni, r.header("host")) for r in upstream.log.requests] == [

@@ -14,7 +14,7 @@ import pytest
 
 from store.crypto import Secret
 from tests.e2e.conftest import Proxy
-from tests.e2e.raw import connect, exchange, proxy_auth, tunnel
+from tests.e2e.raw import connect, exchange, h2_tunnel, proxy_auth, tunnel
 from tests.e2e.upstream import Upstream
 
 pytestmark = pytest.mark.e2e
@@ -664,11 +664,7 @@ REFUSED = ((None, None), (403, "host-mismatch"))
 def test_h2_authority_and_host_header_must_agree(
     proxy: Proxy, upstream: Upstream, agent, authority: str, host: str, outcomes
 ):
-    sock, reply = connect(proxy.port, "api.test:443", proxy_auth(*agent))
-    assert reply.status == 200
-    context = ssl.create_default_context(cafile=str(proxy.ca_file))
-    context.set_alpn_protocols(["h2"])
-    with context.wrap_socket(sock, server_hostname="api.test") as tls:
+    with h2_tunnel(proxy, proxy_auth(*agent), "api.test") as tls:
         assert tls.selected_alpn_protocol() == "h2"
         status, fields = _h2_request(
             tls,

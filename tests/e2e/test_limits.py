@@ -10,65 +10,20 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import trustme
 
 from tests.e2e.conftest import NAMES, Proxy, start_proxy, stop_proxy
-from tests.e2e.memory import Peak
-from tests.e2e.raw import Reply, connect, proxy_auth, read_reply
+from tests.e2e.memory import MEMORY_BOUND, Peak
+from tests.e2e.raw import closed_by_peer, connect, get, h2_tunnel, proxy_auth, read_reply
+from tests.e2e.servers import Tarpit, big_answer
 from tests.e2e.upstream import Upstream
 
 pytestmark = pytest.mark.e2e
 
-MEMORY_BOUND = 32 * 1024 * 1024
-BIG = 64 * 1024 * 1024
 SHORT = ["--head-timeout", "1", "--idle-timeout", "2", "--connect-timeout", "1"]
 SHORT += ["--upstream-timeout", "2", "--max-tunnels", "4"]
-
-
-class Tarpit:
-    """Accepts TCP connections on 127.0.0.1 and never answers; with `tls`, completes the TLS
-    handshake and reads the request first."""
-
-    def __init__(self, ca: trustme.CA | None = None, answer: bytes = b"") -> None:
-        self.answer = answer
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        self.context = None
-        if ca is not None:
-            self.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-            ca.issue_cert("tlspit.test", "hugehead.test", "big.test").configure_cert(self.context)
-        self.held: list[Any] = []
-        self.requests = 0
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.held.append(conn)
-            if self.context is not None:
-                threading.Thread(target=self._tls, args=(conn,), daemon=True).start()
-
-    def _tls(self, conn: socket.socket) -> None:
-        assert self.context is not None
-        try:
-            tls = self.context.wrap_socket(conn, server_side=True)
-            self.held.append(tls)
-            if tls.recv(65536):
-                self.requests += 1
-                tls.sendall(self.answer)
-        except OSError:
-            pass
-
-    def close(self) -> None:
-        self.sock.close()
-        for conn in self.held:
-            conn.close()
 
 
 @pytest.fixture(scope="module")
@@ -87,12 +42,11 @@ def pits(upstream_ca: trustme.CA) -> Iterator[tuple[Tarpit, ...]]:
     """A TCP tarpit, a TLS tarpit, one answering with a 1 MiB response head, and one with a
     64 MiB body as fast as it is read."""
     huge = b"HTTP/1.1 200 OK\r\nX-Huge: " + b"h" * (1024 * 1024)
-    big = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % BIG + b"b" * BIG
     pits = (
         Tarpit(),
         Tarpit(upstream_ca),
         Tarpit(upstream_ca, answer=huge),
-        Tarpit(upstream_ca, answer=big),
+        Tarpit(upstream_ca, answer=big_answer()),
     )
     yield pits
     for pit in pits:
@@ -148,31 +102,6 @@ def principal(limited: Proxy, names: Callable[[str], str]) -> tuple[str, str]:
     limited.store.add_grant(name, ["GET"], hosts=["api.test"])
     limited.wait_reload()
     return name, token
-
-
-def get(proxy: Proxy, who: tuple[str, str], host: str = "api.test") -> Reply:
-    """One GET through a fresh CONNECT tunnel, read with a raw TLS socket."""
-    sock, reply = connect(proxy.port, f"{host}:443", proxy_auth(*who))
-    if reply.status != 200:
-        sock.close()
-        return reply
-    context = ssl.create_default_context(cafile=str(proxy.ca_file))
-    with context.wrap_socket(sock, server_hostname=host) as tls:
-        tls.sendall(f"GET /v1/x HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
-        return read_reply(tls)
-
-
-def closed_by_peer(sock: socket.socket, within: float) -> bool:
-    """Did the other side close `sock` (EOF or reset) within `within` seconds?"""
-    sock.settimeout(within)
-    try:
-        while sock.recv(65536):
-            pass
-    except TimeoutError:
-        return False
-    except OSError:
-        return True
-    return True
 
 
 def send_endless_header(port: int, limit: int = 64 * 1024 * 1024) -> tuple[int, bytes]:
@@ -322,11 +251,7 @@ def open_h2_streams(proxy: Proxy, who: tuple[str, str], count: int) -> bool:
     import h2.connection
     import h2.events
 
-    sock, reply = connect(proxy.port, "api.test:443", proxy_auth(*who))
-    assert reply.status == 200
-    context = ssl.create_default_context(cafile=str(proxy.ca_file))
-    context.set_alpn_protocols(["h2"])
-    with context.wrap_socket(sock, server_hostname="api.test") as tls:
+    with h2_tunnel(proxy, proxy_auth(*who), "api.test") as tls:
         assert tls.selected_alpn_protocol() == "h2"
         conn = h2.connection.H2Connection(h2.config.H2Configuration())
         conn.initiate_connection()

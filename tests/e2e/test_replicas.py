@@ -18,37 +18,24 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
-import psycopg
 import pytest
 import trustme
 
 from store.crypto import Secret
 from tests.e2e.conftest import CREDPROXY, NAMES, Proxy, start_proxy, stop_proxy
 from tests.e2e.raw import connect, proxy_auth
-from tests.e2e.relay import Relay
+from tests.e2e.relay import Relay, pg_database
 from tests.e2e.upstream import Upstream
 
 pytestmark = pytest.mark.e2e
 
-ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 MAX_STALE = 3.0
 
 
 @pytest.fixture(scope="module")
 def pg_url() -> Iterator[str]:
-    name = "credproxy_rep_" + os.urandom(4).hex()
-    try:
-        admin = psycopg.connect(ADMIN_URL, autocommit=True, connect_timeout=5)
-    except psycopg.OperationalError as e:
-        if os.environ.get("CI"):
-            pytest.fail(f"PostgreSQL is required in CI: {e}")
-        pytest.skip(f"PostgreSQL not reachable: {e}")
-    with admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-        try:
-            yield f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
-        finally:
-            admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+    with pg_database("credproxy_rep_", required_in_ci=True) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

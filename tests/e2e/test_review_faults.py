@@ -23,179 +23,97 @@ from wsproto import ConnectionType, WSConnection
 from wsproto.extensions import PerMessageDeflate
 
 from addon.live import DB_TIMEOUT
-from tests.e2e.conftest import NAMES, Proxy, start_proxy, stop_proxy
-from tests.e2e.raw import Reply, connect, proxy_auth, read_reply, tunnel
-from tests.e2e.test_limits import BIG, MEMORY_BOUND, Peak, Tarpit, closed_by_peer
+from tests.e2e.conftest import CREDPROXY, NAMES, Proxy, _env, start_proxy, stop_proxy
+from tests.e2e.memory import MEMORY_BOUND, MIB, Peak
+from tests.e2e.misbehaving import RawUpstream, head
+from tests.e2e.raw import (
+    Reply,
+    closed_by_peer,
+    connect,
+    get,
+    h2_streams,
+    h2_tunnel,
+    proxy_auth,
+    read_reply,
+    tunnel,
+)
+from tests.e2e.relay import Relay, pg_database
+from tests.e2e.servers import Tarpit, Upgrade, WsUpstream, big_answer
 from tests.e2e.upstream import Upstream
 
 pytestmark = pytest.mark.e2e
 
 SHORT = ["--head-timeout", "1", "--idle-timeout", "2", "--connect-timeout", "1"]
 SHORT += ["--upstream-timeout", "2"]
-MIB = 1024 * 1024
 
 
-# -- a WebSocket upstream that sends or swallows huge messages ---------------------------
+# -- upstreams that send or swallow huge messages, bombs and drips -------------------------
 
 
-class WsUpstream:
-    """TLS WebSocket server for ws.test. By the last path segment:
-    `flood`: one message that never ends, 1 MiB fragments, `count` of them;
-    `sink`: reads and drops everything the client sends."""
+def _flood_or_sink(count: int) -> Upgrade:
+    """By the last path segment: `flood`: one message that never ends, 1 MiB fragments,
+    `count` of them; `sink`: reads and drops everything the client sends."""
 
-    def __init__(self, ca: trustme.CA, count: int = 48) -> None:
-        self.count = count
-        self.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        ca.issue_cert("ws.test").configure_cert(self.context)
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.received = 0
-        self.sent = 0
-        threading.Thread(target=self._accept, daemon=True).start()
+    def upgrade(sock: ssl.SSLSocket, ws: WSConnection, request: ev.Request) -> None:
+        offered = ",".join(request.extensions or [])  # type: ignore[arg-type]
+        exts = [PerMessageDeflate()] if "permessage-deflate" in offered else []
+        sock.sendall(ws.send(ev.AcceptConnection(extensions=exts)))
+        if request.target.endswith("/flood"):
+            chunk = b"u" * MIB
+            for _ in range(count):
+                sock.sendall(ws.send(ev.BytesMessage(chunk, message_finished=False)))
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                raw, _ = self.listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(raw,), daemon=True).start()
-
-    def _serve(self, raw: socket.socket) -> None:
-        raw.settimeout(20)
-        try:
-            with self.context.wrap_socket(raw, server_side=True) as sock:
-                ws = WSConnection(ConnectionType.SERVER)
-                while True:
-                    data = sock.recv(262144)
-                    if not data:
-                        return
-                    ws.receive_data(data)
-                    for event in ws.events():
-                        if isinstance(event, ev.Request):
-                            offered = ",".join(event.extensions or [])  # type: ignore[arg-type]
-                            exts = [PerMessageDeflate()] if "permessage-deflate" in offered else []
-                            sock.sendall(ws.send(ev.AcceptConnection(extensions=exts)))
-                            if event.target.endswith("/flood"):
-                                chunk = b"u" * MIB
-                                for _ in range(self.count):
-                                    sock.sendall(
-                                        ws.send(ev.BytesMessage(chunk, message_finished=False))
-                                    )
-                                    self.sent += len(chunk)
-                        elif isinstance(event, ev.Message):
-                            self.received += len(event.data)
-                        elif isinstance(event, ev.CloseConnection):
-                            return
-        except (OSError, ssl.SSLError):
-            return
-
-    def close(self) -> None:
-        self.listener.close()
+    return upgrade
 
 
 @pytest.fixture(scope="module")
 def ws_upstream(upstream_ca: trustme.CA) -> Iterator[WsUpstream]:
-    server = WsUpstream(upstream_ca)
-    yield server
-    server.close()
+    with WsUpstream(upstream_ca, "ws.test", _flood_or_sink(48), timeout=20) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
 def big_pit(upstream_ca: trustme.CA) -> Iterator[Tarpit]:
     """big.test: answers each request with a 64 MiB body, as fast as it is read."""
-    pit = Tarpit(
-        upstream_ca, answer=b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % BIG + b"b" * BIG
-    )
-    yield pit
-    pit.close()
+    with Tarpit(upstream_ca, answer=big_answer()) as pit:
+        yield pit
 
 
-class BombUpstream:
-    """bomb.test over TLS: every response is `body` with `Content-Encoding: encoding`,
-    despite the proxy's Accept-Encoding: identity (an object stored with that encoding)."""
-
-    def __init__(self, ca: trustme.CA, encoding: str, body: bytes) -> None:
-        self.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        ca.issue_cert("bomb.test").configure_cert(self.context)
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.head = (
-            "HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\n"
-            f"Content-Encoding: {encoding}\r\nContent-Length: {len(body)}\r\n\r\n"
-        ).encode()
-        self.body = body
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                raw, _ = self.listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(raw,), daemon=True).start()
-
-    def _serve(self, raw: socket.socket) -> None:
-        raw.settimeout(10)
-        try:
-            with self.context.wrap_socket(raw, server_side=True) as sock:
-                data = b""
-                while b"\r\n\r\n" not in data:
-                    chunk = sock.recv(65536)
-                    if not chunk:
-                        return
-                    data += chunk
-                sock.sendall(self.head + self.body)
-                time.sleep(1)
-        except (OSError, ssl.SSLError):
-            return
-
-    def close(self) -> None:
-        self.listener.close()
-
-
-class DripUpstream(BombUpstream):
-    """drip.test: a 40-byte body of known length, one byte every 0.25 s (10 s in all)."""
-
-    def __init__(self, ca: trustme.CA) -> None:
-        super().__init__(ca, "identity", b"d" * 40)
-        self.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        ca.issue_cert("drip.test").configure_cert(self.context)
-        self.head = b"HTTP/1.1 200 OK\r\nContent-Length: 40\r\n\r\n"
-
-    def _serve(self, raw: socket.socket) -> None:
-        raw.settimeout(15)
-        try:
-            with self.context.wrap_socket(raw, server_side=True) as sock:
-                data = b""
-                while b"\r\n\r\n" not in data:
-                    chunk = sock.recv(65536)
-                    if not chunk:
-                        return
-                    data += chunk
-                sock.sendall(self.head)
-                for _ in range(40):
-                    time.sleep(0.25)
-                    sock.sendall(b"d")
-                time.sleep(1)
-        except (OSError, ssl.SSLError):
-            return
+def _drip(secret: bytes) -> Iterator[bytes]:
+    """A 40-byte body of known length, one byte every 0.25 s (10 s in all)."""
+    yield b"HTTP/1.1 200 OK\r\nContent-Length: 40\r\n\r\n"
+    for _ in range(40):
+        time.sleep(0.25)
+        yield b"d"
 
 
 @pytest.fixture(scope="module")
-def drip(upstream_ca: trustme.CA) -> Iterator[DripUpstream]:
-    server = DripUpstream(upstream_ca)
-    yield server
-    server.close()
+def drip(upstream_ca: trustme.CA) -> Iterator[RawUpstream]:
+    """drip.test: see _drip."""
+    with RawUpstream(upstream_ca, ["drip.test"], {"/v1/x": _drip}, linger=1) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
-def bomb(upstream_ca: trustme.CA) -> Iterator[BombUpstream]:
+def bomb_body() -> bytes:
     import gzip
 
-    server = BombUpstream(upstream_ca, "gzip", gzip.compress(b"\0" * (96 * MIB), 9))
-    yield server
-    server.close()
+    return gzip.compress(b"\0" * (96 * MIB), 9)
+
+
+@pytest.fixture(scope="module")
+def bomb(upstream_ca: trustme.CA, bomb_body: bytes) -> Iterator[RawUpstream]:
+    """bomb.test: every response is the bomb with `Content-Encoding: gzip`, despite the
+    proxy's Accept-Encoding: identity (an object stored with that encoding)."""
+    answer = head(
+        b"HTTP/1.1 200 OK",
+        b"Content-Type: application/octet-stream",
+        b"Content-Encoding: gzip",
+        b"Content-Length: %d" % len(bomb_body),
+    )
+    scripts = {"/v1/object": lambda s: answer + bomb_body}
+    with RawUpstream(upstream_ca, ["bomb.test"], scripts, linger=1) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
@@ -206,8 +124,8 @@ def proxy_b(
     initialised_home: Path,
     ws_upstream: WsUpstream,
     big_pit: Tarpit,
-    bomb: BombUpstream,
-    drip: DripUpstream,
+    bomb: RawUpstream,
+    drip: RawUpstream,
 ) -> Iterator[Proxy]:
     """One proxy with second-long deadlines for the attacks that need nothing else."""
     resolve = [f"{name}=127.0.0.1:{shared_upstream.port}" for name in NAMES if name != "localhost"]
@@ -245,19 +163,6 @@ def poster(proxy_b: Proxy, names: Callable[[str], str]) -> tuple[str, str]:
     proxy_b.store.add_grant(name, ["GET", "POST"], hosts=["api.test"])
     proxy_b.wait_reload()
     return name, token
-
-
-def get(proxy: Proxy, who: tuple[str, str], host: str = "api.test", path: str = "/v1/x") -> Reply:
-    """One GET through a fresh CONNECT tunnel."""
-    sock, reply = connect(proxy.port, f"{host}:443", proxy_auth(*who))
-    if reply.status != 200:
-        sock.close()
-        return reply
-    context = ssl.create_default_context(cafile=str(proxy.ca_file))
-    with context.wrap_socket(sock, server_hostname=host) as tls:
-        tls.settimeout(10)
-        tls.sendall(f"GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
-        return read_reply(tls)
 
 
 def ws_open(
@@ -371,13 +276,15 @@ def test_a_modest_websocket_message_still_goes_through(proxy_b: Proxy, ws_agent,
 # -- slow writers ---------------------------------------------------------------------------
 
 
-def _internal_post_head(who: tuple[str, str], length: int) -> bytes:
+def _internal_head(who: tuple[str, str], method: str, path: str, length: int, *extra: str) -> bytes:
+    """A request head to credproxy.internal with a JSON body of `length` bytes."""
     return (
-        "POST http://credproxy.internal/access-requests HTTP/1.1\r\n"
+        f"{method} http://credproxy.internal{path} HTTP/1.1\r\n"
         "Host: credproxy.internal\r\n"
         f"Proxy-Authorization: {proxy_auth(*who)}\r\n"
         "Content-Type: application/json\r\n"
-        f"Content-Length: {length}\r\n\r\n"
+        + "".join(f"{line}\r\n" for line in extra)
+        + f"Content-Length: {length}\r\n\r\n"
     ).encode()
 
 
@@ -406,7 +313,7 @@ def test_a_body_trickled_to_credproxy_internal_is_cut_off(proxy_b: Proxy, bystan
     """16 KiB announced, one byte every 0.4 s: the head (1 s), idle (2 s) and upstream (2 s)
     deadlines are all long past after 8 s, yet the proxy holds the connection and its buffer."""
     with socket.create_connection(("127.0.0.1", proxy_b.port)) as sock:
-        sock.sendall(_internal_post_head(bystander, 16000) + b"{")
+        sock.sendall(_internal_head(bystander, "POST", "/access-requests", 16000) + b"{")
         assert _trickle(sock, seconds=8, gap=0.4)
 
 
@@ -449,100 +356,16 @@ def test_a_refused_body_trickled_forever_is_cut_off_by_the_idle_deadline(proxy_b
 
 # -- the store: PostgreSQL through a relay that can lose its connections -----------------
 
-PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
-
-
-class BlackholeRelay:
-    """TCP relay to PostgreSQL. `delay` slows every forwarded chunk (so store calls overlap
-    and the pool opens several connections); `blackhole()` makes every connection open now
-    swallow what it is sent and never close (a failover or a lost NAT entry: no RST),
-    while new connections go through; `cut()` closes everything and refuses new ones."""
-
-    def __init__(self) -> None:
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self._listener.getsockname()[1]
-        self.delay = 0.0
-        self.refuse = False
-        self._generation = 0
-        self._dead_below = 0
-        self._sockets: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return
-            if self.refuse:
-                client.close()
-                continue
-            try:
-                server = socket.create_connection(("127.0.0.1", 5432), timeout=5)
-            except OSError:
-                client.close()
-                continue
-            server.settimeout(None)
-            self._sockets += [client, server]
-            generation = self._generation
-            for a, b in ((client, server), (server, client)):
-                threading.Thread(target=self._pipe, args=(a, b, generation), daemon=True).start()
-
-    def _pipe(self, src: socket.socket, dst: socket.socket, generation: int) -> None:
-        try:
-            while data := src.recv(65536):
-                if generation < self._dead_below:
-                    continue  # swallowed: the peer waits for an answer that never comes
-                if self.delay:
-                    time.sleep(self.delay)
-                dst.sendall(data)
-        except OSError:
-            pass
-        if generation >= self._dead_below:
-            for s in (src, dst):
-                s.close()
-
-    def blackhole(self) -> None:
-        self._generation += 1
-        self._dead_below = self._generation
-
-    def cut(self) -> None:
-        self.refuse = True
-        for s in self._sockets:
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-        self._sockets = []
-
-    def restore(self) -> None:
-        self.refuse = False
-
-    def close(self) -> None:
-        self._listener.close()
-        self.cut()
-
 
 @pytest.fixture(scope="module")
 def pg_url() -> Iterator[str]:
-    import psycopg
-
-    name = "credproxy_rb_" + os.urandom(4).hex()
-    try:
-        admin = psycopg.connect(PG_ADMIN, autocommit=True, connect_timeout=5)
-    except psycopg.OperationalError as e:
-        pytest.skip(f"PostgreSQL not reachable: {e}")
-    with admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-        try:
-            yield f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
-        finally:
-            admin.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+    with pg_database("credproxy_rb_") as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
-def pg_relay() -> Iterator[BlackholeRelay]:
-    relay = BlackholeRelay()
+def pg_relay() -> Iterator[Relay]:
+    relay = Relay(("127.0.0.1", 5432))
     yield relay
     relay.close()
 
@@ -553,12 +376,10 @@ def _start_pg_proxy(
     upstream_ca: trustme.CA,
     initialised_home: Path,
     pg_url: str,
-    relay: BlackholeRelay,
+    relay: Relay,
 ) -> Proxy:
     import shutil
     import subprocess
-
-    from tests.e2e.conftest import CREDPROXY
 
     shutil.copytree(initialised_home, home, dirs_exist_ok=True)
     env = {**os.environ, "CREDPROXY_DB": pg_url, "CREDPROXY_KEY_FILE": str(home / "credproxy.key")}
@@ -581,7 +402,7 @@ def pg_proxy(
     upstream_ca: trustme.CA,
     initialised_home: Path,
     pg_url: str,
-    pg_relay: BlackholeRelay,
+    pg_relay: Relay,
 ) -> Iterator[Proxy]:
     home = tmp_path_factory.mktemp("pg-b")
     running = _start_pg_proxy(
@@ -598,9 +419,9 @@ def stuck_pg_proxy(
     upstream_ca: trustme.CA,
     initialised_home: Path,
     pg_url: str,
-) -> Iterator[tuple[Proxy, BlackholeRelay, tuple[str, str]]]:
+) -> Iterator[tuple[Proxy, Relay, tuple[str, str]]]:
     """A proxy of its own whose database connections are about to die silently."""
-    relay = BlackholeRelay()
+    relay = Relay(("127.0.0.1", 5432))
     running = _start_pg_proxy(
         tmp_path, shared_upstream, upstream_ca, initialised_home, pg_url, relay
     )
@@ -616,9 +437,7 @@ def stuck_pg_proxy(
     relay.close()
 
 
-def _kill_db_connections_silently(
-    proxy: Proxy, relay: BlackholeRelay, who: tuple[str, str]
-) -> None:
+def _kill_db_connections_silently(proxy: Proxy, relay: Relay, who: tuple[str, str]) -> None:
     # Store calls that overlap, so that the pool holds several connections.
     relay.delay = 0.3
     _denied_burst(proxy, who, "warm", 8)
@@ -630,14 +449,7 @@ def _kill_db_connections_silently(
 
 def _internal(proxy: Proxy, who: tuple[str, str], method: str, path: str, body: bytes) -> Reply:
     with socket.create_connection(("127.0.0.1", proxy.port), timeout=15) as sock:
-        head = (
-            f"{method} http://credproxy.internal{path} HTTP/1.1\r\n"
-            "Host: credproxy.internal\r\n"
-            f"Proxy-Authorization: {proxy_auth(*who)}\r\n"
-            "Content-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n"
-        ).encode()
-        sock.sendall(head + body)
+        sock.sendall(_internal_head(who, method, path, len(body)) + body)
         return read_reply(sock)
 
 
@@ -668,7 +480,7 @@ def pg_agent(pg_proxy: Proxy, names: Callable[[str], str]) -> tuple[str, str]:
 # Was broken (hostile review): store down: an explicit ask gets 400 bad-request quoting the DB,
 # a lookup 500
 def test_access_requests_during_a_store_outage_answer_store_unavailable(
-    pg_proxy: Proxy, pg_relay: BlackholeRelay, pg_agent
+    pg_proxy: Proxy, pg_relay: Relay, pg_agent
 ):
     ask = json.dumps({"host": "api.test", "method": "POST", "path": "/v1/new"}).encode()
     first = _internal(pg_proxy, pg_agent, "POST", "/access-requests", ask)
@@ -720,7 +532,7 @@ def _flood_denials(proxy: Proxy, who: tuple[str, str], seconds: float, workers: 
 
 
 def test_a_denial_flood_from_one_principal_keeps_the_store_up_for_everyone(
-    pg_proxy: Proxy, pg_relay: BlackholeRelay, pg_agent, names
+    pg_proxy: Proxy, pg_relay: Relay, pg_agent, names
 ):
     """Every refused request on a new path is a store call (the pending cap is checked in the
     store), in the same 4-thread pool as the poll and the once-grants."""
@@ -805,17 +617,6 @@ def test_sigterm_exits_even_with_database_calls_stuck_on_dead_connections(stuck_
 # -- the CLI --------------------------------------------------------------------------------
 
 
-def _cli_env(home: Path) -> dict[str, str]:
-    env = {
-        **os.environ,
-        "CREDPROXY_DB": f"sqlite:///{home}/credproxy.db",
-        "CREDPROXY_KEY_FILE": str(home / "credproxy.key"),
-        "CREDPROXY_CERTS": str(home / "certs"),
-    }
-    env.pop("CREDPROXY_MASTER_KEY", None)
-    return env
-
-
 @pytest.fixture
 def cli_home(tmp_path: Path, initialised_home: Path) -> Path:
     import shutil
@@ -857,11 +658,9 @@ def test_run_refuses_a_number_that_is_not_plain_ascii(cli_home: Path, flag: str,
     plain ASCII number."""
     import subprocess
 
-    from tests.e2e.conftest import CREDPROXY
-
     args = [*CREDPROXY, "run", "--listen", "127.0.0.1:0", flag, value]
     process = subprocess.Popen(
-        args, env=_cli_env(cli_home), cwd=cli_home, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        args, env=_env(cli_home), cwd=cli_home, stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
     try:
         out, err = process.communicate(timeout=5)
@@ -879,12 +678,10 @@ def test_a_64_kib_secret_with_its_trailing_newline_is_accepted(cli_home: Path):
     """README: one trailing newline is stripped; a secret may be at most 64 KiB."""
     import subprocess
 
-    from tests.e2e.conftest import CREDPROXY
-
     secret = b"s" * (64 * 1024) + b"\n"
     args = [*CREDPROXY, "credential", "add", "big", "--scheme", "bearer", "--host", "x.test"]
     done = subprocess.run(
-        args, env=_cli_env(cli_home), cwd=cli_home, input=secret, capture_output=True, timeout=20
+        args, env=_env(cli_home), cwd=cli_home, input=secret, capture_output=True, timeout=20
     )
     assert done.returncode == 0, done.stderr.decode()
 
@@ -913,12 +710,10 @@ def test_a_64_kib_secret_with_its_trailing_newline_is_accepted(cli_home: Path):
 def test_hostile_cli_input_gets_one_line_and_status_2(cli_home: Path, env, args):
     import subprocess
 
-    from tests.e2e.conftest import CREDPROXY
-
     before = sorted(p.name for p in cli_home.iterdir())
     done = subprocess.run(
         [*CREDPROXY, *args],
-        env={**_cli_env(cli_home), **env},
+        env={**_env(cli_home), **env},
         cwd=cli_home,
         capture_output=True,
         timeout=20,
@@ -999,11 +794,7 @@ def _h2_never_read(proxy: Proxy, who: tuple[str, str], streams: int) -> ssl.SSLS
     """A tunnel to big.test over h2 with `streams` downloads whose window never opens."""
     import h2.connection
 
-    sock, reply = connect(proxy.port, "big.test:443", proxy_auth(*who))
-    assert reply.status == 200
-    context = ssl.create_default_context(cafile=str(proxy.ca_file))
-    context.set_alpn_protocols(["h2"])
-    tls = context.wrap_socket(sock, server_hostname="big.test")
+    tls = h2_tunnel(proxy, proxy_auth(*who), "big.test")
     conn = h2.connection.H2Connection()
     conn.initiate_connection()
     conn.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 0})
@@ -1098,40 +889,16 @@ def test_a_once_grant_raced_by_h2_streams_of_one_tunnel_serves_one(
 ):
     """Twelve concurrent h2 streams in one tunnel, one once-grant: one 200, the rest
     grant-consumed, one request upstream."""
-    import h2.connection
-    import h2.events
-
     name = names("once-h2")
     token = proxy_b.store.add_principal(name)
     proxy_b.store.add_grant(name, ["GET"], hosts=["api.test"], paths=["/v1/once"], once=True)
     proxy_b.wait_reload()
-    sock, reply = connect(proxy_b.port, "api.test:443", proxy_auth(name, token))
-    assert reply.status == 200
-    context = ssl.create_default_context(cafile=str(proxy_b.ca_file))
-    context.set_alpn_protocols(["h2"])
-    statuses: dict[int, str] = {}
-    reasons: dict[int, str] = {}
-    with context.wrap_socket(sock, server_hostname="api.test") as tls:
-        conn = h2.connection.H2Connection()
-        conn.initiate_connection()
-        request = [(":method", "GET"), (":scheme", "https"), (":authority", "api.test")]
-        for n in range(12):
-            conn.send_headers(2 * n + 1, [*request, (":path", "/v1/once")], end_stream=True)
-        tls.sendall(conn.data_to_send())
+    request = [(":method", "GET"), (":scheme", "https"), (":authority", "api.test")]
+    with h2_tunnel(proxy_b, proxy_auth(name, token), "api.test") as tls:
         tls.settimeout(5)
-        done: set[int] = set()
-        while len(done) < 12:
-            data = tls.recv(65536)
-            if not data:
-                break
-            for event in conn.receive_data(data):
-                if isinstance(event, h2.events.ResponseReceived):
-                    headers = {k.decode(): v.decode() for k, v in event.headers}
-                    statuses[event.stream_id] = headers[":status"]
-                    reasons[event.stream_id] = headers.get("x-credproxy-reason", "")
-                if isinstance(event, h2.events.StreamEnded | h2.events.StreamReset):
-                    done.add(event.stream_id)
-            tls.sendall(conn.data_to_send())
+        replies = h2_streams(tls, [[*request, (":path", "/v1/once")]] * 12)
+    statuses = {n: fields[":status"] for n, (_, fields) in replies.items()}
+    reasons = {n: fields.get("x-credproxy-reason", "") for n, (_, fields) in replies.items()}
     assert sorted(statuses.values()) == ["200"] + ["403"] * 11
     assert sorted(reasons.values()) == [""] + ["grant-consumed"] * 11
     assert [r.target for r in upstream.log.requests] == ["/v1/once"]
@@ -1149,10 +916,8 @@ def test_sigterm_with_stdout_that_cannot_take_lines_still_exits_promptly(
     import shutil
     import subprocess
 
-    from tests.e2e.conftest import CREDPROXY
-
     shutil.copytree(initialised_home, tmp_path, dirs_exist_ok=True)
-    env = {**_cli_env(tmp_path), "PYTHONUNBUFFERED": "1"}
+    env = _env(tmp_path)
     args = [*CREDPROXY, "run", "--listen", "127.0.0.1:0", "--drain-timeout", "1"]
     process = subprocess.Popen(
         args, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE
@@ -1243,7 +1008,7 @@ def test_an_unauthenticated_client_cannot_shut_every_principal_out(capped_proxy:
 # Was broken: a compressed response to a stamped request was inflated without an output bound.
 # Now a chunk that decodes past 8 MiB ends the response: cut, never completed.
 def test_a_gzip_bomb_in_a_stamped_response_stays_within_the_memory_bound(
-    proxy_b: Proxy, names, bystander, bomb: BombUpstream
+    proxy_b: Proxy, names, bystander, bomb_body: bytes
 ):
     """An agent stores an object with Content-Encoding: gzip (S3 allows it) and fetches it
     with the stamped credential: 100 KB on the wire, 96 MiB of zeros once inflated."""
@@ -1254,7 +1019,7 @@ def test_a_gzip_bomb_in_a_stamped_response_stays_within_the_memory_bound(
     proxy_b.store.add_credential(cred, "bearer", ["bomb.test"], Secret(b"bomb-secret-123"))
     proxy_b.store.add_grant(name, ["GET"], credential=cred)
     proxy_b.wait_reload()
-    assert len(bomb.body) < 200_000
+    assert len(bomb_body) < 200_000
     assert get(proxy_b, bystander).status == 200
     received = 0
     with Peak(proxy_b.process.pid) as peak:
@@ -1284,13 +1049,7 @@ def test_a_brotli_bomb_to_credproxy_internal_stays_within_the_memory_bound(
 
     body = brotli.compress(b"\0" * (128 * MIB), quality=5)
     assert len(body) < 1024
-    head = (
-        "POST http://credproxy.internal/access-requests HTTP/1.1\r\n"
-        "Host: credproxy.internal\r\n"
-        f"Proxy-Authorization: {proxy_auth(*bystander)}\r\n"
-        "Content-Type: application/json\r\nContent-Encoding: br\r\n"
-        f"Content-Length: {len(body)}\r\n\r\n"
-    ).encode()
+    head = _internal_head(bystander, "POST", "/access-requests", len(body), "Content-Encoding: br")
     with Peak(proxy_b.process.pid) as peak:
         with socket.create_connection(("127.0.0.1", proxy_b.port), timeout=15) as sock:
             sock.sendall(head + body)

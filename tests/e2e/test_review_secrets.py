@@ -19,7 +19,6 @@ import gzip
 import os
 import socket
 import ssl
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -28,26 +27,30 @@ from typing import Any
 import pytest
 import trustme
 import wsproto.events as ev
-from wsproto import ConnectionType, WSConnection
+from wsproto import WSConnection
 
 from store.crypto import Secret
 from tests.e2e.conftest import Proxy, start_proxy, stop_proxy
-from tests.e2e.misbehaving import H2Upstream, RawUpstream
-from tests.e2e.raw import connect, exchange, proxy_auth, read_reply, tunnel
+from tests.e2e.misbehaving import H2Upstream, RawUpstream, chunked, head, ok
+from tests.e2e.raw import (
+    connect,
+    exchange,
+    fetch,
+    h2_get,
+    h2_tunnel,
+    proxy_auth,
+    read_reply,
+    recv_until,
+    tunnel,
+    ws_session,
+)
+from tests.e2e.servers import WsUpstream, authorization
 from tests.e2e.upstream import Upstream
 
 pytestmark = pytest.mark.e2e
 
 SECRET = ("sk-rv-" + os.urandom(8).hex()).encode()  # 22 bytes
 STAMPED = b"Bearer " + SECRET
-
-
-def _head(*lines: bytes) -> bytes:
-    return b"\r\n".join(lines) + b"\r\n\r\n"
-
-
-def _ok(body: bytes, *extra: bytes) -> bytes:
-    return _head(b"HTTP/1.1 200 OK", *extra, b"Content-Length: %d" % len(body)) + body
 
 
 def _mixed_escapes(secret: bytes) -> bytes:
@@ -68,15 +71,6 @@ def _mixed_escapes(secret: bytes) -> bytes:
     return out
 
 
-def _chunked_tiny(body: bytes, size: int = 3) -> bytes:
-    """A chunked body cut into `size`-byte chunks: every form crosses chunk boundaries."""
-    out = b""
-    for i in range(0, len(body), size):
-        piece = body[i : i + size]
-        out += b"%x\r\n%s\r\n" % (len(piece), piece)
-    return out + b"0\r\n\r\n"
-
-
 def _raw_deflate(data: bytes) -> bytes:
     """Deflate without the zlib header, as some servers send `Content-Encoding: deflate`."""
     import zlib
@@ -86,39 +80,40 @@ def _raw_deflate(data: bytes) -> bytes:
 
 
 SCRIPTS: dict[str, Callable[[bytes], bytes]] = {
-    "/v1/not-modified": lambda s: _head(
+    "/v1/not-modified": lambda s: head(
         b"HTTP/1.1 304 Not Modified", b'ETag: "v1"', b"Content-Length: 100000"
     ),
-    "/v1/after": lambda s: _ok(b'{"after": true}'),
-    "/v1/big-head": lambda s: _head(
+    "/v1/after": lambda s: ok(b'{"after": true}'),
+    "/v1/big-head": lambda s: head(
         b"HTTP/1.1 200 OK", b"Content-Type: application/json", b"Content-Length: 100000"
     ),
-    "/v1/mixed-held": lambda s: _ok(b'{"echo": "' + _mixed_escapes(s) + b'"}'),
+    "/v1/mixed-held": lambda s: ok(b'{"echo": "' + _mixed_escapes(s) + b'"}'),
     "/v1/mixed-streamed": lambda s: (
-        _head(b"HTTP/1.1 200 OK", b"Transfer-Encoding: chunked")
-        + _chunked_tiny(
+        head(b"HTTP/1.1 200 OK", b"Transfer-Encoding: chunked")
+        + chunked(
             b'{"echo": "'
             + _mixed_escapes(s)
             + b'", "b64": "'
             + base64.urlsafe_b64encode(s).rstrip(b"=")
-            + b'"}'
+            + b'"}',
+            3,
         )
     ),
     "/v1/gzip-streamed": lambda s: (
-        _head(b"HTTP/1.1 200 OK", b"Content-Encoding: gzip", b"Transfer-Encoding: chunked")
-        + _chunked_tiny(gzip.compress(b"token=" + s + b"&again=" + base64.b64encode(s)), 5)
+        head(b"HTTP/1.1 200 OK", b"Content-Encoding: gzip", b"Transfer-Encoding: chunked")
+        + chunked(gzip.compress(b"token=" + s + b"&again=" + base64.b64encode(s)), 5)
     ),
-    "/v1/reason": lambda s: _head(b"HTTP/1.1 200 " + s, b"Content-Length: 0"),
-    "/v1/header-name": lambda s: _head(
+    "/v1/reason": lambda s: head(b"HTTP/1.1 200 " + s, b"Content-Length: 0"),
+    "/v1/header-name": lambda s: head(
         b"HTTP/1.1 200 OK",
         b"X-" + s + b": 1",
         b"X-Echo: " + _mixed_escapes(s),
         b"Content-Length: 0",
     ),
-    "/v1/large-held-edge": lambda s: _ok(b"x" * (64 * 1024 - len(s) - 3) + b'"' + s + b'"'),
+    "/v1/large-held-edge": lambda s: ok(b"x" * (64 * 1024 - len(s) - 3) + b'"' + s + b'"'),
     "/v1/raw-deflate": lambda s: (
-        _head(b"HTTP/1.1 200 OK", b"Content-Encoding: deflate", b"Transfer-Encoding: chunked")
-        + _chunked_tiny(_raw_deflate(b"token=" + s), 7)
+        head(b"HTTP/1.1 200 OK", b"Content-Encoding: deflate", b"Transfer-Encoding: chunked")
+        + chunked(_raw_deflate(b"token=" + s), 7)
     ),
 }
 
@@ -175,58 +170,23 @@ def _ws_script(mode: str, auth: str) -> list[ev.Event]:
     raise AssertionError(mode)
 
 
-class WsUpstream:
-    """A TLS WebSocket server for ws.test: each connection plays the script its path names."""
-
-    def __init__(self, ca: trustme.CA) -> None:
-        self.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        ca.issue_cert("ws.test").configure_cert(self.context)
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                raw, _ = self.listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(raw,), daemon=True).start()
-
-    def _serve(self, raw: socket.socket) -> None:
-        raw.settimeout(10)
-        try:
-            with self.context.wrap_socket(raw, server_side=True) as sock:
-                ws = WSConnection(ConnectionType.SERVER)
-                while True:
-                    data = sock.recv(65536)
-                    if not data:
-                        return
-                    ws.receive_data(data)
-                    for event in ws.events():
-                        if isinstance(event, ev.Request):
-                            accept = ws.send(ev.AcceptConnection())
-                            auth = dict(event.extra_headers).get(b"authorization", b"").decode()
-                            mode = event.target.rsplit("/", 1)[1]
-                            if mode == "eager":
-                                # The 101 and a first message echoing it in one write.
-                                sock.sendall(accept + ws.send(ev.TextMessage(auth)))
-                                script = []
-                            else:
-                                sock.sendall(accept)
-                                script = _ws_script(mode, auth)
-                            if mode != "close-split":
-                                script += [ev.TextMessage("done"), ev.CloseConnection(1000, "bye")]
-                            for step in script:
-                                sock.sendall(ws.send(step))
-                                time.sleep(0.05)  # one message per read on the proxy's side
-                        elif isinstance(event, ev.CloseConnection):
-                            return
-        except (OSError, ssl.SSLError):
-            return
-
-    def close(self) -> None:
-        self.listener.close()
+def _ws_upgrade(sock: ssl.SSLSocket, ws: WSConnection, request: ev.Request) -> None:
+    """Each connection plays the script its path names."""
+    accept = ws.send(ev.AcceptConnection())
+    auth = authorization(request)
+    mode = request.target.rsplit("/", 1)[1]
+    if mode == "eager":
+        # The 101 and a first message echoing it in one write.
+        sock.sendall(accept + ws.send(ev.TextMessage(auth)))
+        script = []
+    else:
+        sock.sendall(accept)
+        script = _ws_script(mode, auth)
+    if mode != "close-split":
+        script += [ev.TextMessage("done"), ev.CloseConnection(1000, "bye")]
+    for step in script:
+        sock.sendall(ws.send(step))
+        time.sleep(0.05)  # one message per read on the proxy's side
 
 
 # -- fixtures ------------------------------------------------------------------------------
@@ -234,14 +194,13 @@ class WsUpstream:
 
 @pytest.fixture(scope="module")
 def servers(upstream_ca: trustme.CA) -> Iterator[dict[str, Any]]:
-    ws = WsUpstream(upstream_ca)
     with (
         Upstream(upstream_ca, ["api.test"]) as api,
         RawUpstream(upstream_ca, ["raw.test"], SCRIPTS) as raw,
+        WsUpstream(upstream_ca, "ws.test", _ws_upgrade) as ws,
         H2Upstream(upstream_ca, ["h2.test"], H2_SCRIPTS) as h2,
     ):
         yield {"api": api, "raw": raw, "ws": ws, "h2": h2}
-    ws.close()
 
 
 @pytest.fixture(scope="module")
@@ -466,31 +425,6 @@ def test_override_to_an_ungranted_method_is_refused(
 # -- findings: WebSocket -------------------------------------------------------------------
 
 
-def _ws_session(proxy: Proxy, agent: tuple[str, str], mode: str) -> tuple[bytes, list[ev.Event]]:
-    sock = tunnel(proxy.port, "ws.test:443", proxy_auth(*agent), "ws.test", proxy.ca_file)
-    ws = WSConnection(ConnectionType.CLIENT)
-    received, got = b"", []
-    with sock:
-        sock.settimeout(10)
-        sock.sendall(ws.send(ev.Request(host="ws.test", target=f"/v1/ws/{mode}")))
-        while True:
-            try:
-                data = sock.recv(65536)
-            except (OSError, ssl.SSLError):
-                break
-            if not data:
-                break
-            received += data
-            ws.receive_data(data)
-            for event in ws.events():
-                got.append(event)
-                if isinstance(event, ev.Ping):
-                    sock.sendall(ws.send(event.response()))
-                if isinstance(event, ev.CloseConnection):
-                    sock.sendall(ws.send(event.response()))
-    return received, got
-
-
 def _ws_text(events: list[ev.Event]) -> str:
     return "".join(e.data for e in events if isinstance(e, ev.TextMessage))
 
@@ -519,7 +453,7 @@ def ws_agent(rproxy: Proxy, names) -> tuple[str, str]:
 def test_a_secret_spread_over_websocket_frames_never_reaches_the_agent(
     rproxy: Proxy, ws_agent, mode: str
 ):
-    received, got = _ws_session(rproxy, ws_agent, mode)
+    received, got = ws_session(rproxy, proxy_auth(*ws_agent), "ws.test", f"/v1/ws/{mode}")
     assert b"101" in received
     text = ""  # everything the agent got, in order: messages, close reasons, ping payloads
     for e in got:
@@ -542,7 +476,7 @@ def test_a_secret_spread_over_websocket_frames_never_reaches_the_agent(
     ],
 )
 def test_websocket_forms_across_two_messages_and_in_pongs_held(rproxy: Proxy, ws_agent, mode: str):
-    received, got = _ws_session(rproxy, ws_agent, mode)
+    received, got = ws_session(rproxy, proxy_auth(*ws_agent), "ws.test", f"/v1/ws/{mode}")
     assert b"101" in received
     whole = SECRET.decode() in _ws_text(got)
     assert not whole, "the agent can put the secret back together"
@@ -568,16 +502,6 @@ def raw_agent(rproxy: Proxy, names) -> tuple[str, str]:
     return principal, token
 
 
-def _recv_head(sock: ssl.SSLSocket, data: bytes = b"") -> tuple[bytes, bytes]:
-    while b"\r\n\r\n" not in data:
-        chunk = sock.recv(65536)
-        if not chunk:
-            break
-        data += chunk
-    head, _, rest = data.partition(b"\r\n\r\n")
-    return head, rest
-
-
 # Was broken (hostile review): a 304 announcing over 64 KiB is re-framed as chunked and gets a
 # '0' chunk, a body a 304 cannot have: the agent's keep-alive connection is desynchronised
 @pytest.mark.parametrize(
@@ -588,7 +512,7 @@ def test_a_long_304_keeps_the_connection_in_step(rproxy: Proxy, raw_agent, path:
     with sock:
         sock.settimeout(10)
         sock.sendall(f"GET {path} HTTP/1.1\r\nHost: raw.test\r\n\r\n".encode())
-        head, rest = _recv_head(sock)
+        head, _, rest = recv_until(sock).partition(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 304")
         sock.sendall(b"GET /v1/after HTTP/1.1\r\nHost: raw.test\r\n\r\n")
         time.sleep(0.3)
@@ -609,7 +533,7 @@ def test_a_head_answer_keeps_its_content_length(rproxy: Proxy, raw_agent, path: 
     with sock:
         sock.settimeout(10)
         sock.sendall(f"HEAD {path} HTTP/1.1\r\nHost: raw.test\r\n\r\n".encode())
-        head, _ = _recv_head(sock)
+        head = recv_until(sock).partition(b"\r\n\r\n")[0]
     assert head.startswith(b"HTTP/1.1 200")
     assert b"content-length: 100000" in head.lower()
 
@@ -664,8 +588,6 @@ def test_raw_client_bytes_never_reach_the_audit_stream(rproxy: Proxy, raw_agent,
 def test_echoes_in_every_promised_form_are_redacted(
     rproxy: Proxy, raw_agent, path: str, http2: bool
 ):
-    from tests.e2e.test_upstream_errors import fetch
-
     reply = fetch(rproxy, raw_agent, "raw.test", path, http2)
     assert reply.status == 200
     leaked = _leaks(reply.raw) or _mixed_escapes(SECRET) in reply.raw
@@ -724,49 +646,12 @@ def test_h2_scheme_http_inside_a_tls_tunnel_still_gets_https_rules(
     rproxy: Proxy, api: Upstream, names
 ):
     """`:scheme http` on a TLS tunnel: mitmproxy takes the scheme from the connection."""
-    import h2.connection
-    import h2.events
-
     principal, token, cred = _principal(rproxy, names)
     rproxy.store.add_grant(principal, ["GET"], credential=cred, hosts=["api.test"])
     rproxy.wait_reload()
-    sock, reply = connect(rproxy.port, "api.test:443", proxy_auth(principal, token))
-    assert reply.status == 200
-    context = ssl.create_default_context(cafile=str(rproxy.ca_file))
-    context.set_alpn_protocols(["h2"])
-    status = None
-    with context.wrap_socket(sock, server_hostname="api.test") as tls:
-        conn = h2.connection.H2Connection()
-        conn.initiate_connection()
-        conn.send_headers(
-            1,
-            [
-                (":method", "GET"),
-                (":scheme", "http"),
-                (":authority", "api.test"),
-                (":path", "/v1/echo-auth"),
-            ],
-            end_stream=True,
-        )
-        tls.sendall(conn.data_to_send())
-        body = b""
-        done = False
-        while not done:
-            data = tls.recv(65536)
-            if not data:
-                break
-            for event in conn.receive_data(data):
-                if isinstance(event, h2.events.ResponseReceived):
-                    status = int(dict(event.headers)[b":status"])
-                elif isinstance(event, h2.events.DataReceived):
-                    body += event.data
-                    conn.acknowledge_received_data(event.flow_controlled_length, 1)
-                elif isinstance(
-                    event,
-                    (h2.events.StreamEnded, h2.events.StreamReset, h2.events.ConnectionTerminated),
-                ):
-                    done = True
-            tls.sendall(conn.data_to_send())
+    with h2_tunnel(rproxy, proxy_auth(principal, token), "api.test") as tls:
+        answer = h2_get(tls, "api.test", "/v1/echo-auth", scheme="http")
+    status, body = answer.status, answer.body
     assert status is not None
     leaked = _leaks(body)
     assert not leaked, "the agent received the secret"
@@ -776,8 +661,6 @@ def test_h2_scheme_http_inside_a_tls_tunnel_still_gets_https_rules(
 
 def test_a_raw_deflate_body_echoing_the_secret_is_never_delivered(rproxy: Proxy, raw_agent):
     """`deflate` without its zlib header cannot be decoded: fail closed, nothing decoded leaks."""
-    from tests.e2e.test_upstream_errors import fetch
-
     reply = fetch(rproxy, raw_agent, "raw.test", "/v1/raw-deflate", False)
     leaked = _leaks(reply.raw) or _raw_deflate(b"token=" + SECRET) in reply.raw
     assert not leaked, "the agent received the secret"
@@ -870,42 +753,12 @@ def test_the_header_slot_is_replaced_whatever_the_spelling(
     ],
 )
 def test_h2_trailers_echoing_the_secret_are_redacted(rproxy: Proxy, names, path: str):
-    import h2.connection
-    import h2.events
-
     principal, token, cred = _principal(rproxy, names)
     rproxy.store.add_grant(principal, ["GET"], credential=cred, hosts=["h2.test"], paths=["/v1/"])
     rproxy.wait_reload()
-    sock, reply = connect(rproxy.port, "h2.test:443", proxy_auth(principal, token))
-    assert reply.status == 200
-    context = ssl.create_default_context(cafile=str(rproxy.ca_file))
-    context.set_alpn_protocols(["h2"])
-    fields: list[tuple[bytes, bytes]] = []
-    trailers: list[tuple[bytes, bytes]] = []
-    with context.wrap_socket(sock, server_hostname="h2.test") as tls:
-        conn = h2.connection.H2Connection()
-        conn.initiate_connection()
-        request = [(":method", "GET"), (":scheme", "https"), (":authority", "h2.test")]
-        conn.send_headers(1, [*request, (":path", path)], end_stream=True)
-        tls.sendall(conn.data_to_send())
-        done = False
-        while not done:
-            data = tls.recv(65536)
-            if not data:
-                break
-            for event in conn.receive_data(data):
-                if isinstance(event, h2.events.ResponseReceived):
-                    fields = list(event.headers)
-                elif isinstance(event, h2.events.TrailersReceived):
-                    trailers = list(event.headers)
-                elif isinstance(event, h2.events.DataReceived):
-                    conn.acknowledge_received_data(event.flow_controlled_length, 1)
-                elif isinstance(
-                    event,
-                    (h2.events.StreamEnded, h2.events.StreamReset, h2.events.ConnectionTerminated),
-                ):
-                    done = True
-            tls.sendall(conn.data_to_send())
+    with h2_tunnel(rproxy, proxy_auth(principal, token), "h2.test") as tls:
+        answer = h2_get(tls, "h2.test", path)
+    fields, trailers = answer.fields, answer.trailers
     assert dict(fields).get(b":status") == b"200"
     seen = b"\n".join(k + b": " + v for k, v in trailers)
     leaked = _leaks(seen) or _mixed_escapes(SECRET) in seen
@@ -950,38 +803,9 @@ def test_one_client_connection_carries_one_principal(rproxy: Proxy, names, targe
 
 def _h2_get(proxy: Proxy, agent: tuple[str, str], host: str, path: str) -> tuple[bytes, bytes]:
     """(body, trailers as 'name: value' lines) of one h2 GET through a tunnel."""
-    import h2.connection
-    import h2.events
-
-    sock, reply = connect(proxy.port, f"{host}:443", proxy_auth(*agent))
-    assert reply.status == 200
-    context = ssl.create_default_context(cafile=str(proxy.ca_file))
-    context.set_alpn_protocols(["h2"])
-    body, trailers = b"", b""
-    with context.wrap_socket(sock, server_hostname=host) as tls:
-        conn = h2.connection.H2Connection()
-        conn.initiate_connection()
-        request = [(":method", "GET"), (":scheme", "https"), (":authority", host)]
-        conn.send_headers(1, [*request, (":path", path)], end_stream=True)
-        tls.sendall(conn.data_to_send())
-        done = False
-        while not done:
-            data = tls.recv(65536)
-            if not data:
-                break
-            for event in conn.receive_data(data):
-                if isinstance(event, h2.events.TrailersReceived):
-                    trailers = b"\n".join(k + b": " + v for k, v in event.headers)
-                elif isinstance(event, h2.events.DataReceived):
-                    body += event.data
-                    conn.acknowledge_received_data(event.flow_controlled_length, 1)
-                elif isinstance(
-                    event,
-                    (h2.events.StreamEnded, h2.events.StreamReset, h2.events.ConnectionTerminated),
-                ):
-                    done = True
-            tls.sendall(conn.data_to_send())
-    return body, trailers
+    with h2_tunnel(proxy, proxy_auth(*agent), host) as tls:
+        answer = h2_get(tls, host, path)
+    return answer.body, b"\n".join(k + b": " + v for k, v in answer.trailers)
 
 
 # Was broken (hostile review): the streamed body's held-back tail is flushed before the trailers

@@ -11,22 +11,19 @@ import gzip
 import json
 import os
 import socket
-import ssl
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-import httpx
 import pytest
 import trustme
 
 from addon.redact import forms
 from store.crypto import Secret
 from tests.e2e.conftest import Proxy, start_proxy, stop_proxy
-from tests.e2e.misbehaving import H2Upstream, RawUpstream
-from tests.e2e.raw import connect, exchange, proxy_auth, read_reply, tunnel
+from tests.e2e.misbehaving import H2Upstream, RawUpstream, chunked, head
+from tests.e2e.raw import Answer, exchange, fetch, proxy_auth, read_reply, recv_until, tunnel
 
 pytestmark = pytest.mark.e2e
 
@@ -34,48 +31,39 @@ SECRET = ("sk-wire+" + os.urandom(8).hex()).encode()
 HOSTS = ["h1.test", "h2.test", "badtls.test", "down.test"]
 
 
-def _head(*lines: bytes) -> bytes:
-    return b"\r\n".join(lines) + b"\r\n\r\n"
-
-
-def _chunked(body: bytes) -> bytes:
-    return b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
-
-
 OK_BODY = b'{"ok": true}'
-OK = _head(b"HTTP/1.1 200 OK", b"Content-Type: application/json", b"Content-Length: 12") + OK_BODY
+OK = head(b"HTTP/1.1 200 OK", b"Content-Type: application/json", b"Content-Length: 12") + OK_BODY
 
 SCRIPTS = {
-    "/v1/bad-status": lambda s: _head(b"HTTP/1.1 2OO " + s),
-    "/v1/not-http": lambda s: _head(b"DEBUG auth=" + s),
+    "/v1/bad-status": lambda s: head(b"HTTP/1.1 2OO " + s),
+    "/v1/not-http": lambda s: head(b"DEBUG auth=" + s),
     "/v1/cut-head": lambda s: b"HTTP/1.1 200 OK\r\nX-Debug-Auth: " + s + b"\r\n",
-    "/v1/no-colon": lambda s: _head(b"HTTP/1.1 200 OK", b"X-Debug " + s),
-    "/v1/bad-length": lambda s: _head(b"HTTP/1.1 200 OK", b"Content-Length: " + s),
-    "/v1/bad-name": lambda s: _head(b"HTTP/1.1 200 OK", b"X(" + s + b"): 1", b"Content-Length: 0"),
-    "/v1/bad-coding": lambda s: _head(b"HTTP/1.1 200 OK", b"Transfer-Encoding: " + s),
+    "/v1/no-colon": lambda s: head(b"HTTP/1.1 200 OK", b"X-Debug " + s),
+    "/v1/bad-length": lambda s: head(b"HTTP/1.1 200 OK", b"Content-Length: " + s),
+    "/v1/bad-name": lambda s: head(b"HTTP/1.1 200 OK", b"X(" + s + b"): 1", b"Content-Length: 0"),
+    "/v1/bad-coding": lambda s: head(b"HTTP/1.1 200 OK", b"Transfer-Encoding: " + s),
     "/v1/chunk-secret": lambda s: (
-        _head(b"HTTP/1.1 200 OK", b"Transfer-Encoding: chunked") + s + b"\r\n"
+        head(b"HTTP/1.1 200 OK", b"Transfer-Encoding: chunked") + s + b"\r\n"
     ),
     "/v1/gzip-chunked": lambda s: (
-        _head(b"HTTP/1.1 200 OK", b"Transfer-Encoding: gzip, chunked")
-        + _chunked(gzip.compress(b'{"auth": "' + s + b'"}'))
+        head(b"HTTP/1.1 200 OK", b"Transfer-Encoding: gzip, chunked")
+        + chunked(gzip.compress(b'{"auth": "' + s + b'"}'))
     ),
     "/v1/gzip-eof": lambda s: (
-        _head(b"HTTP/1.1 200 OK", b"Transfer-Encoding: gzip")
+        head(b"HTTP/1.1 200 OK", b"Transfer-Encoding: gzip")
         + gzip.compress(b'{"auth": "' + s + b'"}')
     ),
     "/v1/early-hints": lambda s: (
-        _head(b"HTTP/1.1 103 Early Hints", b"Link: </a.css>; rel=preload", b"X-Hint-Auth: " + s)
-        + OK
+        head(b"HTTP/1.1 103 Early Hints", b"Link: </a.css>; rel=preload", b"X-Hint-Auth: " + s) + OK
     ),
     "/v1/continue-and-hints": lambda s: (
-        _head(b"HTTP/1.1 100 Continue")
-        + _head(b"HTTP/1.1 103 Early Hints", b"X-Hint-Auth: " + s)
+        head(b"HTTP/1.1 100 Continue")
+        + head(b"HTTP/1.1 103 Early Hints", b"X-Hint-Auth: " + s)
         + OK
     ),
     "/v1/te": lambda s: OK,
     "/v1/response-trailers": lambda s: (
-        _head(b"HTTP/1.1 200 OK", b"Transfer-Encoding: chunked")
+        head(b"HTTP/1.1 200 OK", b"Transfer-Encoding: chunked")
         + b"2\r\nok\r\n0\r\nX-Trailer-Auth: "
         + s
         + b"\r\n\r\n"
@@ -149,81 +137,6 @@ def leaks(data: bytes | str) -> list[str]:
     if quote(SECRET.decode(), safe="").encode() in raw or base64.b64encode(SECRET) in raw:
         found.append("encoded")
     return found
-
-
-@dataclass
-class Answer:
-    """What the agent received: the parsed answer and every byte of it, for the leak check."""
-
-    version: str
-    status: int | None
-    headers: dict[str, str]
-    body: bytes
-    raw: bytes = b""
-    broken: bool = False
-    informational: list[dict[str, str]] = field(default_factory=list)
-
-    def json(self) -> Any:
-        return json.loads(self.body)
-
-
-def fetch(proxy: Proxy, agent: tuple[str, str], host: str, path: str, http2: bool) -> Answer:
-    """GET https://host/path through the proxy, over HTTP/1 (httpx) or HTTP/2 (raw h2: httpx
-    offers http/1.1 first, and mitmproxy takes the client's first choice)."""
-    if http2:
-        return _h2_fetch(proxy, agent, host, path)
-    context = ssl.create_default_context(cafile=str(proxy.ca_file))
-    with httpx.Client(proxy=proxy.url(*agent), verify=context, timeout=10) as c:
-        with c.stream("GET", f"https://{host}{path}") as reply:
-            head = f"{reply.status_code} {reply.reason_phrase}\n{reply.headers}\n".encode()
-            body, broken = b"", False
-            try:
-                for chunk in reply.iter_raw():
-                    body += chunk
-            except httpx.HTTPError:
-                broken = True
-            headers = {k.lower(): v for k, v in reply.headers.items()}
-            return Answer("HTTP/1.1", reply.status_code, headers, body, head + body, broken)
-
-
-def _h2_fetch(proxy: Proxy, agent: tuple[str, str], host: str, path: str) -> Answer:
-    import h2.connection
-    import h2.events
-
-    sock, reply = connect(proxy.port, f"{host}:443", proxy_auth(*agent))
-    assert reply.status == 200
-    context = ssl.create_default_context(cafile=str(proxy.ca_file))
-    context.set_alpn_protocols(["h2"])
-    answer = Answer("HTTP/2", None, {}, b"")
-    with context.wrap_socket(sock, server_hostname=host) as tls:
-        assert tls.selected_alpn_protocol() == "h2"
-        conn = h2.connection.H2Connection()
-        conn.initiate_connection()
-        request = [(":method", "GET"), (":scheme", "https"), (":authority", host), (":path", path)]
-        conn.send_headers(1, request, end_stream=True)
-        tls.sendall(conn.data_to_send())
-        while True:
-            data = tls.recv(65536)
-            answer.raw += data
-            if not data:
-                answer.broken = True
-                return answer
-            for event in conn.receive_data(data):
-                if isinstance(event, h2.events.InformationalResponseReceived):
-                    hint = {k.decode(): v.decode() for k, v in event.headers}
-                    answer.informational.append(hint)
-                elif isinstance(event, h2.events.ResponseReceived):
-                    answer.headers = {k.decode(): v.decode() for k, v in event.headers}
-                    answer.status = int(answer.headers[":status"])
-                elif isinstance(event, h2.events.DataReceived):
-                    answer.body += event.data
-                    conn.acknowledge_received_data(event.flow_controlled_length, 1)
-                elif isinstance(event, h2.events.StreamEnded):
-                    return answer
-                elif isinstance(event, (h2.events.StreamReset, h2.events.ConnectionTerminated)):
-                    answer.broken = True
-                    return answer
-            tls.sendall(conn.data_to_send())
 
 
 def audit_line(proxy: Proxy, agent: tuple[str, str], path: str) -> dict[str, Any]:
@@ -407,14 +320,9 @@ def test_a_103_reaches_an_http1_agent_redacted_before_the_final_answer(
     wire_proxy: Proxy, agent, path: str
 ):
     sock = tunnel(wire_proxy.port, "h1.test:443", proxy_auth(*agent), "h1.test", wire_proxy.ca_file)
-    data = b""
     with sock:
         sock.sendall(f"GET {path} HTTP/1.1\r\nHost: h1.test\r\n\r\n".encode())
-        while b'"ok"' not in data:
-            chunk = sock.recv(65536)
-            if not chunk:
-                break
-            data += chunk
+        data = recv_until(sock, b'"ok"')
     hint, _, final = data.partition(b"\r\n\r\n")
     assert hint.startswith(b"HTTP/1.1 103 Early Hints\r\n")
     assert b"x-hint-auth: [redacted]" in hint.lower()

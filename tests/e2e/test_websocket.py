@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import base64
 import os
-import socket
 import ssl
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from urllib.parse import quote
@@ -18,11 +16,12 @@ from urllib.parse import quote
 import pytest
 import trustme
 import wsproto.events as ev
-from wsproto import ConnectionType, WSConnection
+from wsproto import WSConnection
 
 from store.crypto import Secret
 from tests.e2e.conftest import Proxy, start_proxy, stop_proxy
-from tests.e2e.raw import proxy_auth, tunnel
+from tests.e2e.raw import proxy_auth, ws_session
+from tests.e2e.servers import WsUpstream, authorization
 
 pytestmark = pytest.mark.e2e
 
@@ -52,65 +51,29 @@ def _script(mode: str, auth: str) -> list[ev.Event]:
     raise AssertionError(mode)
 
 
-class WsUpstream:
-    """A TLS WebSocket server for api.test: each connection plays the script its path names."""
-
-    def __init__(self, ca: trustme.CA) -> None:
-        self.context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        ca.issue_cert("api.test").configure_cert(self.context)
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                raw, _ = self.listener.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(raw,), daemon=True).start()
-
-    def _serve(self, raw: socket.socket) -> None:
-        raw.settimeout(10)
-        with self.context.wrap_socket(raw, server_side=True) as sock:
-            ws = WSConnection(ConnectionType.SERVER)
-            try:
-                while True:
-                    data = sock.recv(65536)
-                    if not data:
-                        return
-                    ws.receive_data(data)
-                    for event in ws.events():
-                        if isinstance(event, ev.Request):
-                            sock.sendall(ws.send(ev.AcceptConnection()))
-                            auth = dict(event.extra_headers).get(b"authorization", b"").decode()
-                            mode = event.target.rsplit("/", 1)[1]
-                            script = _script(mode, auth)
-                            if mode != "close":
-                                script += [ev.TextMessage("done"), ev.CloseConnection(1000, "bye")]
-                            for step in script:
-                                sock.sendall(ws.send(step))
-                        elif isinstance(event, ev.CloseConnection):
-                            return
-            except (OSError, ssl.SSLError):
-                return
-
-    def close(self) -> None:
-        self.listener.close()
+def _upgrade(sock: ssl.SSLSocket, ws: WSConnection, request: ev.Request) -> None:
+    """Each connection plays the script its path names."""
+    sock.sendall(ws.send(ev.AcceptConnection()))
+    auth = authorization(request)
+    mode = request.target.rsplit("/", 1)[1]
+    script = _script(mode, auth)
+    if mode != "close":
+        script += [ev.TextMessage("done"), ev.CloseConnection(1000, "bye")]
+    for step in script:
+        sock.sendall(ws.send(step))
 
 
 @pytest.fixture(scope="module")
 def ws_proxy(
     tmp_path_factory: pytest.TempPathFactory, upstream_ca: trustme.CA, initialised_home: Path
 ) -> Iterator[Proxy]:
-    server = WsUpstream(upstream_ca)
-    home = tmp_path_factory.mktemp("wsproxy")
-    running = start_proxy(
-        home, upstream_ca, [f"api.test=127.0.0.1:{server.port}"], template=initialised_home
-    )
-    yield running
-    stop_proxy(running)
-    server.close()
+    with WsUpstream(upstream_ca, "api.test", _upgrade) as server:
+        home = tmp_path_factory.mktemp("wsproxy")
+        running = start_proxy(
+            home, upstream_ca, [f"api.test=127.0.0.1:{server.port}"], template=initialised_home
+        )
+        yield running
+        stop_proxy(running)
 
 
 @pytest.fixture
@@ -126,30 +89,7 @@ def agent(ws_proxy: Proxy, names: Callable[[str], str]) -> tuple[str, str]:
 
 def _session(proxy: Proxy, principal: str, token: str, mode: str) -> tuple[bytes, list[ev.Event]]:
     """Everything the client received after TLS (raw bytes) and the WebSocket events."""
-    sock = tunnel(
-        proxy.port, "api.test:443", proxy_auth(principal, token), "api.test", proxy.ca_file
-    )
-    ws = WSConnection(ConnectionType.CLIENT)
-    received, got = b"", []
-    with sock:
-        sock.sendall(ws.send(ev.Request(host="api.test", target=f"/v1/ws/{mode}")))
-        while True:
-            try:
-                data = sock.recv(65536)
-            except (OSError, ssl.SSLError):
-                break
-            if not data:
-                break
-            received += data
-            ws.receive_data(data)
-            for event in ws.events():
-                got.append(event)
-                if isinstance(event, ev.Ping | ev.CloseConnection):
-                    try:
-                        sock.sendall(ws.send(event.response()))
-                    except (OSError, ssl.SSLError):
-                        pass  # the proxy may close first: what it sent is what counts
-    return received, got
+    return ws_session(proxy, proxy_auth(principal, token), "api.test", f"/v1/ws/{mode}")
 
 
 def _texts(events: list[ev.Event]) -> list[str | bytes]:
