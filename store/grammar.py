@@ -67,6 +67,11 @@ def validate_param_name(name: str) -> str:
 
 # -- IP literals, host names, ports -------------------------------------------------------
 
+
+class BadAuthority(ValueError):
+    """A host, port or authority the proxy refuses; the message is a fixed phrase."""
+
+
 # A lower-case DNS name: labels of 1 to 63 letters, digits and inner hyphens.
 _LABEL = r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?"
 _HOST_NAME_RE = re.compile(rf"{_LABEL}(?:\.{_LABEL})*")
@@ -107,10 +112,6 @@ def _split_authority(text: str) -> tuple[str, str, bool]:
 
 
 # -- Authorities as they arrive (Host headers, CONNECT targets, SNI) ----------------------
-
-
-class BadAuthority(ValueError):
-    pass
 
 
 def normalize_host(host: str) -> str:
