@@ -12,11 +12,10 @@ from typing import Any
 
 from mitmproxy import http
 
-from addon.hosts import parse_authority
 from addon.live import LivePolicy
-from addon.paths import canonicalize
 from addon.policy import Reason
 from store.errors import CredproxyError, InvalidInput
+from store.grammar import canonicalize, parse_authority
 
 INTERNAL_HOST = "credproxy.internal"
 RECORDED_REASONS = frozenset({Reason.NO_GRANT, Reason.METHOD_NOT_ALLOWED, Reason.PATH_NOT_ALLOWED})

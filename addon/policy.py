@@ -12,10 +12,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import NamedTuple
 
-from addon.paths import path_matches
 from addon.stamping import Stamp
 from store.crypto import token_matches
-from store.patterns import HostPattern
+from store.grammar import HostPattern, path_matches
 from store.records import TOMBSTONE_RETENTION, CredentialRecord, GrantRecord, Snapshot
 
 

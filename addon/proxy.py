@@ -28,14 +28,21 @@ from mitmproxy.proxy.layers.tls import ClientTLSLayer
 from addon import audit, wire, wsredact
 from addon.access import HOW_TO_ASK, INTERNAL_HOST, MAX_BODY, RECORDED_REASONS, AccessRequests
 from addon.guard import DestinationGuard
-from addon.hosts import BadAuthority, ResolveMap, normalize_host, parse_authority
+from addon.hosts import ResolveMap
 from addon.live import LivePolicy
 from addon.metrics import Metrics, StreakAlerts
-from addon.paths import BadPath, canonicalize
 from addon.policy import DEFAULT_PORTS, STATUS, Decision, Policy, Reason, Request, Rule
 from addon.redact import Decoder, Redactor
 from addon.stamping import slot, stamp_query
 from store.errors import CredproxyError
+from store.grammar import (
+    BadAuthority,
+    BadPath,
+    canonicalize,
+    is_ip,
+    normalize_host,
+    parse_authority,
+)
 
 REQUIRED_OPTIONS = {
     "connection_strategy": "lazy",
@@ -230,7 +237,7 @@ class Credproxy:
             data.context.server.sni = tunnel.host
             sni = data.client_hello.sni
             if sni is None:
-                tunnel.sni_mismatch = not _is_ip(tunnel.host)
+                tunnel.sni_mismatch = not is_ip(tunnel.host)
             else:
                 try:
                     tunnel.sni_mismatch = normalize_host(sni) != tunnel.host
@@ -826,16 +833,6 @@ def _is_tls_to_the_proxy(layers: list[Layer]) -> bool:
     """
     last = max(i for i, layer in enumerate(layers) if isinstance(layer, ClientTLSLayer))
     return not any(isinstance(layer, HttpLayer) for layer in layers[:last])
-
-
-def _is_ip(host: str) -> bool:
-    import ipaddress
-
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return True
 
 
 __all__ = ["Credproxy", "Decision"]

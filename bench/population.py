@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from sqlalchemy import insert, update
 
 from store.crypto import MasterKey, Secret, hash_token, new_token
+from store.grammar import parse_host, validate_method, validate_name, validate_path_pattern
 from store.models import Credential, Grant, Principal, StoreState, utcnow
-from store.patterns import parse_host, validate_method, validate_name, validate_path_pattern
 from store.repository import Store, _context
 
 HOST = "bench.test"

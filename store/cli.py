@@ -20,7 +20,7 @@ from typing import Any, NoReturn
 from store.ca import PUBLIC_CERT, ensure_ca
 from store.crypto import KEY_ENV, MasterKey, Secret, load_master_key, write_key_file
 from store.errors import CredproxyError, InvalidInput, MasterKeyError
-from store.patterns import parse_expiry
+from store.grammar import parse_expiry
 from store.repository import APPROVED, DENIED, REQUEST_STATES, SCHEMES, Store
 
 DEFAULT_DB = "sqlite:///credproxy.db"

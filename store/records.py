@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from store.crypto import Secret
-from store.patterns import HostPattern
+from store.grammar import HostPattern
 
 # An expired grant stays in the snapshot this long, so that it answers grant-expired rather
 # than reading as never granted; then every replica forgets it alike.

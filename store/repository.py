@@ -42,8 +42,7 @@ from store.errors import (
     SealError,
     StoreUnavailable,
 )
-from store.models import AccessRequest, Credential, Grant, Principal, StoreState, utcnow
-from store.patterns import (
+from store.grammar import (
     HostPattern,
     parse_host,
     validate_header_name,
@@ -52,6 +51,7 @@ from store.patterns import (
     validate_param_name,
     validate_path_pattern,
 )
+from store.models import AccessRequest, Credential, Grant, Principal, StoreState, utcnow
 from store.records import TOMBSTONE_RETENTION, CredentialRecord, GrantRecord, Snapshot
 
 SCHEMES = ("bearer", "header", "basic", "query")

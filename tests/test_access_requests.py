@@ -18,8 +18,8 @@ from addon.access import AccessRequests
 from addon.live import LivePolicy
 from store.crypto import Secret
 from store.errors import InvalidInput, NotFound
+from store.grammar import HostPattern
 from store.models import utcnow
-from store.patterns import HostPattern
 from store.repository import MAX_PENDING_PER_PRINCIPAL, Store
 from tests.test_cli import Call, Cli
 

@@ -34,7 +34,7 @@ from addon.policy import STATUS, Policy, Reason, Request, Rule
 from addon.proxy import Credproxy, Tunnel
 from addon.redact import MARK, Redactor
 from store.crypto import Secret, hash_token
-from store.patterns import parse_host
+from store.grammar import parse_host
 from store.records import Snapshot
 from tests.e2e.conftest import Proxy, start_proxy, stop_proxy
 from tests.e2e.raw import Reply, proxy_auth, read_reply

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from addon.policy import Policy, Reason, Request
 from store.crypto import Secret, hash_token
-from store.patterns import parse_host
+from store.grammar import parse_host
 from store.records import TOMBSTONE_RETENTION as RETENTION
 from store.records import CredentialRecord, GrantRecord, Snapshot
 

@@ -19,11 +19,11 @@ from mitmproxy.proxy import context, server_hooks
 from mitmproxy.test import taddons, tflow
 
 from addon.hosts import ResolveMap
-from addon.paths import BadPath, canonicalize, path_matches
 from addon.policy import Policy
 from addon.proxy import Credproxy, Tunnel
 from store.crypto import hash_token
 from store.errors import StoreUnavailable
+from store.grammar import BadPath, canonicalize, path_matches
 from store.records import Snapshot
 from tests.test_policy import CRED, grant
 

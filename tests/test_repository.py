@@ -17,8 +17,8 @@ from store.errors import (
     SealError,
     StoreUnavailable,
 )
+from store.grammar import HostPattern
 from store.models import Credential, Grant, Principal, utcnow
-from store.patterns import HostPattern
 from store.records import TOMBSTONE_RETENTION
 from store.repository import Store
 
