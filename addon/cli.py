@@ -11,6 +11,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
+from addon import runner
 from addon.argtypes import count
 from store.ca import PUBLIC_CERT, ensure_ca
 from store.crypto import KEY_ENV, MasterKey, Secret, write_key_file
@@ -167,10 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = key.add_parser("rotate", parents=[common], help="re-seal every secret under a new key")
     _json_flag(p)
     p.set_defaults(func=cmd_key_rotate)
-
-    from addon import runner  # `run`'s flags are the runner's; it imports mitmproxy only to run
-
-    runner.add_command(sub, common)
+    runner.add_command(sub, common)  # mitmproxy is imported only when `run` runs
     return parser
 
 

@@ -15,6 +15,7 @@ import socket
 import stat
 import subprocess
 import sys
+import tomllib
 import urllib.parse
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -205,6 +206,12 @@ def session(tmp_path_factory: pytest.TempPathFactory) -> Session:
         grants=json.loads(grants),
         secrets=sec,
     )
+
+
+def test_the_installed_credproxy_runs_the_main_these_tests_run() -> None:
+    pyproject = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    assert pyproject["project"]["scripts"] == {"credproxy": "addon.cli:main"}
+    assert COMMAND[1:] == ["-m", "addon.cli"]
 
 
 def test_init_reports_what_it_created(session: Session) -> None:
