@@ -16,6 +16,7 @@ from addon.live import LivePolicy
 from addon.policy import Reason
 from store.errors import CredproxyError, InvalidInput
 from store.grammar import canonicalize, parse_authority
+from store.records import AccessRequestEntry
 
 INTERNAL_HOST = "credproxy.internal"
 RECORDED_REASONS = frozenset({Reason.NO_GRANT, Reason.METHOD_NOT_ALLOWED, Reason.PATH_NOT_ALLOWED})
@@ -163,7 +164,7 @@ class AccessRequests:
         return _reply(202, {"id": request_id, "state": state})
 
 
-def _public(found: dict[str, Any]) -> dict[str, Any]:
+def _public(found: AccessRequestEntry) -> dict[str, Any]:
     keys = (
         "id",
         "host",
@@ -176,7 +177,7 @@ def _public(found: dict[str, Any]) -> dict[str, Any]:
         "grant_id",
         "decision_reason",
     )
-    return {k: found.get(k) for k in keys}
+    return {k: getattr(found, k) for k in keys}
 
 
 def _unavailable() -> http.Response:

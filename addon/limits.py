@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from addon import audit
+from addon.argtypes import count, seconds
 from addon.policy import STATUS, Reason
-from store.cli import count, seconds
 from store.errors import InvalidInput
 
 if TYPE_CHECKING:

@@ -139,18 +139,17 @@ class LivePolicy:
             return  # the next reload tries again from the same point
         for row in decided:
             self._log.info(
-                f"access_request.{row['state']}",
-                id=row["id"],
-                principal=row["principal"],
-                host=row["host"],
-                port=row["port"],
-                method=row["method"],
-                path=row["path"],
-                grant_id=row["grant_id"],
+                f"access_request.{row.state}",
+                id=row.id,
+                principal=row.principal,
+                host=row.host,
+                port=row.port,
+                method=row.method,
+                path=row.path,
+                grant_id=row.grant_id,
             )
-            self._decided_since = max(
-                self._decided_since, datetime.fromisoformat(row["decided_at"])
-            )
+            if row.decided_at is not None:  # always set: the query asks for decided ones
+                self._decided_since = max(self._decided_since, row.decided_at)
 
     def _down(self, error: CredproxyError) -> None:
         if self.store_up:

@@ -17,12 +17,13 @@ import certifi
 
 from addon import audit
 from addon.admin import AdminServer
+from addon.argtypes import count, seconds
 from addon.guard import DestinationGuard
 from addon.hosts import ResolveMap
 from addon.limits import LimitSettings, add_limit_flags
-from store.cli import Settings, count, seconds
 from store.errors import CredproxyError, InvalidInput
 from store.repository import Store
+from store.settings import Settings
 
 DRAIN_POLL = 0.05
 # After the drain deadline, how long closing the remaining connections may take.

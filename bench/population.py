@@ -14,8 +14,9 @@ from sqlalchemy import insert, update
 
 from store.crypto import MasterKey, Secret, hash_token, new_token
 from store.grammar import parse_host, validate_method, validate_name, validate_path_pattern
+from store.keys import seal
 from store.models import Credential, Grant, Principal, StoreState, utcnow
-from store.repository import Store, _context
+from store.repository import Store
 
 HOST = "bench.test"
 PATH = "/bench/item"
@@ -77,7 +78,7 @@ def populate(store: Store, key: MasterKey, spec: Population) -> list[tuple[str, 
     for k in range(spec.credentials):
         name = validate_name("credential", f"cred-{k:04d}")
         secret = Secret(secrets.token_urlsafe(32).encode())
-        key_id, nonce, ciphertext = key.seal(secret.reveal(), _context(name))
+        key_id, nonce, ciphertext = seal(key, name, secret)
         credentials.append(
             {
                 "id": k + 1,

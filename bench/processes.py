@@ -15,7 +15,7 @@ from addon.proxy import REQUIRED_OPTIONS
 from addon.runner import _trust_bundle
 
 ROOT = Path(__file__).resolve().parent.parent
-CREDPROXY = [sys.executable, "-m", "addon.main"]
+CREDPROXY = [sys.executable, "-m", "addon.cli"]
 START_TIMEOUT = 60.0
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 

@@ -1,4 +1,8 @@
-"""What the proxy reads from the store: plain frozen records, no database types."""
+"""What the store hands out: plain frozen records, no database types.
+
+The proxy reads a Snapshot (CredentialRecord, GrantRecord); the operator's listings and the
+agent's access requests read as the *Entry records.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +15,8 @@ from store.grammar import HostPattern
 # An expired grant stays in the snapshot this long, so that it answers grant-expired rather
 # than reading as never granted; then every replica forgets it alike.
 TOMBSTONE_RETENTION = timedelta(days=7)
+PENDING, APPROVED, DENIED = "pending", "approved", "denied"
+REQUEST_STATES = (PENDING, APPROVED, DENIED)
 
 
 @dataclass(frozen=True)
@@ -48,3 +54,60 @@ class Snapshot:
     credentials: dict[str, CredentialRecord]
     grants: tuple[GrantRecord, ...]
     unreadable: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class PrincipalEntry:
+    name: str
+    created_at: datetime
+
+
+@dataclass(frozen=True)
+class CredentialEntry:
+    """A live credential as listed: its sealed secret stays in the store."""
+
+    name: str
+    scheme: str
+    header_name: str | None
+    param_name: str | None
+    hosts: list[str]
+    fingerprint: str
+    created_at: datetime
+    rotated_at: datetime | None
+
+
+@dataclass(frozen=True)
+class GrantEntry:
+    """A grant as listed, in any state; hosts None means the credential's."""
+
+    id: int
+    principal: str
+    credential: str | None
+    hosts: list[str] | None
+    methods: list[str]
+    paths: list[str]
+    once: bool
+    websocket: bool
+    expires_at: datetime | None
+    purpose: str | None
+    created_at: datetime
+    state: str  # active, expired, consumed or revoked
+
+
+@dataclass(frozen=True)
+class AccessRequestEntry:
+    id: int
+    principal: str
+    host: str
+    port: int
+    method: str
+    path: str
+    purpose: str | None
+    source: str  # auto (recorded on a denial) or explicit (asked for)
+    state: str  # one of REQUEST_STATES
+    count: int
+    first_seen: datetime
+    last_seen: datetime
+    decided_at: datetime | None
+    decision_reason: str | None
+    grant_id: int | None

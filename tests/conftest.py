@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import secrets
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psycopg
@@ -88,3 +88,17 @@ def store(db_url: str, key: MasterKey) -> Iterator[Store]:
     s.check_key(adopt=True)
     yield s
     s.close()
+
+
+@pytest.fixture
+def open_store(db_url: str) -> Iterator[Callable[[MasterKey | None], Store]]:
+    """Open more stores on the same database (another replica, another key); closed after."""
+    opened: list[Store] = []
+
+    def open_(key: MasterKey | None) -> Store:
+        opened.append(Store(db_url, key))
+        return opened[-1]
+
+    yield open_
+    for s in opened:
+        s.close()

@@ -16,11 +16,13 @@ from mitmproxy.test import tflow
 from addon import audit
 from addon.access import AccessRequests
 from addon.live import LivePolicy
+from store.access_requests import MAX_PENDING_PER_PRINCIPAL
 from store.crypto import Secret
 from store.errors import InvalidInput, NotFound
 from store.grammar import HostPattern
 from store.models import utcnow
-from store.repository import MAX_PENDING_PER_PRINCIPAL, Store
+from store.records import AccessRequestEntry
+from store.repository import Store
 from tests.test_cli import Call, Cli
 
 SECRET = Secret(b"ghp_0123456789abcdef")
@@ -51,8 +53,8 @@ def _record(store: Store, **overrides: Any) -> int:
     return request_id
 
 
-def _request(store: Store, request_id: int) -> dict[str, Any]:
-    (found,) = [r for r in store.list_access_requests() if r["id"] == request_id]
+def _request(store: Store, request_id: int) -> AccessRequestEntry:
+    (found,) = [r for r in store.list_access_requests() if r.id == request_id]
     return found
 
 
@@ -63,8 +65,8 @@ def test_a_repeated_denial_bumps_the_count_of_one_request(seeded: Store) -> None
     first = _record(seeded)
     assert _record(seeded) == first
     (request,) = seeded.list_access_requests()
-    assert (request["count"], request["source"], request["purpose"]) == (2, "auto", None)
-    assert request["last_seen"] >= request["first_seen"]
+    assert (request.count, request.source, request.purpose) == (2, "auto", None)
+    assert request.last_seen >= request.first_seen
     assert _record(seeded, method="GET") != first
 
 
@@ -73,8 +75,8 @@ def test_an_explicit_ask_for_a_pending_request_adds_its_purpose(seeded: Store) -
     again = _record(seeded, purpose="file the nightly report", explicit=True)
     assert again == first
     request = _request(seeded, first)
-    assert (request["count"], request["source"]) == (2, "explicit")
-    assert request["purpose"] == "file the nightly report"
+    assert (request.count, request.source) == (2, "explicit")
+    assert request.purpose == "file the nightly report"
 
 
 async def _ask_repeatedly(store: Store, times: int, **body: str) -> list[Any]:
@@ -109,7 +111,7 @@ async def test_identical_explicit_asks_make_one_store_write_per_window(seeded: S
     assert first_status == 202
     assert all(reply == (202, {"id": first["id"], "state": "pending"}) for reply in rest)
     (request,) = seeded.list_access_requests()
-    assert (request["id"], request["count"], request["source"]) == (first["id"], 1, "explicit")
+    assert (request.id, request.count, request.source) == (first["id"], 1, "explicit")
 
 
 async def test_a_refused_explicit_ask_is_not_remembered(seeded: Store) -> None:
@@ -124,7 +126,7 @@ def test_a_decided_request_is_not_reused(seeded: Store) -> None:
     seeded.deny_access_request(first)
     second = _record(seeded)
     assert second != first
-    assert [r["state"] for r in seeded.list_access_requests()] == ["denied", "pending"]
+    assert [r.state for r in seeded.list_access_requests()] == ["denied", "pending"]
 
 
 def test_pending_requests_are_capped_per_principal(seeded: Store) -> None:
@@ -210,7 +212,7 @@ def test_an_asked_for_ipv6_host_is_approved_in_brackets(seeded: Store) -> None:
     request_id = _record(seeded, host="2001:db8::1", port=8443, explicit=True, purpose="x")
     grant_id = seeded.approve_access_request(request_id)
     (grant,) = seeded.list_grants()
-    assert (grant["id"], grant["hosts"]) == (grant_id, ["[2001:db8::1]:8443"])
+    assert (grant.id, grant.hosts) == (grant_id, ["[2001:db8::1]:8443"])
 
 
 # -- reading ---------------------------------------------------------------------------
@@ -221,7 +223,7 @@ def test_a_principal_reads_only_its_own_requests(seeded: Store) -> None:
     theirs = _record(seeded, principal="other")
     request = seeded.get_access_request("agent", mine)
     assert request is not None
-    assert (request["principal"], request["state"], request["path"]) == ("agent", "pending", ISSUES)
+    assert (request.principal, request.state, request.path) == ("agent", "pending", ISSUES)
     assert seeded.get_access_request("agent", theirs) is None
     assert seeded.get_access_request("other", mine) is None
     assert seeded.get_access_request("agent", 10_000) is None
@@ -237,10 +239,10 @@ def test_the_list_filters_by_state(seeded: Store) -> None:
     pending, denied, approved = (_record(seeded, path=f"/p/{i}") for i in range(3))
     seeded.deny_access_request(denied)
     seeded.approve_access_request(approved, credential="gh")
-    assert [r["id"] for r in seeded.list_access_requests()] == [pending, denied, approved]
-    assert [r["id"] for r in seeded.list_access_requests("pending")] == [pending]
-    assert [r["id"] for r in seeded.list_access_requests("denied")] == [denied]
-    assert [r["id"] for r in seeded.list_access_requests("approved")] == [approved]
+    assert [r.id for r in seeded.list_access_requests()] == [pending, denied, approved]
+    assert [r.id for r in seeded.list_access_requests("pending")] == [pending]
+    assert [r.id for r in seeded.list_access_requests("denied")] == [denied]
+    assert [r.id for r in seeded.list_access_requests("approved")] == [approved]
     with pytest.raises(InvalidInput, match="invalid state"):
         seeded.list_access_requests("open")
 
@@ -260,10 +262,10 @@ def test_approval_creates_a_working_grant_and_links_it(seeded: Store) -> None:
     assert (grant.methods, grant.paths) == (frozenset({"POST"}), (ISSUES,))
     assert (grant.once, grant.websocket, grant.expires_at) == (False, False, None)
     request = _request(seeded, request_id)
-    assert (request["state"], request["grant_id"]) == ("approved", grant_id)
-    assert request["decided_at"] is not None
+    assert (request.state, request.grant_id) == ("approved", grant_id)
+    assert request.decided_at is not None
     (listed,) = seeded.list_grants()
-    assert listed["purpose"] == f"access request {request_id}: file issues"
+    assert listed.purpose == f"access request {request_id}: file issues"
 
 
 def test_approval_can_narrow_the_path_and_the_lifetime(seeded: Store) -> None:
@@ -326,7 +328,7 @@ def test_a_failed_approval_leaves_the_request_pending_and_no_grant(
     with pytest.raises((InvalidInput, NotFound), match=says):
         seeded.approve_access_request(request_id, **approval)
     assert _unchanged(seeded) == before
-    assert _request(seeded, request_id)["state"] == "pending"
+    assert _request(seeded, request_id).state == "pending"
 
 
 def test_a_request_is_decided_once(seeded: Store) -> None:
@@ -343,7 +345,7 @@ def test_a_request_is_decided_once(seeded: Store) -> None:
     with pytest.raises(InvalidInput, match=f"request {denied} is denied, not pending"):
         seeded.deny_access_request(denied)
     assert _unchanged(seeded) == before
-    assert [g["id"] for g in seeded.list_grants()] == [grant_id]
+    assert [g.id for g in seeded.list_grants()] == [grant_id]
 
 
 def test_an_unknown_request_is_not_found(seeded: Store) -> None:
@@ -360,8 +362,8 @@ def test_denial_records_the_reason(seeded: Store) -> None:
     request_id = _record(seeded)
     seeded.deny_access_request(request_id, "use the read-only token")
     request = _request(seeded, request_id)
-    assert (request["state"], request["decision_reason"]) == ("denied", "use the read-only token")
-    assert (request["grant_id"], request["decided_at"] is not None) == (None, True)
+    assert (request.state, request.decision_reason) == ("denied", "use the read-only token")
+    assert (request.grant_id, request.decided_at is not None) == (None, True)
     assert seeded.snapshot().grants == ()
 
 
@@ -369,7 +371,7 @@ def test_a_reason_is_one_printable_line(seeded: Store) -> None:
     request_id = _record(seeded)
     with pytest.raises(InvalidInput, match="invalid reason"):
         seeded.deny_access_request(request_id, "no\x1b[1A")
-    assert _request(seeded, request_id)["state"] == "pending"
+    assert _request(seeded, request_id).state == "pending"
 
 
 def test_removing_a_principal_denies_its_pending_requests(seeded: Store) -> None:
@@ -377,7 +379,7 @@ def test_removing_a_principal_denies_its_pending_requests(seeded: Store) -> None
     theirs = _record(seeded, principal="other")
     seeded.approve_access_request(approved, credential="gh")
     seeded.remove_principal("agent")
-    states = {r["id"]: (r["state"], r["decision_reason"]) for r in seeded.list_access_requests()}
+    states = {r.id: (r.state, r.decision_reason) for r in seeded.list_access_requests()}
     assert states == {
         approved: ("approved", None),
         pending: ("denied", "principal removed"),
@@ -548,4 +550,4 @@ def test_cli_bad_input_changes_nothing(bad_round: BadRound) -> None:
     assert bad_round.after == bad_round.before
     _, grants, requests = bad_round.after
     assert len(grants) == 1
-    assert [r["state"] for r in requests] == ["approved", "denied", "pending", "pending"]
+    assert [r.state for r in requests] == ["approved", "denied", "pending", "pending"]

@@ -1,4 +1,4 @@
-"""The real `credproxy` entry point, run as a subprocess.
+"""The `credproxy` entry point (`addon.cli:main`), run as a subprocess.
 
 Each start costs a second or two of imports, so independent commands run concurrently and one
 store, set up the way an operator would, serves most tests.
@@ -15,6 +15,7 @@ import socket
 import stat
 import subprocess
 import sys
+import tomllib
 import urllib.parse
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -24,12 +25,14 @@ from typing import Any, NamedTuple
 
 import pytest
 from cryptography import x509
+from sqlalchemy import select
 
 from store.crypto import load_master_key
+from store.models import Principal
 from store.repository import Store
 
-ENTRY = Path(sys.executable).parent / "credproxy"
-COMMAND = [str(ENTRY)] if ENTRY.exists() else [sys.executable, "-m", "addon.main"]
+# The installed console script may predate the checkout; `-m` runs the checkout's own main().
+COMMAND = [sys.executable, "-m", "addon.cli"]
 ADVERTISE = "10.0.0.5:3128"
 WRONG_KEY = base64.b64encode(bytes(range(32))).decode()
 # Where CREDPROXY_* point when a command must find its locations through flags instead.
@@ -102,12 +105,23 @@ class Cli:
         return Store(f"sqlite:///{self.db_file}", load_master_key(self.key_file, {}))
 
 
+def _token_hashes(store: Store) -> list[tuple[str, str]]:
+    """Each live principal's token hash, which no listing shows."""
+    query = (
+        select(Principal.name, Principal.token_hash)
+        .where(Principal.disabled_at.is_(None))
+        .order_by(Principal.name)
+    )
+    with store.engine.connect() as connection:
+        return [(name, token_hash) for name, token_hash in connection.execute(query)]
+
+
 def _state(cli: Cli) -> tuple[Any, ...]:
     store = cli.store()
     try:
         return (
             store.change_counter(),
-            [(p.name, p.token_hash) for p in store.list_principals()],
+            _token_hashes(store),
             [(c.name, c.fingerprint, c.hosts) for c in store.list_credentials()],
             store.list_grants(),
         )
@@ -192,6 +206,12 @@ def session(tmp_path_factory: pytest.TempPathFactory) -> Session:
         grants=json.loads(grants),
         secrets=sec,
     )
+
+
+def test_the_installed_credproxy_runs_the_main_these_tests_run() -> None:
+    pyproject = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    assert pyproject["project"]["scripts"] == {"credproxy": "addon.cli:main"}
+    assert COMMAND[1:] == ["-m", "addon.cli"]
 
 
 def test_init_reports_what_it_created(session: Session) -> None:

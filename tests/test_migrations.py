@@ -9,7 +9,8 @@ from alembic.script import ScriptDirectory
 from store.crypto import MasterKey, hash_token
 from store.errors import StoreUnavailable
 from store.models import UTCDateTime
-from store.repository import MIGRATIONS, SCHEMA_HEAD, Store
+from store.repository import Store
+from store.schema import MIGRATIONS, SCHEMA_HEAD
 
 TABLES = {
     "alembic_version", "store_state", "principals", "credentials", "grants", "access_requests"
@@ -130,8 +131,8 @@ def test_upgrade_from_0001_keeps_the_data(bare: Store, key: MasterKey) -> None:
     (principal,) = bare.list_principals()
     assert (principal.name, principal.created_at) == ("agent", CREATED)
     (grant,) = bare.list_grants()
-    assert (grant["principal"], grant["credential"], grant["paths"]) == ("agent", "gh", ["/v1/"])
-    assert grant["websocket"] is False
+    assert (grant.principal, grant.credential, grant.paths) == ("agent", "gh", ["/v1/"])
+    assert grant.websocket is False
     snap = bare.snapshot()
     assert snap.credentials["gh"].secret.reveal() == b"ghp_secret"
     assert [g.id for g in snap.grants] == [1]
@@ -156,3 +157,12 @@ def test_database_with_two_versions_is_not_ready(bare: Store) -> None:
     assert bare.schema_revision() == f"0002, {_head()}"
     with pytest.raises(StoreUnavailable, match=f"schema 0002, {_head()}, not {_head()}"):
         bare.check_ready()
+
+
+def test_a_schema_from_a_newer_credproxy_is_refused_in_one_line(store: Store) -> None:
+    with store.engine.begin() as conn:
+        conn.exec_driver_sql("UPDATE alembic_version SET version_num = '9999'")
+    for attempt in (store.migrate, store.check_ready):
+        with pytest.raises(StoreUnavailable, match="at schema 9999, newer than") as info:
+            attempt()
+        assert "\n" not in str(info.value)

@@ -267,8 +267,8 @@ def test_kill_9_under_load_never_reuses_a_once_grant(
         statuses = [s for f in futures for s in f.result()]
     assert statuses.count(200) <= 1
     assert len([r for r in upstream.log.requests if r.target == "/v1/once"]) <= 1
-    [row] = [g for g in victim.store.list_grants(agent) if g["id"] == grant_id]
-    assert row["state"] in ("active", "consumed")
+    [row] = [g for g in victim.store.list_grants(agent) if g.id == grant_id]
+    assert row.state in ("active", "consumed")
 
     # The restarted replica serves correctly from the same store.
     restarted = start_proxy(
@@ -285,8 +285,8 @@ def test_kill_9_under_load_never_reuses_a_once_grant(
     try:
         upstream.log.clear()
         reply = get(restarted, agent, token)
-        assert reply.status_code == (200 if row["state"] == "active" else 403)
-        assert len(upstream.log.requests) == (1 if row["state"] == "active" else 0)
+        assert reply.status_code == (200 if row.state == "active" else 403)
+        assert len(upstream.log.requests) == (1 if row.state == "active" else 0)
     finally:
         victim.store.close()
 

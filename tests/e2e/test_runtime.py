@@ -219,7 +219,7 @@ def test_a_store_file_replaced_under_the_proxy_is_reloaded(running: Running) -> 
     with running.client() as client:
         assert client.get("https://api.test/v1").status_code == 200
         (grant,) = running.store.list_grants()
-        _restore(db, lambda store: store.revoke_grant(grant["id"]))
+        _restore(db, lambda store: store.revoke_grant(grant.id))
         deadline = time.monotonic() + 5
         status = 200
         while status == 200 and time.monotonic() < deadline:
@@ -244,7 +244,7 @@ def test_a_store_file_deleted_under_the_proxy_is_an_outage(running: Running) -> 
 def test_spent_grants_keep_their_reasons_across_a_restart(running: Running) -> None:
     store = running.store
     (standing,) = store.list_grants()
-    store.revoke_grant(standing["id"])
+    store.revoke_grant(standing.id)
     store.add_grant("agent", ["GET"], credential="gh", paths=["/v1/"])
     store.add_grant("agent", ["GET"], credential="gh", paths=["/once/"], once=True)
     target = store.change_counter()

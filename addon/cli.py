@@ -1,99 +1,47 @@
-"""The operator's CLI: `credproxy init | principal | credential | grant | request | key`.
-
-The `run` command is added by the addon package, which owns the proxy; the store stays
-free of mitmproxy.
-"""
+"""The operator's CLI: `credproxy init | principal | credential | grant | request | key | run`."""
 
 from __future__ import annotations
 
 import argparse
+import gc
 import getpass
 import json
-import math
 import os
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, NoReturn
 
+from addon import runner
+from addon.argtypes import count
 from store.ca import PUBLIC_CERT, ensure_ca
-from store.crypto import KEY_ENV, MasterKey, Secret, load_master_key, write_key_file
+from store.crypto import KEY_ENV, MasterKey, Secret, write_key_file
 from store.errors import CredproxyError, InvalidInput, MasterKeyError
 from store.grammar import parse_expiry
-from store.repository import APPROVED, DENIED, REQUEST_STATES, SCHEMES, Store
+from store.records import (
+    APPROVED,
+    DENIED,
+    REQUEST_STATES,
+    AccessRequestEntry,
+    CredentialEntry,
+    GrantEntry,
+)
+from store.repository import Store
+from store.settings import Settings
+from store.validation import SCHEMES
 
-DEFAULT_DB = "sqlite:///credproxy.db"
-DEFAULT_KEY_FILE = "credproxy.key"
-DEFAULT_CERTS = "certs"
-DEFAULT_ADVERTISE = "127.0.0.1:8080"
 MAX_SECRET = 64 * 1024
-MAX_ID = 2**63 - 1  # the databases' BIGINT; past it SQLite raises rather than finds nothing
+# The store's messages name their inputs plainly; the operator reads them as these flags.
+FLAGS = {
+    "host": "--host",
+    "method": "--method",
+    "credential": "--credential",
+    "path": "--path",
+    "header": "--header NAME",
+    "param": "--param NAME",
+    "scheme": "--scheme",
+}
 
-Handler = Callable[[argparse.Namespace, "Settings"], int]
-
-
-@dataclass(frozen=True)
-class Settings:
-    """Where the store, key and CA live, resolved once from flags and environment."""
-
-    db: str
-    key_file: Path
-    certs: Path
-    advertise: str
-    json: bool
-
-    @classmethod
-    def resolve(cls, args: argparse.Namespace) -> Settings:
-        env = os.environ
-        return cls(
-            db=args.db or env.get("CREDPROXY_DB") or DEFAULT_DB,
-            key_file=Path(args.key_file or env.get("CREDPROXY_KEY_FILE") or DEFAULT_KEY_FILE),
-            certs=Path(args.certs or env.get("CREDPROXY_CERTS") or DEFAULT_CERTS),
-            advertise=env.get("CREDPROXY_ADVERTISE") or DEFAULT_ADVERTISE,
-            json=bool(getattr(args, "json", False)),
-        )
-
-    def key(self) -> MasterKey:
-        return load_master_key(self.key_file, os.environ)
-
-    def store(self) -> Store:
-        """Open the store and check that it is migrated and that the key is its own."""
-        store = Store(self.db, self.key())
-        store.check_ready()
-        return store
-
-
-def seconds(*, allow_inf: bool = False) -> Callable[[str], float]:
-    """An argparse type: a non-negative number of seconds; never NaN, `inf` only if allowed."""
-
-    def parse(text: str) -> float:
-        try:
-            # float() also takes other scripts' digits and `1_0`: plain ASCII only.
-            if not text.isascii() or "_" in text:
-                raise ValueError(text)
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"invalid number of seconds {text!r}") from None
-        if math.isnan(value) or value < 0 or (math.isinf(value) and not allow_inf):
-            finite = "" if allow_inf else "finite, "
-            raise argparse.ArgumentTypeError(f"{text!r} must be a {finite}non-negative number")
-        return value
-
-    return parse
-
-
-def count(minimum: int, maximum: int = MAX_ID) -> Callable[[str], int]:
-    """An argparse type: a whole number in [minimum, maximum], in plain ASCII digits."""
-
-    def parse(text: str) -> int:
-        if not (text.isascii() and text.isdigit()) or not minimum <= int(text) <= maximum:
-            raise argparse.ArgumentTypeError(
-                f"{text!r} must be a whole number from {minimum} to {maximum}"
-            )
-        return int(text)
-
-    return parse
+Handler = Callable[[argparse.Namespace, Settings], int]
 
 
 identifier = count(1)
@@ -121,8 +69,7 @@ def _json_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="machine-readable output")
 
 
-def build_parser() -> tuple[argparse.ArgumentParser, Any, _Parser]:
-    """Returns the parser, its subcommand action, and the common-options parent."""
+def build_parser() -> argparse.ArgumentParser:
     common = _common()
     parser = _Parser(prog="credproxy", description=__doc__.splitlines()[0])
     parser.add_argument("--db", default=None, help=argparse.SUPPRESS)
@@ -221,7 +168,8 @@ def build_parser() -> tuple[argparse.ArgumentParser, Any, _Parser]:
     p = key.add_parser("rotate", parents=[common], help="re-seal every secret under a new key")
     _json_flag(p)
     p.set_defaults(func=cmd_key_rotate)
-    return parser, sub, common
+    runner.add_command(sub, common)  # mitmproxy is imported only when `run` runs
+    return parser
 
 
 def run(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> int:
@@ -231,7 +179,7 @@ def run(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> i
         handler: Handler = args.func
         return handler(args, settings)
     except CredproxyError as e:
-        print(f"credproxy: error: {e}", file=sys.stderr)
+        print(f"credproxy: error: {worded(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
@@ -240,9 +188,22 @@ def run(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> i
         return 2
 
 
+def worded(error: CredproxyError) -> str:
+    """The error's message, naming its inputs as this CLI's flags."""
+    return error.worded(FLAGS) if isinstance(error, InvalidInput) else str(error)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser, _, _ = build_parser()
-    return run(parser, argv)
+    # Start-up builds only long-lived objects (modules, the compiled policy): cycle collections
+    # would walk them again and again for nothing. `run` freezes them and turns the collector
+    # back on once it listens.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return run(build_parser(), argv)
+    finally:
+        if collecting:
+            gc.enable()
 
 
 # -- output --------------------------------------------------------------------------
@@ -376,20 +337,21 @@ def cmd_credential_add(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _credential_row(c: CredentialEntry) -> dict[str, Any]:
+    return {
+        "name": c.name,
+        "scheme": c.scheme,
+        "header": c.header_name,
+        "param": c.param_name,
+        "hosts": c.hosts,
+        "fingerprint": c.fingerprint,
+        "created_at": c.created_at.isoformat(timespec="seconds"),
+        "rotated_at": c.rotated_at.isoformat(timespec="seconds") if c.rotated_at else None,
+    }
+
+
 def cmd_credential_list(args: argparse.Namespace, settings: Settings) -> int:
-    rows = [
-        {
-            "name": c.name,
-            "scheme": c.scheme,
-            "header": c.header_name,
-            "param": c.param_name,
-            "hosts": c.hosts,
-            "fingerprint": c.fingerprint,
-            "created_at": c.created_at.isoformat(timespec="seconds"),
-            "rotated_at": c.rotated_at.isoformat(timespec="seconds") if c.rotated_at else None,
-        }
-        for c in settings.store().list_credentials()
-    ]
+    rows = [_credential_row(c) for c in settings.store().list_credentials()]
     _emit(
         settings,
         rows,
@@ -438,8 +400,25 @@ def cmd_grant_add(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _grant_row(g: GrantEntry) -> dict[str, Any]:
+    return {
+        "id": g.id,
+        "principal": g.principal,
+        "credential": g.credential,
+        "hosts": g.hosts,
+        "methods": g.methods,
+        "paths": g.paths,
+        "once": g.once,
+        "websocket": g.websocket,
+        "expires_at": g.expires_at.isoformat() if g.expires_at else None,
+        "purpose": g.purpose,
+        "created_at": g.created_at.isoformat(),
+        "state": g.state,
+    }
+
+
 def cmd_grant_list(args: argparse.Namespace, settings: Settings) -> int:
-    rows = settings.store().list_grants(args.principal)
+    rows = [_grant_row(g) for g in settings.store().list_grants(args.principal)]
     columns = ["id", "principal", "credential", "hosts", "methods", "paths", "once", "expires_at"]
     _emit(settings, rows, _table(rows, columns + ["state", "purpose"]))
     return 0
@@ -451,8 +430,28 @@ def cmd_grant_revoke(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _request_row(r: AccessRequestEntry) -> dict[str, Any]:
+    return {
+        "id": r.id,
+        "principal": r.principal,
+        "host": r.host,
+        "port": r.port,
+        "method": r.method,
+        "path": r.path,
+        "purpose": r.purpose,
+        "source": r.source,
+        "state": r.state,
+        "count": r.count,
+        "first_seen": r.first_seen.isoformat(),
+        "last_seen": r.last_seen.isoformat(),
+        "decided_at": r.decided_at.isoformat() if r.decided_at else None,
+        "decision_reason": r.decision_reason,
+        "grant_id": r.grant_id,
+    }
+
+
 def cmd_request_list(args: argparse.Namespace, settings: Settings) -> int:
-    rows = settings.store().list_access_requests(args.state)
+    rows = [_request_row(r) for r in settings.store().list_access_requests(args.state)]
     columns = ["id", "principal", "method", "host", "port", "path", "source", "state", "count"]
     _emit(settings, rows, _table(rows, columns + ["last_seen", "grant_id", "purpose"]))
     return 0
@@ -491,14 +490,18 @@ def cmd_key_rotate(args: argparse.Namespace, settings: Settings) -> int:
     pending.unlink(missing_ok=True)
     write_key_file(pending, new)
     try:
-        count = store.rotate_key(new)
+        resealed = store.rotate_key(new)
     except BaseException:
         pending.unlink(missing_ok=True)
         raise
     os.replace(pending, settings.key_file)
     _emit(
         settings,
-        {"key_id": new.key_id, "resealed": count},
-        [f"rotated the master key to id {new.key_id}; re-sealed {count} secret(s)"],
+        {"key_id": new.key_id, "resealed": resealed},
+        [f"rotated the master key to id {new.key_id}; re-sealed {resealed} secret(s)"],
     )
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

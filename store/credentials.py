@@ -1,0 +1,112 @@
+"""The credentials table: secrets sealed under the master key, and the hosts each is for."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from store import keys, validation
+from store.crypto import MasterKey, Secret
+from store.engine import Database, rowcount
+from store.errors import Conflict, NotFound
+from store.grammar import validate_name
+from store.models import Credential, Grant, utcnow
+from store.records import CredentialEntry
+
+
+def find(session: Session, name: str) -> Credential | None:
+    return session.scalars(
+        select(Credential).where(Credential.name == name, Credential.removed_at.is_(None))
+    ).first()
+
+
+def need(session: Session, name: str) -> Credential:
+    credential = find(session, name)
+    if credential is None:
+        raise NotFound(f"no credential named {name!r}")
+    return credential
+
+
+def add(
+    db: Database,
+    key: MasterKey,
+    name: str,
+    scheme: str,
+    hosts: Sequence[str],
+    secret: Secret,
+    header_name: str | None = None,
+    param_name: str | None = None,
+) -> str:
+    """Seal and store a credential; returns its fingerprint."""
+    validate_name("credential", name)
+    patterns = validation.credential_hosts(hosts)
+    header_name, param_name = validation.scheme_options(scheme, header_name, param_name)
+    validation.secret(scheme, secret)
+    with db.change() as session:
+        if find(session, name) is not None:
+            raise Conflict(f"credential {name!r} already exists")
+        key_id, nonce, ciphertext = keys.seal(key, name, secret)
+        fingerprint = key.fingerprint(secret)
+        session.add(
+            Credential(
+                name=name,
+                scheme=scheme,
+                header_name=header_name,
+                param_name=param_name,
+                hosts=[str(p) for p in patterns],
+                key_id=key_id,
+                nonce=nonce,
+                ciphertext=ciphertext,
+                fingerprint=fingerprint,
+                created_at=utcnow(),
+            )
+        )
+    return fingerprint
+
+
+def listing(db: Database) -> list[CredentialEntry]:
+    with db.session() as session:
+        rows = session.scalars(
+            select(Credential).where(Credential.removed_at.is_(None)).order_by(Credential.name)
+        ).all()
+        return [
+            CredentialEntry(
+                name=c.name,
+                scheme=c.scheme,
+                header_name=c.header_name,
+                param_name=c.param_name,
+                hosts=c.hosts,
+                fingerprint=c.fingerprint,
+                created_at=c.created_at,
+                rotated_at=c.rotated_at,
+            )
+            for c in rows
+        ]
+
+
+def rotate(db: Database, key: MasterKey, name: str, secret: Secret) -> str:
+    """Seal a new secret for the credential; returns its fingerprint."""
+    with db.change() as session:
+        row = need(session, name)
+        validation.secret(row.scheme, secret)
+        row.key_id, row.nonce, row.ciphertext = keys.seal(key, name, secret)
+        row.fingerprint = key.fingerprint(secret)
+        row.rotated_at = utcnow()
+        return row.fingerprint
+
+
+def remove(db: Database, name: str) -> int:
+    """Destroy the sealed secret and revoke the credential's grants; returns how many."""
+    with db.change() as session:
+        row = need(session, name)
+        now = utcnow()
+        row.removed_at = now
+        row.key_id = row.nonce = row.ciphertext = None
+        revoked = session.execute(
+            update(Grant)
+            .where(Grant.credential_id == row.id, Grant.revoked_at.is_(None))
+            .values(revoked_at=now)
+        )
+        return rowcount(revoked)

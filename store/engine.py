@@ -1,0 +1,202 @@
+"""The database behind one URL: engine, sessions, and the change counter every change bumps."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+from sqlalchemy import Connection, Engine, create_engine, event, select, update
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, NoSuchModuleError
+from sqlalchemy.orm import Session, sessionmaker
+
+from store.errors import Conflict, CredproxyError, InvalidInput, StoreUnavailable
+from store.models import StoreState
+
+
+def normalize_url(url: str) -> str:
+    if url.startswith("postgresql://") or url.startswith("postgres://"):
+        return "postgresql+psycopg://" + url.split("://", 1)[1]
+    return url
+
+
+def display_url(url: str) -> str:
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return "<unparseable database URL>"
+
+
+def sqlite_path(url: str) -> Path | None:
+    """The file behind an SQLite URL; None for PostgreSQL and in-memory databases."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        return None
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return None
+    return Path(parsed.database)
+
+
+def make_engine(url: str, *, create: bool = False) -> Engine:
+    """An engine for `url`; only with `create` may an SQLite file come into being."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError as e:
+        raise InvalidInput(f"invalid database URL {display_url(url)}") from e
+    kwargs: dict[str, Any] = {}
+    if parsed.get_backend_name() == "postgresql":
+        kwargs.update(
+            pool_size=5,
+            max_overflow=5,
+            pool_timeout=5,
+            pool_pre_ping=True,
+            connect_args={
+                "connect_timeout": 5,
+                # A replica stuck mid-transaction must not hold row locks for long.
+                "options": "-c statement_timeout=5000 -c idle_in_transaction_session_timeout=5000",
+            },
+        )
+    elif parsed.get_backend_name() == "sqlite":
+        kwargs["connect_args"] = {"timeout": 5}
+        path = sqlite_path(url)
+        if path is not None and not create:
+            if not path.is_file():
+                raise StoreUnavailable(f"no store at {path}: run credproxy init")
+            # Open read-write, never create: a store deleted or moved away must not be
+            # replaced by an empty one at the next connection.
+            parsed = parsed.set(
+                database=f"file:{quote(str(path))}", query={"mode": "rw", "uri": "true"}
+            )
+    else:
+        raise InvalidInput(f"unsupported database {display_url(url)}: use sqlite or postgresql")
+    try:
+        engine = create_engine(parsed, **kwargs)
+    except NoSuchModuleError as e:
+        raise InvalidInput(f"unsupported database driver in {display_url(url)}") from e
+    if parsed.get_backend_name() == "sqlite":
+        event.listen(engine, "connect", _sqlite_pragmas)
+    return engine
+
+
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.close()
+
+
+def rowcount(result: object) -> int:
+    """How many rows an UPDATE touched."""
+    return int(getattr(result, "rowcount", 0))
+
+
+def _first_line(e: DBAPIError) -> str:
+    text = str(e.orig) if e.orig is not None else type(e).__name__
+    return (text.strip().splitlines() or ["error"])[0][:200]
+
+
+class Database:
+    """One database URL's engine and sessions, reopened when its SQLite file is replaced."""
+
+    def __init__(self, url: str, *, create: bool = False) -> None:
+        self.url = normalize_url(url)
+        self.display_url = display_url(self.url)
+        self._reopening = threading.Lock()
+        self._open(create)
+
+    def _open(self, create: bool = False) -> None:
+        self._file = sqlite_path(self.url)
+        self.engine = make_engine(self.url, create=create)
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        self._identity = self._file_identity()
+
+    def _file_identity(self) -> tuple[int, int] | None:
+        """(st_dev, st_ino) of the SQLite file; None for PostgreSQL or before it exists."""
+        if self._file is None:
+            return None
+        try:
+            st = self._file.stat()
+        except OSError:
+            return None
+        return st.st_dev, st.st_ino
+
+    def reopen_if_replaced(self, check: Callable[[], None]) -> bool:
+        """Reopen if another file now stands at the SQLite path (a restore), then `check` it.
+
+        Returns True when it did. Raises StoreUnavailable when the file is gone, and whatever
+        `check` raises: never serve on from an unlinked file.
+        """
+        if self._file is None:
+            return False
+        with self._reopening:  # the poll and a SIGHUP reload may both look
+            identity = self._file_identity()
+            if identity is None:
+                raise StoreUnavailable(f"the store file {self._file} is gone")
+            if identity == self._identity:
+                return False
+            self.engine.dispose()
+            self._open()
+            try:
+                check()
+            except CredproxyError:
+                self._identity = None  # checked again at the next poll
+                raise
+            return True
+
+    def restrict_file(self) -> None:
+        """Make an SQLite database file private to its owner: it holds sealed secrets."""
+        if self._file is not None:
+            for suffix in ("", "-wal", "-shm"):
+                path = Path(f"{self._file}{suffix}")
+                if path.exists():
+                    path.chmod(0o600)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def failed(self, e: DBAPIError) -> StoreUnavailable:
+        return StoreUnavailable(f"database {self.display_url} failed: {_first_line(e)}")
+
+    def unreachable(self, e: DBAPIError) -> StoreUnavailable:
+        return StoreUnavailable(f"cannot reach database {self.display_url}: {_first_line(e)}")
+
+    @contextmanager
+    def session(self) -> Iterator[Session]:
+        try:
+            with self._sessions() as session:
+                yield session
+        except IntegrityError as e:
+            raise Conflict("the change conflicts with an existing record") from e
+        except DBAPIError as e:
+            raise self.failed(e) from e
+
+    @contextmanager
+    def reading(self) -> Iterator[Connection]:
+        """One read transaction on a plain connection, for rows that need no ORM objects."""
+        try:
+            with self.engine.begin() as connection:
+                yield connection
+        except DBAPIError as e:
+            raise self.failed(e) from e
+
+    @contextmanager
+    def change(self) -> Iterator[Session]:
+        """A write transaction that also bumps the change counter the proxy polls."""
+        with self.session() as session, session.begin():
+            yield session
+            session.execute(
+                update(StoreState)
+                .where(StoreState.id == 1)
+                .values(change_counter=StoreState.change_counter + 1)
+            )
+
+    def change_counter(self) -> int:
+        with self.session() as session:
+            return session.execute(
+                select(StoreState.change_counter).where(StoreState.id == 1)
+            ).scalar_one()

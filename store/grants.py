@@ -1,0 +1,136 @@
+"""The grants table: which principal may use which credential, where and how."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from store import credentials, principals, validation
+from store.engine import Database, rowcount
+from store.errors import NotFound
+from store.models import Credential, Grant, Principal, utcnow
+from store.records import GrantEntry
+
+
+def add(
+    db: Database,
+    principal: str,
+    methods: Sequence[str],
+    credential: str | None = None,
+    hosts: Sequence[str] = (),
+    paths: Sequence[str] = (),
+    once: bool = False,
+    websocket: bool = False,
+    expires_at: datetime | None = None,
+    purpose: str | None = None,
+) -> int:
+    spec = validation.grant_spec(methods, hosts, paths, expires_at)
+    with db.change() as session:
+        owner = principals.need(session, principal)
+        return insert(
+            session, owner.id, spec, credential, once=once, websocket=websocket, purpose=purpose
+        )
+
+
+def insert(
+    session: Session,
+    principal_id: int,
+    spec: validation.GrantSpec,
+    credential: str | None,
+    *,
+    once: bool,
+    websocket: bool,
+    purpose: str | None,
+) -> int:
+    """Add a grant inside the caller's transaction; returns its id."""
+    credential_id, its_hosts = None, []
+    if credential is not None:
+        cred = credentials.need(session, credential)
+        credential_id, its_hosts = cred.id, cred.hosts
+    validation.within_credential(spec, credential, its_hosts)
+    grant = Grant(
+        principal_id=principal_id,
+        credential_id=credential_id,
+        hosts=[str(p) for p in spec.hosts] or None,
+        methods=spec.methods,
+        paths=spec.paths,
+        once=once,
+        websocket=websocket,
+        expires_at=spec.expires_at,
+        purpose=purpose,
+        created_at=utcnow(),
+    )
+    session.add(grant)
+    session.flush()
+    return grant.id
+
+
+def _state(g: Grant, now: datetime) -> str:
+    if g.revoked_at is not None:
+        return "revoked"
+    if g.consumed_at is not None:
+        return "consumed"
+    if g.expires_at is not None and g.expires_at <= now:
+        return "expired"
+    return "active"
+
+
+def listing(db: Database, principal: str | None = None) -> list[GrantEntry]:
+    """Every grant, in any state; only a live principal's when `principal` is named."""
+    query = (
+        select(Grant, Principal.name, Credential.name)
+        .join(Principal, Grant.principal_id == Principal.id)
+        .outerjoin(Credential, Grant.credential_id == Credential.id)
+        .order_by(Grant.id)
+    )
+    if principal is not None:
+        query = query.where(Principal.name == principal, Principal.disabled_at.is_(None))
+    now = utcnow()
+    with db.session() as session:
+        return [
+            GrantEntry(
+                id=g.id,
+                principal=p_name,
+                credential=c_name,
+                hosts=g.hosts,
+                methods=g.methods,
+                paths=g.paths,
+                once=g.once,
+                websocket=g.websocket,
+                expires_at=g.expires_at,
+                purpose=g.purpose,
+                created_at=g.created_at,
+                state=_state(g, now),
+            )
+            for g, p_name, c_name in session.execute(query).all()
+        ]
+
+
+def revoke(db: Database, grant_id: int) -> None:
+    with db.change() as session:
+        grant = session.get(Grant, grant_id)
+        if grant is None:
+            raise NotFound(f"no grant with id {grant_id}")
+        if grant.revoked_at is None:
+            grant.revoked_at = utcnow()
+
+
+def consume_once(db: Database, grant_id: int) -> bool:
+    """Use a once-grant: True for exactly one caller, across every replica."""
+    now = utcnow()
+    with db.change() as session:
+        result = session.execute(
+            update(Grant)
+            .where(
+                Grant.id == grant_id,
+                Grant.once.is_(True),
+                Grant.consumed_at.is_(None),
+                Grant.revoked_at.is_(None),
+                (Grant.expires_at.is_(None)) | (Grant.expires_at > now),
+            )
+            .values(consumed_at=now)
+        )
+        return rowcount(result) == 1

@@ -1,0 +1,69 @@
+"""The principals table: sandboxes and agents, each known by a hashed token."""
+
+from __future__ import annotations
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from store.crypto import hash_token, new_token
+from store.engine import Database, rowcount
+from store.errors import Conflict, NotFound
+from store.grammar import validate_name
+from store.models import AccessRequest, Grant, Principal, utcnow
+from store.records import DENIED, PENDING, PrincipalEntry
+
+
+def find(session: Session, name: str, *, lock: bool = False) -> Principal | None:
+    """The live principal called `name`; `lock` holds its row until the transaction ends."""
+    query = select(Principal).where(Principal.name == name, Principal.disabled_at.is_(None))
+    return session.scalars(query.with_for_update() if lock else query).first()
+
+
+def need(session: Session, name: str, *, lock: bool = False) -> Principal:
+    principal = find(session, name, lock=lock)
+    if principal is None:
+        raise NotFound(f"no principal named {name!r}")
+    return principal
+
+
+def add(db: Database, name: str) -> str:
+    """Create a principal; returns its token, which is stored only as a hash."""
+    validate_name("principal", name)
+    token = new_token()
+    with db.change() as session:
+        if find(session, name) is not None:
+            raise Conflict(f"principal {name!r} already exists")
+        session.add(Principal(name=name, token_hash=hash_token(token), created_at=utcnow()))
+    return token
+
+
+def listing(db: Database) -> list[PrincipalEntry]:
+    with db.session() as session:
+        rows = session.execute(
+            select(Principal.name, Principal.created_at)
+            .where(Principal.disabled_at.is_(None))
+            .order_by(Principal.name)
+        ).all()
+    return [PrincipalEntry(name, created_at) for name, created_at in rows]
+
+
+def remove(db: Database, name: str) -> int:
+    """Disable the principal, revoke its grants and deny its pending requests.
+
+    Returns how many grants were revoked.
+    """
+    with db.change() as session:
+        principal = need(session, name)
+        now = utcnow()
+        principal.disabled_at = now
+        session.execute(
+            update(AccessRequest)
+            .where(AccessRequest.principal_id == principal.id, AccessRequest.state == PENDING)
+            .values(state=DENIED, decided_at=now, decision_reason="principal removed")
+        )
+        revoked = session.execute(
+            update(Grant)
+            .where(Grant.principal_id == principal.id, Grant.revoked_at.is_(None))
+            .values(revoked_at=now)
+        )
+        return rowcount(revoked)

@@ -1,0 +1,47 @@
+"""Where the store, the master key and the CA live: flags first, then CREDPROXY_*, then defaults."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from store.crypto import MasterKey, load_master_key
+from store.repository import Store
+
+DEFAULT_DB = "sqlite:///credproxy.db"
+DEFAULT_KEY_FILE = "credproxy.key"
+DEFAULT_CERTS = "certs"
+DEFAULT_ADVERTISE = "127.0.0.1:8080"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Resolved once from the command line's flags and the environment."""
+
+    db: str
+    key_file: Path
+    certs: Path
+    advertise: str
+    json: bool
+
+    @classmethod
+    def resolve(cls, args: argparse.Namespace) -> Settings:
+        env = os.environ
+        return cls(
+            db=args.db or env.get("CREDPROXY_DB") or DEFAULT_DB,
+            key_file=Path(args.key_file or env.get("CREDPROXY_KEY_FILE") or DEFAULT_KEY_FILE),
+            certs=Path(args.certs or env.get("CREDPROXY_CERTS") or DEFAULT_CERTS),
+            advertise=env.get("CREDPROXY_ADVERTISE") or DEFAULT_ADVERTISE,
+            json=bool(getattr(args, "json", False)),
+        )
+
+    def key(self) -> MasterKey:
+        return load_master_key(self.key_file, os.environ)
+
+    def store(self) -> Store:
+        """Open the store and check that it is migrated and that the key is its own."""
+        store = Store(self.db, self.key())
+        store.check_ready()
+        return store

@@ -1,0 +1,138 @@
+"""The proxy's view of the store: one read transaction, compiled into a Snapshot."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from functools import cache
+from typing import Any, TypeVar
+
+from sqlalchemy import Text, cast, select
+
+from store import keys
+from store.crypto import MasterKey
+from store.engine import Database
+from store.errors import SealError
+from store.grammar import parse_host
+from store.models import Credential, Grant, Principal, StoreState, utcnow
+from store.records import TOMBSTONE_RETENTION, CredentialRecord, GrantRecord, Snapshot
+
+T = TypeVar("T")
+
+
+def read(db: Database, key: MasterKey) -> Snapshot:
+    """Live principals, credentials with their secrets open, and the grants they hold."""
+    now = utcnow()
+    with db.reading() as connection:
+        counter, key_id = connection.execute(
+            select(StoreState.change_counter, StoreState.key_id).where(StoreState.id == 1)
+        ).one()
+        principals = connection.execute(
+            select(Principal.id, Principal.name, Principal.token_hash).where(
+                Principal.disabled_at.is_(None)
+            )
+        ).all()
+        creds = connection.execute(
+            select(
+                Credential.id,
+                Credential.name,
+                Credential.scheme,
+                Credential.header_name,
+                Credential.param_name,
+                _json_text(Credential.hosts),
+                Credential.key_id,
+                Credential.nonce,
+                Credential.ciphertext,
+                Credential.fingerprint,
+            ).where(Credential.removed_at.is_(None))
+        ).all()
+        # Used once-grants, and grants expired within TOMBSTONE_RETENTION, stay in the
+        # snapshot as tombstones: a later request is told grant-consumed or grant-expired,
+        # by a restarted proxy as by one that watched the grant go.
+        grants = connection.execute(
+            select(
+                Grant.id,
+                Grant.principal_id,
+                Grant.credential_id,
+                _json_text(Grant.hosts),
+                _json_text(Grant.methods),
+                _json_text(Grant.paths),
+                Grant.once,
+                Grant.websocket,
+                Grant.expires_at,
+                Grant.consumed_at.is_not(None).label("consumed"),
+            ).where(
+                Grant.revoked_at.is_(None),
+                (Grant.expires_at.is_(None)) | (Grant.expires_at > now - TOMBSTONE_RETENTION),
+            )
+        ).all()
+    # Thousands of grants repeat a few lists: each distinct text is decoded and parsed once.
+    parse = cache(parse_host)
+    hosts_of = _decoded(lambda hosts: tuple(parse(h) for h in hosts or ()))
+    methods_of = _decoded(frozenset)
+    paths_of = _decoded(tuple)
+    names = {pid: name for pid, name, _ in principals}
+    records: dict[str, CredentialRecord] = {}
+    by_id: dict[int, CredentialRecord] = {}
+    unreadable = []
+    # Rows are unpacked, not read by attribute name: that is measurably slower at scale.
+    for cid, name, scheme, header, param, hosts, key_id, nonce, ciphertext, fp in creds:
+        try:
+            secret = keys.unseal(key, name, key_id, nonce, ciphertext)
+        except SealError:  # one bad row must not hide the others; it is named
+            unreadable.append(name)
+            continue
+        rec = CredentialRecord(
+            name=name,
+            scheme=scheme,
+            header_name=header,
+            param_name=param,
+            hosts=hosts_of(hosts),
+            secret=secret,
+            fingerprint=fp,
+        )
+        records[name] = by_id[cid] = rec
+    compiled = []
+    for gid, pid, cred_id, hosts, methods, paths, once, websocket, expires, consumed in grants:
+        if pid not in names or (consumed and not once):
+            continue
+        cred = None
+        if cred_id is not None:
+            cred = by_id.get(cred_id)
+            if cred is None:
+                continue
+        grant_hosts = hosts_of(hosts)
+        if not grant_hosts and cred is not None:
+            grant_hosts = cred.hosts
+        compiled.append(
+            GrantRecord(
+                id=gid,
+                principal=names[pid],
+                credential=cred.name if cred else None,
+                hosts=grant_hosts,
+                methods=methods_of(methods),
+                paths=paths_of(paths),
+                once=once,
+                websocket=websocket,
+                expires_at=expires,
+                consumed=consumed,
+            )
+        )
+    return Snapshot(
+        counter=counter,
+        key_id=key_id,
+        token_hashes={name: h for _, name, h in principals},
+        credentials=records,
+        grants=tuple(compiled),
+        unreadable=tuple(sorted(unreadable)),
+    )
+
+
+def _json_text(attribute: Any) -> Any:
+    """A JSON column as its stored text, labelled with its own name."""
+    return cast(attribute, Text).label(attribute.key)
+
+
+def _decoded(parse: Callable[[Any], T]) -> Callable[[str | None], T]:
+    """`parse` of the decoded JSON text, once per distinct text (SQL NULL reads as null)."""
+    return cache(lambda raw: parse(json.loads(raw) if raw is not None else None))

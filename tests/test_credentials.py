@@ -1,0 +1,137 @@
+"""The credentials table: sealed secrets, their schemes and hosts, rotation and removal."""
+
+
+import pytest
+
+from store.crypto import MasterKey, Secret
+from store.errors import Conflict, InvalidInput, NotFound
+from store.models import Credential
+from store.repository import Store
+from tests.stores import SECRET, grant_state, read_row, seed
+
+# -- credentials -----------------------------------------------------------------------
+
+
+def test_credential_is_sealed_and_listed_with_its_fingerprint(store: Store, key: MasterKey) -> None:
+    fingerprint = store.add_credential(
+        "gh", "bearer", ["api.github.com", "*.example.net"], SECRET
+    )
+    (listed,) = store.list_credentials()
+    assert (listed.name, listed.scheme, listed.fingerprint) == ("gh", "bearer", fingerprint)
+    assert listed.hosts == ["*.example.net", "api.github.com"]
+    row = read_row(store, Credential, "gh")
+    assert SECRET.reveal() not in row.ciphertext
+    assert key.open(row.key_id, row.nonce, row.ciphertext, "credential/gh") == SECRET
+
+
+def test_duplicate_credential_is_a_conflict(store: Store) -> None:
+    store.add_credential("gh", "bearer", ["api.github.com"], SECRET)
+    with pytest.raises(Conflict, match="'gh' already exists"):
+        store.add_credential("gh", "bearer", ["api.github.com"], Secret(b"other"))
+
+
+@pytest.mark.parametrize(
+    ("scheme", "secret", "options", "reason"),
+    [
+        pytest.param(
+            "header", b"k", {}, "a header name goes with", id="header scheme needs --header"
+        ),
+        pytest.param(
+            "bearer", b"k", {"header_name": "X-Key"}, "a header name goes with",
+            id="bearer refuses --header",
+        ),
+        pytest.param(
+            "query", b"k", {}, "a parameter name goes with", id="query scheme needs --param"
+        ),
+        pytest.param("basic", b"userpass", {}, "user:password", id="basic needs user:password"),
+        pytest.param("header", b"k", {"header_name": "Host"}, "forbidden", id="header is not Host"),
+        pytest.param(
+            "header", b"k", {"header_name": "Proxy-Authorization"}, "forbidden",
+            id="header is not Proxy-Authorization",
+        ),
+        pytest.param("query", b"k", {"param_name": "a&b"}, "parameter", id="param name is checked"),
+        pytest.param("bearer", b"", {}, "empty", id="empty secret"),
+        pytest.param("bearer", b"tok\r\nX-Evil: 1", {}, "control", id="CRLF in the secret"),
+        pytest.param("bearer", b"tok\x00", {}, "control", id="NUL in the secret"),
+        pytest.param("bearer", b"tok\x7f", {}, "control", id="DEL in the secret"),
+        pytest.param("bearer", "tök".encode(), {}, "ASCII", id="non-ASCII header secret"),
+        pytest.param("digest", b"k", {}, "invalid scheme", id="unknown scheme"),
+    ],
+)
+def test_credential_options_and_secret_are_validated(
+    store: Store, scheme: str, secret: bytes, options: dict[str, str], reason: str
+) -> None:
+    counter = store.change_counter()
+    with pytest.raises(InvalidInput, match=reason):
+        store.add_credential("c", scheme, ["api.example.com"], Secret(secret), **options)
+    assert store.list_credentials() == []
+    assert store.change_counter() == counter
+
+
+@pytest.mark.parametrize(
+    ("hosts", "reason"),
+    [
+        pytest.param([], "at least one host", id="no host"),
+        pytest.param(["*.com"], "public suffix", id="wildcard over a TLD"),
+        pytest.param(["api.example.com", "bad host"], "invalid host", id="one bad host of two"),
+    ],
+)
+def test_credential_hosts_are_validated(store: Store, hosts: list[str], reason: str) -> None:
+    with pytest.raises(InvalidInput, match=reason):
+        store.add_credential("c", "bearer", hosts, SECRET)
+    assert store.list_credentials() == []
+
+
+@pytest.mark.parametrize(
+    ("scheme", "secret", "options"),
+    [
+        pytest.param("bearer", b"tok", {}, id="bearer"),
+        pytest.param("header", b"tok", {"header_name": "X-Api-Key"}, id="header"),
+        pytest.param("basic", b"user:pa:ss", {}, id="basic"),
+        pytest.param("query", b"tok", {"param_name": "api_key"}, id="query"),
+    ],
+)
+def test_each_scheme_stores_its_option(
+    store: Store, scheme: str, secret: bytes, options: dict[str, str]
+) -> None:
+    store.add_credential("c", scheme, ["api.example.com"], Secret(secret), **options)
+    record = store.snapshot().credentials["c"]
+    assert record.scheme == scheme
+    assert (record.header_name, record.param_name) == (
+        options.get("header_name"),
+        options.get("param_name"),
+    )
+    assert record.secret.reveal() == secret
+
+
+def test_rotating_a_credential_reseals_it(store: Store) -> None:
+    before = store.add_credential("gh", "bearer", ["api.github.com"], SECRET)
+    old_ciphertext = read_row(store, Credential, "gh").ciphertext
+    after = store.rotate_credential("gh", Secret(b"ghp_new"))
+    row = read_row(store, Credential, "gh")
+    assert after != before
+    assert row.ciphertext != old_ciphertext
+    assert row.rotated_at is not None
+    assert store.snapshot().credentials["gh"].secret.reveal() == b"ghp_new"
+
+
+def test_rotation_validates_the_new_secret(store: Store) -> None:
+    store.add_credential("gh", "basic", ["api.github.com"], Secret(b"u:p"))
+    with pytest.raises(InvalidInput, match="user:password"):
+        store.rotate_credential("gh", Secret(b"nocolon"))
+    assert store.snapshot().credentials["gh"].secret.reveal() == b"u:p"
+
+
+def test_rotating_an_unknown_credential_is_not_found(store: Store) -> None:
+    with pytest.raises(NotFound, match="no credential named 'gh'"):
+        store.rotate_credential("gh", SECRET)
+
+
+def test_removing_a_credential_wipes_its_secret_and_revokes_its_grants(store: Store) -> None:
+    grant_id = seed(store)
+    assert store.remove_credential("gh") == 1
+    row = read_row(store, Credential, "gh")
+    assert (row.key_id, row.nonce, row.ciphertext) == (None, None, None)
+    assert store.list_credentials() == []
+    assert grant_state(store, grant_id) == "revoked"
+    store.add_credential("gh", "bearer", ["api.github.com"], SECRET)
