@@ -39,6 +39,7 @@ FLAGS = {
     "header": "--header NAME",
     "param": "--param NAME",
     "scheme": "--scheme",
+    "expires": "--expires",
 }
 
 Handler = Callable[[argparse.Namespace, Settings], int]
@@ -59,9 +60,7 @@ def _common() -> _Parser:
     common.add_argument(
         "--key-file", default=argparse.SUPPRESS, help="master key file [CREDPROXY_KEY_FILE]"
     )
-    common.add_argument(
-        "--certs", default=argparse.SUPPRESS, help="CA directory [CREDPROXY_CERTS]"
-    )
+    common.add_argument("--certs", default=argparse.SUPPRESS, help="CA directory [CREDPROXY_CERTS]")
     return common
 
 

@@ -30,8 +30,17 @@ _PARAM_RE = re.compile(r"[A-Za-z0-9._~-]{1,64}")
 # Headers a credential may never be written into: hop-by-hop, framing, or routing.
 _FORBIDDEN_HEADERS = frozenset(
     {
-        "host", "content-length", "transfer-encoding", "connection", "upgrade", "te",
-        "trailer", "keep-alive", "proxy-authorization", "proxy-authenticate", "cookie",
+        "host",
+        "content-length",
+        "transfer-encoding",
+        "connection",
+        "upgrade",
+        "te",
+        "trailer",
+        "keep-alive",
+        "proxy-authorization",
+        "proxy-authenticate",
+        "cookie",
     }
 )
 
@@ -46,9 +55,11 @@ def validate_method(method: str) -> str:
     if method == "*":
         return method
     if not _METHOD_RE.fullmatch(method):
-        hint = f"; methods are case-sensitive, did you mean {method.upper()!r}?" if (
-            _METHOD_RE.fullmatch(method.upper())
-        ) else ""
+        hint = (
+            f"; methods are case-sensitive, did you mean {method.upper()!r}?"
+            if (_METHOD_RE.fullmatch(method.upper()))
+            else ""
+        )
         raise InvalidInput(f"invalid method {method!r}{hint}")
     return method
 
@@ -199,8 +210,10 @@ class HostPattern:
             return False
         if self.wildcard:
             suffix = self.host[1:]
-            return host.endswith(suffix) and "." not in host[: -len(suffix)] and len(host) > len(
-                suffix
+            return (
+                host.endswith(suffix)
+                and "." not in host[: -len(suffix)]
+                and len(host) > len(suffix)
             )
         return host == self.host
 
@@ -487,16 +500,26 @@ def parse_expiry(text: str, now: datetime | None = None) -> datetime:
         try:
             return now + timedelta(**{_UNITS[m.group(2)]: int(m.group(1))})
         except OverflowError as e:
-            raise InvalidInput(f"invalid --expires {text!r}: too far away") from e
+            raise InvalidInput(
+                "invalid {expires} {text!r}: too far away", expires="expiry", text=text
+            ) from e
     try:
         when = datetime.fromisoformat(text)
     except ValueError as e:
-        raise InvalidInput(f"invalid --expires {text!r}: use 30s, 10m, 2h, 7d or ISO-8601") from e
+        raise InvalidInput(
+            "invalid {expires} {text!r}: use 30s, 10m, 2h, 7d or ISO-8601",
+            expires="expiry",
+            text=text,
+        ) from e
     if when.tzinfo is None:
         when = when.replace(tzinfo=UTC)
     if when <= now:
-        raise InvalidInput(f"invalid --expires {text!r}: it is in the past")
+        raise InvalidInput(
+            "invalid {expires} {text!r}: it is in the past", expires="expiry", text=text
+        )
     try:
         return when.astimezone(UTC)
     except OverflowError as e:  # a time zone that pushes it past the year 9999
-        raise InvalidInput(f"invalid --expires {text!r}: too far away") from e
+        raise InvalidInput(
+            "invalid {expires} {text!r}: too far away", expires="expiry", text=text
+        ) from e
