@@ -27,6 +27,9 @@ class Population:
     principals: int
     credentials: int
     grants_per_principal: int
+    # The benchmark's host as the grants name it; "localhost:PORT" for the configurations
+    # whose upstream name goes through the system resolver.
+    host: str = HOST
 
     @property
     def grants(self) -> int:
@@ -37,12 +40,12 @@ def _hosts(*specs: str) -> list[str]:
     return [str(parse_host(spec)) for spec in specs]
 
 
-def _grant(principal_id: int, credential: int, j: int) -> dict[str, object]:
+def _grant(host: str, principal_id: int, credential: int, j: int) -> dict[str, object]:
     """Grant j of a principal: 0 is the benchmark's, 1 shares its host, the rest elsewhere."""
     if j == 0:
-        hosts, methods, paths = _hosts(HOST), ["GET"], ["/bench/"]
+        hosts, methods, paths = _hosts(host), ["GET"], ["/bench/"]
     elif j == 1:
-        hosts, methods, paths = _hosts(HOST), ["POST", "PUT"], ["/upload/"]
+        hosts, methods, paths = _hosts(host), ["POST", "PUT"], ["/upload/"]
     else:
         hosts, methods, paths = (
             _hosts(f"api{j}.svc{credential}.example"),
@@ -84,7 +87,7 @@ def populate(store: Store, key: MasterKey, spec: Population) -> list[tuple[str, 
                 "id": k + 1,
                 "name": name,
                 "scheme": "bearer",
-                "hosts": _hosts(HOST, f"*.svc{k}.example"),
+                "hosts": _hosts(spec.host, f"*.svc{k}.example"),
                 "key_id": key_id,
                 "nonce": nonce,
                 "ciphertext": ciphertext,
@@ -93,7 +96,7 @@ def populate(store: Store, key: MasterKey, spec: Population) -> list[tuple[str, 
             }
         )
     grants = [
-        _grant(i + 1, (i * spec.grants_per_principal + j) % spec.credentials, j)
+        _grant(spec.host, i + 1, (i * spec.grants_per_principal + j) % spec.credentials, j)
         for i in range(spec.principals)
         for j in range(spec.grants_per_principal)
     ]

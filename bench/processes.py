@@ -161,16 +161,13 @@ def credproxy_init(env: dict[str, str]) -> None:
 
 
 def start_credproxy(
-    name: str, workdir: Path, env: dict[str, str], upstream_ca: Path, resolve: str
+    name: str, workdir: Path, env: dict[str, str], upstream_ca: Path, resolve: str | None
 ) -> Running:
-    args = [
-        *CREDPROXY,
-        "run",
-        "--listen",
-        "127.0.0.1:0",
-        "--upstream-ca",
-        str(upstream_ca),
-        "--resolve",
-        resolve,
-    ]
+    """credproxy dialling the upstream by `--resolve`, or (resolve None) by the system
+    resolver, with loopback opened to the destination guard."""
+    args = [*CREDPROXY, "run", "--listen", "127.0.0.1:0", "--upstream-ca", str(upstream_ca)]
+    if resolve is not None:
+        args += ["--resolve", resolve]
+    else:
+        args += ["--allow-private", "127.0.0.0/8", "--allow-private", "::1/128"]
     return start(name, args, env, workdir / f"{name}.out", '"proxy.started"')

@@ -11,7 +11,7 @@ from typing import Any
 from bench.client import Outcome
 
 BASELINE = "mitmproxy"
-CREDPROXY_CONFIGS = ("credproxy-10", "credproxy-10k")
+CREDPROXY_CONFIGS = ("credproxy-10", "credproxy-10k", "credproxy-10-dns")
 MIN_RPS_RATIO = 0.90
 MAX_P50_ADDED_MS = 0.5
 MAX_RSS_GROWTH_MIB = 20.0

@@ -40,7 +40,12 @@ from store.repository import Store
 POPULATIONS = {
     "credproxy-10": Population(principals=10, credentials=10, grants_per_principal=1),
     "credproxy-10k": Population(principals=1000, credentials=1000, grants_per_principal=10),
+    # The upstream named `localhost` and found through the system resolver, as in production:
+    # no --resolve.
+    "credproxy-10-dns": Population(principals=10, credentials=10, grants_per_principal=1),
 }
+DNS_CONFIGS = frozenset({"credproxy-10-dns"})
+DNS_HOST = "localhost"
 CONFIGS = ("direct", "mitmproxy", *POPULATIONS)
 RSS_CONFIG = "credproxy-10k"
 RSS_CONCURRENCY = 10
@@ -100,6 +105,12 @@ class Bench:
                 launch = partial(start_bare_mitmproxy, self.workdir, certs, upstream_ca)
                 # Bare mitmproxy has no --resolve: it dials the address, as direct does.
                 target = Target("127.0.0.1", port, PATH, proxy_context)
+            elif config in DNS_CONFIGS:
+                population = replace(POPULATIONS[config], host=f"{DNS_HOST}:{port}")
+                tokens = self._store(config, population)
+                env = credproxy_env(self.workdir, self.workdir / f"{config}.db")
+                launch = partial(start_credproxy, config, self.workdir, env, upstream_ca, None)
+                target = Target(DNS_HOST, port, PATH, proxy_context, credentials=tuple(tokens))
             elif config in POPULATIONS:
                 tokens = self._store(config, POPULATIONS[config])
                 env = credproxy_env(self.workdir, self.workdir / f"{config}.db")
@@ -119,7 +130,7 @@ class Bench:
         ca = trustme.CA()
         upstream_ca = self.workdir / "upstream-ca.pem"
         ca.cert_pem.write_to_path(str(upstream_ca))
-        leaf = ca.issue_cert(HOST, "127.0.0.1")
+        leaf = ca.issue_cert(HOST, DNS_HOST, "127.0.0.1")
         cert, key = self.workdir / "upstream.pem", self.workdir / "upstream.key"
         leaf.cert_chain_pems[0].write_to_path(str(cert))
         leaf.private_key_pem.write_to_path(str(key))
