@@ -12,13 +12,16 @@ from typing import Any
 
 from mitmproxy import http
 
+from addon.failclosed import deny_on_error
 from addon.hosts import parse_authority
 from addon.live import LivePolicy
 from addon.paths import canonicalize
 from addon.policy import Reason
+from addon.state import record
+from addon.trail import Trail
+from addon.verdict import INTERNAL_HOST, MAX_BODY
 from store.errors import CredproxyError, InvalidInput
 
-INTERNAL_HOST = "credproxy.internal"
 RECORDED_REASONS = frozenset({Reason.NO_GRANT, Reason.METHOD_NOT_ALLOWED, Reason.PATH_NOT_ALLOWED})
 HOW_TO_ASK = (
     f"ask for access with POST http://{INTERNAL_HOST}/access-requests "
@@ -28,7 +31,6 @@ HOW_TO_ASK = (
 # explicit asks alike: a looping agent cannot turn either into a write load under its row lock.
 RECORD_WINDOW = 10.0
 CACHE_SIZE = 10_000
-MAX_BODY = 16 * 1024
 
 
 # (principal, host, port, method, path, explicit)
@@ -162,6 +164,23 @@ class AccessRequests:
             source="explicit",
         )
         return _reply(202, {"id": request_id, "state": state})
+
+
+class AccessEndpoint:
+    """The `request` hook of credproxy.internal: the gate let it through, unforwarded."""
+
+    def __init__(self, requests: AccessRequests, trail: Trail) -> None:
+        self.requests = requests
+        self.trail = trail
+
+    @deny_on_error
+    async def request(self, flow: http.HTTPFlow) -> None:
+        rec = record(flow)
+        if rec is None or not rec.internal:
+            return
+        assert rec.principal is not None and rec.path is not None
+        flow.response = await self.requests.handle(flow, rec.principal, rec.path)
+        self.trail.finish(flow, "internal", status=flow.response.status_code)
 
 
 def _public(found: dict[str, Any]) -> dict[str, Any]:

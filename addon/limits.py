@@ -27,7 +27,8 @@ if TYPE_CHECKING:
     from mitmproxy import connection, http, tls
     from mitmproxy.proxy import server_hooks
 
-    from addon.proxy import Credproxy
+    from addon.state import Clients
+    from addon.trail import Trail
 
 # A request or response head (line and headers) may be this long; HTTP/2 header lists are
 # bounded by h2 itself (64 KiB decoded, 64 CONTINUATION frames), see `H2_LIMITS`.
@@ -309,11 +310,12 @@ class _Timer:
 
 
 class Limits:
-    """Connection caps and deadlines; runs after `Credproxy` in the addon chain."""
+    """Connection caps and deadlines; runs after the request addons in the chain."""
 
-    def __init__(self, settings: LimitSettings, credproxy: Credproxy) -> None:
+    def __init__(self, settings: LimitSettings, clients: Clients, trail: Trail) -> None:
         self.settings = settings
-        self.credproxy = credproxy
+        self.clients = clients
+        self.trail = trail
         self.log = audit.logger()
         # All keyed weakly: mitmproxy's lifecycle releases them, whatever hook is missed.
         self.conns: weakref.WeakKeyDictionary[connection.Client, _Conn] = (
@@ -365,7 +367,9 @@ class Limits:
             self._connect(flow)
         except Exception as e:  # noqa: BLE001 - fail closed: no tunnel opens unchecked
             self.log.error("hook.failed", hook="limits.http_connect", error_type=type(e).__name__)
-            self.credproxy.tunnels.pop(flow.client_conn.id, None)
+            state = self.clients.get(flow.client_conn)
+            if state is not None:
+                state.tunnel = None
             flow.kill()
 
     def _connect(self, flow: http.HTTPFlow) -> None:
@@ -375,20 +379,21 @@ class Limits:
             conn.deadline, conn.head = time.monotonic() + self.settings.head_timeout, True
         if flow.response is not None:
             return
-        tunnel = self.credproxy.tunnels.get(client.id)
-        if tunnel is None:
+        state = self.clients.get(client)
+        tunnel = state.tunnel if state is not None else None
+        if state is None or tunnel is None:
             return
         held = self.tunnels.setdefault(tunnel.principal, weakref.WeakSet())
         if client in held:
             return
         if len(held) >= self.settings.max_tunnels:
             # Unbind first: a tunnel left behind would vouch for later requests.
-            del self.credproxy.tunnels[client.id]
-            pending = self.credproxy._begin(flow)
-            pending.method, pending.principal = "CONNECT", tunnel.principal
-            pending.host, pending.port = tunnel.host, tunnel.port
+            state.tunnel = None
+            rec = self.trail.begin(flow)
+            rec.method, rec.principal = "CONNECT", tunnel.principal
+            rec.host, rec.port = tunnel.host, tunnel.port
             detail = f"this principal has {self.settings.max_tunnels} tunnels open"
-            self.credproxy.deny(flow, Reason.TOO_MANY_CONNECTIONS, detail)
+            self.trail.deny(flow, Reason.TOO_MANY_CONNECTIONS, detail)
             return
         held.add(client)
         if conn is not None:

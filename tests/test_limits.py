@@ -14,6 +14,8 @@ from mitmproxy.test import taddons, tflow
 from addon import limits
 from addon.limits import LIMIT_FLAGS, Limits, LimitSettings
 from addon.policy import STATUS, Reason
+from addon.state import Clients
+from addon.verdict import Tunnel
 from store.errors import InvalidInput
 
 
@@ -49,15 +51,8 @@ def test_install_is_idempotent_and_checks_h2s_own_limits():
     assert _http1.Http1Server.read_headers.__qualname__.startswith("_bounded_head")
 
 
-class _Proxy:
-    tunnels: dict[str, Any]
-
-    def __init__(self) -> None:
-        self.tunnels = {}
-
-
 def _limits(**settings: Any) -> Limits:
-    return Limits(LimitSettings(**settings), _Proxy())  # type: ignore[arg-type]
+    return Limits(LimitSettings(**settings), Clients(), None)  # type: ignore[arg-type]
 
 
 def test_connections_over_the_total_cap_are_refused_at_accept():
@@ -80,7 +75,7 @@ def test_per_connection_state_goes_with_the_connection():
         client = tflow.tclient_conn()
         addon.client_connected(client)
         flow = tflow.tflow(client_conn=client)
-        addon.credproxy.tunnels[client.id] = SimpleNamespace(principal="p", host="h", port=443)
+        addon.clients[client].tunnel = Tunnel("p", "h", 443)
         flow.response = None
         addon.http_connect(flow)
         assert len(addon.tunnels["p"]) == 1 and len(addon.conns) == 1
@@ -164,9 +159,7 @@ def test_a_closed_tunnel_frees_its_place_under_the_principals_cap():
         for flow in (first, second):
             flow.response = None
             addon.client_connected(flow.client_conn)
-            addon.credproxy.tunnels[flow.client_conn.id] = SimpleNamespace(
-                principal="p", host="h", port=443
-            )
+            addon.clients[flow.client_conn].tunnel = Tunnel("p", "h", 443)
         addon.http_connect(first)
         addon.client_disconnected(first.client_conn)
         assert "p" not in addon.tunnels

@@ -1,0 +1,127 @@
+"""Forwarding an allowed request: vet where it goes, use a once-grant, stamp the credential.
+
+Runs after the gate, as the last step before the request leaves: nothing is spent (a
+once-grant) or written (a secret) for a request that a check still refuses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Callable
+
+from mitmproxy import http
+
+from addon import wire, wsredact
+from addon.failclosed import Denied, deny_on_error
+from addon.guard import DestinationGuard
+from addon.hosts import ResolveMap
+from addon.live import LivePolicy
+from addon.metrics import Metrics
+from addon.policy import Reason, Rule
+from addon.redact import Redactor
+from addon.stamping import slot, stamp_query
+from addon.state import STEPS, Clients, Record, record
+from addon.trail import Trail
+from store.errors import CredproxyError
+
+DNS_TIMEOUT = 5.0
+
+
+class Forward:
+    def __init__(
+        self,
+        live: LivePolicy,
+        resolve: ResolveMap,
+        guard: DestinationGuard,
+        clients: Clients,
+        trail: Trail,
+        metrics: Metrics,
+    ) -> None:
+        self.live = live
+        self.resolve = resolve
+        self.guard = guard
+        self.clients = clients
+        self.trail = trail
+        self.metrics = metrics
+
+    @deny_on_error
+    async def requestheaders(self, flow: http.HTTPFlow) -> None:
+        step = STEPS.pop(flow, None)
+        rec = record(flow)
+        if step is None or step.verdict is None or rec is None:
+            return
+        v = step.verdict
+        rule, host, port, path = v.rule, v.host, v.port, v.path
+        assert rule is not None and host is not None and port is not None and path is not None
+        address = self.resolve.lookup(host, port) or await self._vet(host, port)
+        await self._consume(rule)
+        rec.allowed = True
+        rec.grant_id = rule.grant_id
+        if rule.credential is not None:
+            rec.credential = rule.credential.name
+            rec.credential_fp = rule.credential.fingerprint
+        request = flow.request
+        index = step.headers.index
+        if b"te" in index:
+            request.headers.fields = wire.only_trailers(request.headers.fields)
+        if b"sec-websocket-extensions" in index:
+            # No permessage-deflate: a frame of it inflates without bound inside wsproto.
+            request.headers.pop("sec-websocket-extensions")
+        credential = rule.credential
+        query = v.query
+        if credential is not None:
+            stamp = step.policy.stamp(credential)
+            wsredact.REDACTORS[flow] = Redactor((stamp.secret,))
+            if stamp.param is not None:
+                query = stamp_query(query, stamp.param, stamp.secret)
+            # Replace, never append: a second value would let the upstream pick the agent's.
+            names = stamp.names
+            request.headers.fields = (
+                *[f for f in request.headers.fields if slot(f[0]) not in names],
+                *stamp.fields,
+            )
+        # Forward exactly the path that was matched.
+        request.data.path = path.encode("ascii") + (b"?" + query if query is not None else b"")
+        if not request.is_http2:
+            request.data.authority = b""
+        # Dial the vetted (or --resolve) address; Host header and SNI keep the name.
+        request.data.host, request.data.port = address
+        self.clients[flow.client_conn].upstream[address] = host
+        request.stream = _counter(rec)
+
+    async def _vet(self, host: str, port: int) -> tuple[str, int]:
+        """Resolve once here and dial exactly that address: no second lookup to rebind."""
+        try:
+            answers = await asyncio.wait_for(
+                asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM),
+                DNS_TIMEOUT,
+            )
+        except (OSError, TimeoutError) as e:
+            raise Denied(Reason.DESTINATION_FORBIDDEN, "the host does not resolve") from e
+        address = self.guard.vet((str(info[4][0]) for info in answers), port)
+        if address is None:
+            raise Denied(Reason.DESTINATION_FORBIDDEN, "the host resolves to a forbidden address")
+        return str(address), port
+
+    async def _consume(self, rule: Rule) -> None:
+        """A once-grant is used as the last step before forwarding; losing the race denies."""
+        if not rule.once:
+            return
+        if not self.live.store_up:
+            raise Denied(Reason.STORE_UNAVAILABLE, "once-grants need the store")
+        try:
+            won = await self.live.consume_once(rule.grant_id)
+        except CredproxyError as e:
+            raise Denied(Reason.STORE_UNAVAILABLE, "the store did not answer") from e
+        if not won:
+            raise Denied(Reason.GRANT_CONSUMED, "this once-grant was already used")
+        self.metrics.once_consumed.inc()
+
+
+def _counter(rec: Record) -> Callable[[bytes], bytes]:
+    def count(chunk: bytes) -> bytes:
+        rec.bytes_out += len(chunk)
+        return chunk
+
+    return count

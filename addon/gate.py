@@ -1,0 +1,59 @@
+"""The request gate: gather a request's facts, ask for the verdict, deny or pass it on."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from mitmproxy import http
+
+from addon.access import HOW_TO_ASK, RECORDED_REASONS, AccessRequests
+from addon.failclosed import Denied, deny_on_error
+from addon.state import STEPS, record
+from addon.trail import Trail
+from addon.verdict import Facts, verdict
+
+
+class Gate:
+    def __init__(self, access: AccessRequests, trail: Trail) -> None:
+        self.access = access
+        self.trail = trail
+
+    @deny_on_error
+    async def requestheaders(self, flow: http.HTTPFlow) -> None:
+        step = STEPS.get(flow)
+        rec = record(flow)
+        if step is None or rec is None:
+            return  # refused (or never seen) by authentication
+        request, client = flow.request, flow.client_conn
+        facts = Facts(
+            scheme=request.scheme,
+            host=request.host,
+            port=request.port,
+            authority=request.authority,
+            method=request.data.method,
+            target=request.data.path,
+            headers=step.headers,
+            is_http2=request.is_http2,
+            client_tls=client.tls,
+            client_sni=client.sni,
+        )
+        v = verdict(facts, step.principal, step.tunnel, step.policy, datetime.now(UTC))
+        if v.host is not None:
+            rec.host, rec.port = v.host, v.port
+        if v.path is not None:
+            rec.path = v.path
+        if v.allowed:
+            step.verdict = v
+            return
+        del STEPS[flow]
+        if v.internal:
+            rec.internal = True
+            return  # answered in the request hook, with the body; never forwarded
+        assert v.reason is not None
+        extra = None
+        if v.decided and v.reason in RECORDED_REASONS:
+            assert v.host is not None and v.port is not None and v.method and v.path
+            asked = await self.access.on_denial(step.principal, v.host, v.port, v.method, v.path)
+            if asked is not None:
+                extra = {"access_request": asked, "how_to_ask": HOW_TO_ASK}
+        raise Denied(v.reason, v.detail, extra)
