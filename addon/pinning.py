@@ -43,9 +43,7 @@ class Pinning:
                 except BadAuthority:
                     tunnel.sni_mismatch = True
         except Exception as e:  # noqa: BLE001 - fail closed: every request on it is denied
-            audit.logger().error(
-                "hook.failed", hook="tls_clienthello", error_type=type(e).__name__
-            )
+            audit.logger().error("hook.failed", hook="tls_clienthello", error_type=type(e).__name__)
             self.clients[client].broken = True
 
     def tls_start_client(self, data: tls.TlsData) -> None:
