@@ -11,6 +11,7 @@ from mitmproxy import flow as mflow
 from mitmproxy import http
 
 from addon import audit, wire
+from addon.failclosed import kill_on_error
 from addon.metrics import Metrics, StreakAlerts
 from addon.policy import STATUS, Reason
 from addon.state import KEY, Record, record
@@ -102,6 +103,7 @@ class Trail:
 
     # -- hooks -------------------------------------------------------------------------
 
+    @kill_on_error
     def response(self, flow: http.HTTPFlow) -> None:
         rec = record(flow)
         response = flow.response
