@@ -319,8 +319,8 @@ async def serve(config: RunConfig, started: asyncio.Event | None = None) -> int:
 
     announcer = loop.create_task(announce())
     # What start-up built lives as long as the process: out of every later collection's scan.
-    # The ~2,000 start-up objects already garbage are kept too: cheaper than the full
-    # collection that would find them (0.1 s at 10,000 grants).
+    # The start-up objects already garbage are kept too: cheaper than the full collection
+    # that would find them.
     gc.freeze()
     try:
         await master.run()
