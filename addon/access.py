@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import time
 from collections import OrderedDict
+from collections.abc import Awaitable
 from typing import Any
 
 from mitmproxy import http
@@ -17,7 +18,7 @@ from addon.hosts import parse_authority
 from addon.live import LivePolicy
 from addon.paths import canonicalize
 from addon.policy import Reason
-from addon.state import record
+from addon.state import Record, record
 from addon.trail import Trail
 from addon.verdict import INTERNAL_HOST, MAX_BODY
 from store.errors import CredproxyError, InvalidInput
@@ -174,10 +175,13 @@ class AccessEndpoint:
         self.trail = trail
 
     @deny_on_error
-    async def request(self, flow: http.HTTPFlow) -> None:
+    def request(self, flow: http.HTTPFlow) -> Awaitable[None] | None:
         rec = record(flow)
         if rec is None or not rec.internal:
-            return
+            return None
+        return self._answer(flow, rec)
+
+    async def _answer(self, flow: http.HTTPFlow, rec: Record) -> None:
         assert rec.principal is not None and rec.path is not None
         flow.response = await self.requests.handle(flow, rec.principal, rec.path)
         self.trail.finish(flow, "internal", status=flow.response.status_code)

@@ -8,7 +8,7 @@ deny of a fixed reason.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from addon import audit
@@ -46,24 +46,46 @@ class _HasTrail(Protocol):
 
 def deny_on_error(hook: F) -> F:
     """A request-side hook: `Denied` denies with its reason, any other exception with
-    internal-error, and if even the deny fails the flow is killed."""
+    internal-error, and if even the deny fails the flow is killed.
+
+    The hook is a plain function that returns an awaitable when it has to wait (DNS, the
+    store); the wrapper then returns one too, and mitmproxy awaits it. The common case
+    makes no coroutine.
+    """
 
     @functools.wraps(hook)
-    async def wrapper(self: _HasTrail, flow: http.HTTPFlow) -> None:
+    def wrapper(self: _HasTrail, flow: http.HTTPFlow) -> Awaitable[None] | None:
         try:
             result = hook(self, flow)
-            if result is not None:
-                await result
-        except Denied as d:
-            self.trail.deny(flow, d.reason, d.detail, d.extra)
         except Exception as e:  # noqa: BLE001 - the fail-closed wrapper: it denies
-            audit.logger().error("hook.failed", hook=hook.__name__, error_type=type(e).__name__)
-            try:
-                self.trail.deny(flow, Reason.INTERNAL_ERROR, "internal error")
-            except Exception:  # noqa: BLE001 - last resort: drop the connection
-                flow.kill()
+            _refuse(self, flow, hook, e)
+            return None
+        if result is None:
+            return None
+        return _awaited(self, flow, hook, result)
 
     return wrapper  # type: ignore[return-value]
+
+
+async def _awaited(self: _HasTrail, flow: http.HTTPFlow, hook: Any, result: Any) -> None:
+    try:
+        await result
+    except Exception as e:  # noqa: BLE001 - the fail-closed wrapper: it denies
+        _refuse(self, flow, hook, e)
+
+
+def _refuse(self: _HasTrail, flow: http.HTTPFlow, hook: Any, e: Exception) -> None:
+    if isinstance(e, Denied):
+        try:
+            self.trail.deny(flow, e.reason, e.detail, e.extra)
+            return
+        except Exception as again:  # noqa: BLE001 - handled as any other failure below
+            e = again
+    audit.logger().error("hook.failed", hook=hook.__name__, error_type=type(e).__name__)
+    try:
+        self.trail.deny(flow, Reason.INTERNAL_ERROR, "internal error")
+    except Exception:  # noqa: BLE001 - last resort: drop the connection
+        flow.kill()
 
 
 def kill_on_error(hook: F) -> F:

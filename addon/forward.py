@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from mitmproxy import http
 
@@ -21,7 +21,7 @@ from addon.metrics import Metrics
 from addon.policy import Reason, Rule
 from addon.redact import Redactor
 from addon.stamping import slot, stamp_query
-from addon.state import STEPS, Clients, Record, record
+from addon.state import STEPS, Clients, Record, Step, record
 from addon.trail import Trail
 from store.errors import CredproxyError
 
@@ -46,16 +46,36 @@ class Forward:
         self.metrics = metrics
 
     @deny_on_error
-    async def requestheaders(self, flow: http.HTTPFlow) -> None:
+    def requestheaders(self, flow: http.HTTPFlow) -> Awaitable[None] | None:
         step = STEPS.pop(flow, None)
         rec = record(flow)
         if step is None or step.verdict is None or rec is None:
-            return
+            return None
         v = step.verdict
-        rule, host, port, path = v.rule, v.host, v.port, v.path
-        assert rule is not None and host is not None and port is not None and path is not None
-        address = self.resolve.lookup(host, port) or await self._vet(host, port)
-        await self._consume(rule)
+        assert v.host is not None and v.port is not None and v.rule is not None
+        address = self.resolve.lookup(v.host, v.port)
+        if address is None or v.rule.once:
+            return self._vet_then_forward(flow, step, rec, address)
+        self._forward(flow, step, rec, address)
+        return None
+
+    async def _vet_then_forward(
+        self, flow: http.HTTPFlow, step: Step, rec: Record, address: tuple[str, int] | None
+    ) -> None:
+        v = step.verdict
+        assert v is not None and v.host is not None and v.port is not None and v.rule is not None
+        if address is None:
+            address = await self._vet(v.host, v.port)
+        await self._consume(v.rule)
+        self._forward(flow, step, rec, address)
+
+    def _forward(
+        self, flow: http.HTTPFlow, step: Step, rec: Record, address: tuple[str, int]
+    ) -> None:
+        v = step.verdict
+        assert v is not None and v.rule is not None and v.host is not None
+        assert v.path is not None
+        rule = v.rule
         rec.allowed = True
         rec.grant_id = rule.grant_id
         if rule.credential is not None:
@@ -82,12 +102,12 @@ class Forward:
                 *stamp.fields,
             )
         # Forward exactly the path that was matched.
-        request.data.path = path.encode("ascii") + (b"?" + query if query is not None else b"")
+        request.data.path = v.path.encode("ascii") + (b"?" + query if query is not None else b"")
         if not request.is_http2:
             request.data.authority = b""
         # Dial the vetted (or --resolve) address; Host header and SNI keep the name.
         request.data.host, request.data.port = address
-        self.clients[flow.client_conn].upstream[address] = host
+        self.clients[flow.client_conn].upstream[address] = v.host
         request.stream = _counter(rec)
 
     async def _vet(self, host: str, port: int) -> tuple[str, int]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from datetime import UTC, datetime
 
 from mitmproxy import http
@@ -10,7 +11,7 @@ from addon.access import HOW_TO_ASK, RECORDED_REASONS, AccessRequests
 from addon.failclosed import Denied, deny_on_error
 from addon.state import STEPS, record
 from addon.trail import Trail
-from addon.verdict import Facts, verdict
+from addon.verdict import Facts, Verdict, verdict
 
 
 class Gate:
@@ -19,11 +20,11 @@ class Gate:
         self.trail = trail
 
     @deny_on_error
-    async def requestheaders(self, flow: http.HTTPFlow) -> None:
+    def requestheaders(self, flow: http.HTTPFlow) -> Awaitable[None] | None:
         step = STEPS.get(flow)
         rec = record(flow)
         if step is None or rec is None:
-            return  # refused (or never seen) by authentication
+            return None  # refused (or never seen) by authentication
         request, client = flow.request, flow.client_conn
         facts = Facts(
             scheme=request.scheme,
@@ -44,16 +45,22 @@ class Gate:
             rec.path = v.path
         if v.allowed:
             step.verdict = v
-            return
+            return None
         del STEPS[flow]
         if v.internal:
             rec.internal = True
-            return  # answered in the request hook, with the body; never forwarded
+            return None  # answered in the request hook, with the body; never forwarded
         assert v.reason is not None
-        extra = None
         if v.decided and v.reason in RECORDED_REASONS:
-            assert v.host is not None and v.port is not None and v.method and v.path
-            asked = await self.access.on_denial(step.principal, v.host, v.port, v.method, v.path)
-            if asked is not None:
-                extra = {"access_request": asked, "how_to_ask": HOW_TO_ASK}
+            return self._refuse_and_record(step.principal, v)
+        raise Denied(v.reason, v.detail)
+
+    async def _refuse_and_record(self, principal: str, v: Verdict) -> None:
+        """Deny with the access request the refusal recorded, if the store took it."""
+        assert v.reason is not None and v.host is not None and v.port is not None
+        assert v.method is not None and v.path is not None
+        extra = None
+        asked = await self.access.on_denial(principal, v.host, v.port, v.method, v.path)
+        if asked is not None:
+            extra = {"access_request": asked, "how_to_ask": HOW_TO_ASK}
         raise Denied(v.reason, v.detail, extra)

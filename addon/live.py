@@ -183,4 +183,3 @@ _abandoned = 0
 def abandoned() -> int:
     """How many store calls were left running past their deadline in this process."""
     return _abandoned
-

@@ -25,7 +25,7 @@ from store.errors import CredproxyError, InvalidInput
 from store.repository import Store
 
 if TYPE_CHECKING:
-    from addon.chain import Credproxy
+    from addon.chain import Chain
     from addon.live import LivePolicy
 
 DRAIN_POLL = 0.05
@@ -176,13 +176,13 @@ def build_chain(
     guard: DestinationGuard,
     alert_streak: int = 20,
     limits: LimitSettings | None = None,
-) -> Credproxy:
-    """credproxy's addons, in the order mitmproxy runs them for each hook."""
+) -> Chain:
+    """credproxy's addons, in the order they run for each hook."""
     import time
 
     from addon.access import AccessEndpoint, AccessRequests
     from addon.auth import Auth
-    from addon.chain import Credproxy
+    from addon.chain import Chain, Lifecycle
     from addon.forward import Forward
     from addon.gate import Gate
     from addon.limits import Limits
@@ -201,9 +201,9 @@ def build_chain(
     trail = Trail(metrics, StreakAlerts(alert_streak, log))
     clients = Clients()
     access = AccessRequests(live, log)
-    return Credproxy(
-        live,
+    return Chain(
         [
+            Lifecycle(live),  # configure, running, done: the options and the policy poller
             Auth(live, clients, trail),  # http_connect, requestheaders: who, and the tunnel
             Pinning(clients),  # tls_clienthello, tls_start_client, server_connect
             Gate(access, trail),  # requestheaders: the verdict
@@ -222,10 +222,9 @@ async def serve(config: RunConfig, started: asyncio.Event | None = None) -> int:
     from mitmproxy import options
     from mitmproxy.tools.dump import DumpMaster
 
-    from addon import refusals, wire, wsredact
+    from addon import bounds, refusals, wire, wsredact
     from addon.chain import REQUIRED_OPTIONS
     from addon.forward import Forward
-    from addon.limits import install as install_limits
     from addon.live import LivePolicy
     from addon.trail import Trail
 
@@ -248,7 +247,7 @@ async def serve(config: RunConfig, started: asyncio.Event | None = None) -> int:
     # control frames. Each raises here if mitmproxy changed shape: never open later.
     wire.install()
     refusals.install()
-    install_limits()
+    bounds.install()
     wsredact.install()
     runtime = Path(tempfile.mkdtemp(prefix="credproxy-"))
     master = DumpMaster(options.Options(), with_termlog=False, with_dumper=False)
@@ -266,8 +265,7 @@ async def serve(config: RunConfig, started: asyncio.Event | None = None) -> int:
     master.options.update(**update)
     chain = build_chain(live, config.resolve, config.guard, config.alert_streak, config.limits)
     master.addons.add(chain)
-    [forward] = [a for a in chain.addons if isinstance(a, Forward)]
-    [trail] = [a for a in chain.addons if isinstance(a, Trail)]
+    forward, trail = chain.part(Forward), chain.part(Trail)
 
     loop = asyncio.get_running_loop()
     stopping = _Stopping(master, trail, config.drain_timeout, log)

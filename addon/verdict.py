@@ -11,6 +11,7 @@ import functools
 import re
 from dataclasses import dataclass
 from datetime import datetime
+from typing import NamedTuple
 
 from addon.hosts import BadAuthority, normalize_host, parse_authority
 from addon.paths import BadPath, canonicalize
@@ -82,8 +83,7 @@ class HeaderScan:
         ]
 
 
-@dataclass(frozen=True, slots=True)
-class Facts:
+class Facts(NamedTuple):
     """What a request says and where mitmproxy will send it, as plain values."""
 
     scheme: str
@@ -98,8 +98,7 @@ class Facts:
     client_sni: str | None
 
 
-@dataclass(frozen=True, slots=True)
-class Verdict:
+class Verdict(NamedTuple):
     """Allowed (a rule), internal (the agent's own endpoint) or denied (a reason).
 
     `host`, `port`, `path` and `method` are set as far as the checks got: the audit line

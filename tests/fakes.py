@@ -1,7 +1,7 @@
 """Shared test fakes: a policy and its live stand-in, flows, and the addon chain.
 
-`Chain` builds the runner's addons (addon/runner.py `build_chain`) and dispatches a hook
-name to each of them in order, awaiting async hooks, the way mitmproxy's AddonManager does.
+`Chain` builds the runner's chain (addon/runner.py `build_chain`), so that a test calls a
+hook on every addon that has it, in the order mitmproxy would.
 """
 
 from __future__ import annotations
@@ -12,8 +12,7 @@ from datetime import UTC, datetime
 from types import SimpleNamespace
 from typing import Any
 
-from mitmproxy import http
-from mitmproxy.addonmanager import traverse
+from mitmproxy import hooks, http
 from mitmproxy.test import tflow
 
 from addon.access import AccessRequests
@@ -117,11 +116,14 @@ class StaticLive:
 
 
 class Chain:
-    """The runner's addons around one live policy; `chain.requestheaders(flow)` runs them all.
+    """The runner's chain around one live policy; `chain.requestheaders(flow)` runs it.
 
-    The parts are reachable by name: `clients`, `trail`, `metrics`, `access`, and each addon
-    by its class name in lower case (`chain.forward`, `chain.responses`, ...).
+    The addons are reachable by name: `clients`, `trail`, `metrics`, `access`, and each
+    addon by its class name in lower case (`chain.forward`, `chain.responses`, ...). The
+    request-side hooks (which may wait) are always awaitable here, as mitmproxy awaits them.
     """
+
+    REQUEST_SIDE = frozenset({"http_connect", "requestheaders", "request"})
 
     def __init__(
         self,
@@ -130,42 +132,28 @@ class Chain:
         guard: DestinationGuard | None = None,
         limits: LimitSettings | None = None,
     ) -> None:
-        self.entry = build_chain(
-            live,
-            resolve or ResolveMap({}),
-            guard or DestinationGuard(),
-            20,
-            limits or LimitSettings(),
-        )
-        self.addons = [self.entry]  # taddons.context(chain) registers them all
-        for part in self.entry.addons:
+        resolve, guard = resolve or ResolveMap({}), guard or DestinationGuard()
+        self.entry = build_chain(live, resolve, guard, 20, limits)
+        for part in self.entry.parts:
             setattr(self, type(part).__name__.lower(), part)
         self.clients: Clients = self.auth.clients
-        self.trail: Trail = next(a for a in self.entry.addons if isinstance(a, Trail))
+        self.trail: Trail = self.entry.part(Trail)
         self.metrics: Metrics = self.trail.metrics
         self.access: AccessRequests = self.gate.access
 
     def __getattr__(self, hook: str) -> Any:
-        if hook.startswith("_") or hook == "addons":
+        if hook.startswith("_") or hook not in hooks.all_hooks:
             raise AttributeError(hook)
-        funcs = [f for a in traverse([self.entry]) if callable(f := getattr(a, hook, None))]
-        if not funcs:
-            raise AttributeError(hook)
-        if any(inspect.iscoroutinefunction(f) for f in funcs):
+        call = getattr(self.entry, hook)
+        if hook not in self.REQUEST_SIDE:
+            return call
 
-            async def dispatch_async(*args: Any) -> None:
-                for f in funcs:
-                    result = f(*args)
-                    if inspect.isawaitable(result):
-                        await result
+        async def awaited(*args: Any) -> None:
+            result = call(*args)
+            if result is not None and inspect.isawaitable(result):
+                await result
 
-            return dispatch_async
-
-        def dispatch(*args: Any) -> None:
-            for f in funcs:
-                f(*args)
-
-        return dispatch
+        return awaited
 
     def tunnel(self, client: Any) -> Tunnel | None:
         return self.clients.tunnel(client)

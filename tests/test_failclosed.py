@@ -208,7 +208,7 @@ def test_every_request_side_hook_of_every_addon_is_wrapped(chain: Chain) -> None
     Limits.http_connect catch inside the hook; the tests above hold them.)"""
     wrapped = {
         (type(a).__name__, name)
-        for a in chain.entry.addons
+        for a in chain.entry.parts
         for name in ("http_connect", "requestheaders", "request", "responseheaders", "response")
         if getattr(getattr(a, name, None), "__wrapped__", None) is not None
     }

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from mitmproxy.test import taddons, tflow
 
-from addon import limits
+from addon import bounds, limits
 from addon.limits import LIMIT_FLAGS, Limits, LimitSettings
 from addon.policy import STATUS, Reason
 from addon.state import Clients
@@ -44,8 +44,8 @@ def test_the_new_reasons_have_their_statuses():
 
 
 def test_install_is_idempotent_and_checks_h2s_own_limits():
-    limits.install()
-    limits.install()
+    bounds.install()
+    bounds.install()
     from mitmproxy.proxy.layers.http import _http1
 
     assert _http1.Http1Server.read_headers.__qualname__.startswith("_bounded_head")
@@ -124,7 +124,7 @@ def test_an_overdue_flow_is_marked_for_a_504_and_its_upstream_cut(monkeypatch):
         addon.request(flow)
         addon.sweep(addon.flows[flow].deadline + 1)
         assert cut == ["upstream timeout: no response in 30 s"]
-        assert limits._timed_out_flows[flow] == cut[0]
+        assert bounds.timed_out_flows[flow] == cut[0]
 
 
 def test_a_streamed_response_chunk_pushes_the_stall_deadline_back(monkeypatch):
@@ -146,10 +146,10 @@ def test_a_streamed_response_chunk_pushes_the_stall_deadline_back(monkeypatch):
 def test_the_h2_queue_bound_counts_bytes_not_frames():
     frame = SimpleNamespace
     small = [frame(data=b"x" * 10) for _ in range(1000)]
-    assert not limits._buffered((small,), 16384, 1024 * 1024)  # 1000 frames, 10 kB
+    assert not bounds._buffered((small,), 16384, 1024 * 1024)  # 1000 frames, 10 kB
     full = [frame(data=b"x" * 16384) for _ in range(65)]
-    assert limits._buffered((full,), 16384, 1024 * 1024)
-    assert limits._buffered((full[:40], full[:40]), 16384, 1024 * 1024)  # over all streams
+    assert bounds._buffered((full,), 16384, 1024 * 1024)
+    assert bounds._buffered((full[:40], full[:40]), 16384, 1024 * 1024)  # over all streams
 
 
 def test_a_closed_tunnel_frees_its_place_under_the_principals_cap():
