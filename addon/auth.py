@@ -52,7 +52,7 @@ class Auth:
         rec.host = host
         if not policy.may_connect(principal, host, port):
             raise Denied(Reason.NO_GRANT, "no grant for this host and port")
-        self.clients[flow.client_conn].tunnel = Tunnel(principal, host, port)
+        self.clients.state(flow.client_conn).tunnel = Tunnel(principal, host, port)
         self.trail.forget(flow)
 
     @deny_on_error
@@ -68,7 +68,7 @@ class Auth:
             principal = self._authenticate(flow, headers.get_all(b"proxy-authorization"))
             # One client connection, one principal: its upstream connections are shared.
             if state is None:
-                state = self.clients[flow.client_conn]
+                state = self.clients.state(flow.client_conn)
             if state.principal is None:
                 state.principal = principal
             elif state.principal != principal:

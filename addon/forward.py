@@ -21,7 +21,7 @@ from addon.metrics import Metrics
 from addon.policy import Reason, Rule
 from addon.redact import Redactor
 from addon.stamping import slot, stamp_query
-from addon.state import STEPS, Clients, Record, Step, record
+from addon.state import KEY, STEPS, Clients, Record, Step
 from addon.trail import Trail
 from store.errors import CredproxyError
 
@@ -48,7 +48,7 @@ class Forward:
     @deny_on_error
     def requestheaders(self, flow: http.HTTPFlow) -> Awaitable[None] | None:
         step = STEPS.pop(flow, None)
-        rec = record(flow)
+        rec: Record | None = flow.metadata.get(KEY)
         if step is None or step.verdict is None or rec is None:
             return None
         v = step.verdict
@@ -107,7 +107,7 @@ class Forward:
             request.data.authority = b""
         # Dial the vetted (or --resolve) address; Host header and SNI keep the name.
         request.data.host, request.data.port = address
-        self.clients[flow.client_conn].upstream[address] = v.host
+        self.clients.state(flow.client_conn).upstream[address] = v.host
         request.stream = _counter(rec)
 
     async def _vet(self, host: str, port: int) -> tuple[str, int]:

@@ -9,7 +9,7 @@ from mitmproxy import http
 
 from addon.access import HOW_TO_ASK, RECORDED_REASONS, AccessRequests
 from addon.failclosed import Denied, deny_on_error
-from addon.state import STEPS, record
+from addon.state import KEY, STEPS, Record
 from addon.trail import Trail
 from addon.verdict import Facts, Verdict, verdict
 
@@ -22,21 +22,21 @@ class Gate:
     @deny_on_error
     def requestheaders(self, flow: http.HTTPFlow) -> Awaitable[None] | None:
         step = STEPS.get(flow)
-        rec = record(flow)
+        rec: Record | None = flow.metadata.get(KEY)
         if step is None or rec is None:
             return None  # refused (or never seen) by authentication
         request, client = flow.request, flow.client_conn
         facts = Facts(
-            scheme=request.scheme,
-            host=request.host,
-            port=request.port,
-            authority=request.authority,
-            method=request.data.method,
-            target=request.data.path,
-            headers=step.headers,
-            is_http2=request.is_http2,
-            client_tls=client.tls,
-            client_sni=client.sni,
+            request.scheme,
+            request.host,
+            request.port,
+            request.authority,
+            request.data.method,
+            request.data.path,
+            step.headers,
+            request.is_http2,
+            client.tls,
+            client.sni,
         )
         v = verdict(facts, step.principal, step.tunnel, step.policy, datetime.now(UTC))
         if v.host is not None:

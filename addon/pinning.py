@@ -44,7 +44,7 @@ class Pinning:
                     tunnel.sni_mismatch = True
         except Exception as e:  # noqa: BLE001 - fail closed: every request on it is denied
             audit.logger().error("hook.failed", hook="tls_clienthello", error_type=type(e).__name__)
-            self.clients[client].broken = True
+            self.clients.state(client).broken = True
 
     def tls_start_client(self, data: tls.TlsData) -> None:
         """TLS to the proxy's own listener speaks HTTP/1.1 only, never HTTP/2.
@@ -63,7 +63,7 @@ class Pinning:
             audit.logger().error(
                 "hook.failed", hook="tls_start_client", error_type=type(e).__name__
             )
-            self.clients[client].broken = True
+            self.clients.state(client).broken = True
 
     def server_connect(self, data: server_hooks.ServerConnectionHookData) -> None:
         try:

@@ -357,7 +357,7 @@ class _Stopping:
         self.log.info(
             "proxy.stopping",
             signal=sig.name,
-            in_flight=len(self.trail.open),
+            in_flight=self.trail.open,
             drain_timeout_s=self.drain_timeout,
         )
         self._spawn(self._drain(), "drain")
@@ -378,7 +378,7 @@ class _Stopping:
                 if server.is_running:
                     await server.stop()
             await self._wait(lambda: not self.trail.open, self.drain_timeout)
-            self.cut = len(self.trail.open)
+            self.cut = self.trail.open
             # Idle keep-alives, open tunnels and WebSockets, and whatever missed the deadline:
             # closed here, so their audit lines are written before proxy.stopped.
             for handler in list(proxyserver.connections.values()):

@@ -79,26 +79,16 @@ class ClientState:
     upstream: dict[tuple[str, int], str] = field(default_factory=dict)
 
 
-class Clients:
+class Clients(weakref.WeakKeyDictionary["connection.Client", ClientState]):
     """Per-connection state, keyed weakly by mitmproxy's `Client` object."""
 
-    def __init__(self) -> None:
-        self._states: weakref.WeakKeyDictionary[connection.Client, ClientState] = (
-            weakref.WeakKeyDictionary()
-        )
-
-    def get(self, client: connection.Client) -> ClientState | None:
-        return self._states.get(client)
-
-    def __getitem__(self, client: connection.Client) -> ClientState:
-        state = self._states.get(client)
-        if state is None:
-            state = self._states[client] = ClientState()
-        return state
+    def state(self, client: connection.Client) -> ClientState:
+        """The connection's state, made on first use."""
+        found = self.get(client)
+        if found is None:
+            found = self[client] = ClientState()
+        return found
 
     def tunnel(self, client: connection.Client) -> Tunnel | None:
-        state = self._states.get(client)
-        return state.tunnel if state is not None else None
-
-    def __len__(self) -> int:
-        return len(self._states)
+        found = self.get(client)
+        return found.tunnel if found is not None else None

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import time
-import weakref
 from typing import Any
 
 from mitmproxy import flow as mflow
@@ -14,7 +13,7 @@ from addon import audit, wire
 from addon.failclosed import kill_on_error
 from addon.metrics import Metrics, StreakAlerts
 from addon.policy import STATUS, Reason
-from addon.state import KEY, Record, record
+from addon.state import KEY, Record
 
 
 class Trail:
@@ -24,8 +23,8 @@ class Trail:
     def __init__(self, metrics: Metrics, alerts: StreakAlerts) -> None:
         self.metrics = metrics
         self.alerts = alerts
-        # Flows with an open record (the drain on shutdown waits for them).
-        self.open: weakref.WeakSet[http.HTTPFlow] = weakref.WeakSet()
+        # Records opened and not yet closed (the drain on shutdown waits for them).
+        self.open = 0
 
     def begin(self, flow: http.HTTPFlow) -> Record:
         peer = flow.client_conn.peername
@@ -34,13 +33,14 @@ class Trail:
             request_id=flow.id,
             client=f"{peer[0]}:{peer[1]}" if peer else "",
         )
-        self.open.add(flow)
+        self.open += 1
         return rec
 
     def forget(self, flow: http.HTTPFlow) -> Record | None:
         """Close the flow's record without a line (an opened tunnel: its requests have theirs)."""
-        self.open.discard(flow)
         found: Record | None = flow.metadata.pop(KEY, None)
+        if found is not None:
+            self.open -= 1
         return found
 
     def deny(
@@ -105,7 +105,7 @@ class Trail:
 
     @kill_on_error
     def response(self, flow: http.HTTPFlow) -> None:
-        rec = record(flow)
+        rec: Record | None = flow.metadata.get(KEY)
         response = flow.response
         if rec is None or response is None:
             return

@@ -157,7 +157,7 @@ def _judge(
     _check_framing(facts.headers)
     if tunnel is None and host == INTERNAL_HOST:
         _check_internal_body(facts.headers)
-        return Verdict(host=host, port=port, path=path, method=method, internal=True)
+        return Verdict(None, "", host, port, path, None, method, None, True)
     request = Request(host, port, scheme, method, path, upgrade=b"upgrade" in facts.headers.index)
     decision = policy.decide(principal, request, now)
     if not decision.allowed:
@@ -174,7 +174,7 @@ def _judge(
         # the override itself: another grant allowing it would lend this one's credential.
         if not rule.allows_method(_method(value.strip())):
             raise _Refused(Reason.METHOD_NOT_ALLOWED, "the method override is not granted")
-    return Verdict(host=host, port=port, path=path, query=query, method=method, rule=rule)
+    return Verdict(None, "", host, port, path, query, method, rule)
 
 
 def _bind_destination(

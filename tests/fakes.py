@@ -160,7 +160,7 @@ class Chain:
 
     def bind(self, client: Any, tunnel: Tunnel) -> None:
         """What a CONNECT that passed leaves behind on its client connection."""
-        self.clients[client].tunnel = tunnel
+        self.clients.state(client).tunnel = tunnel
 
 
 def https_flow(chain: Chain, path: bytes = b"/v1/x") -> Any:

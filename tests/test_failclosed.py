@@ -137,7 +137,7 @@ async def test_pinning_tls_start_client(chain: Chain, monkeypatch: pytest.Monkey
 def test_pinning_server_connect(chain: Chain, monkeypatch: pytest.MonkeyPatch) -> None:
     client = connection.Client(peername=("127.0.0.1", 5), sockname=("127.0.0.1", 8080))
     server = connection.Server(address=("127.0.0.1", 9443))
-    chain.clients[client].upstream[("127.0.0.1", 9443)] = "api.test"
+    chain.clients.state(client).upstream[("127.0.0.1", 9443)] = "api.test"
     monkeypatch.setattr(chain.clients, "get", boom)
     with taddons.context(chain):
         chain.server_connect(server_hooks.ServerConnectionHookData(server, client))

@@ -75,7 +75,7 @@ def test_per_connection_state_goes_with_the_connection():
         client = tflow.tclient_conn()
         addon.client_connected(client)
         flow = tflow.tflow(client_conn=client)
-        addon.clients[client].tunnel = Tunnel("p", "h", 443)
+        addon.clients.state(client).tunnel = Tunnel("p", "h", 443)
         flow.response = None
         addon.http_connect(flow)
         assert len(addon.tunnels["p"]) == 1 and len(addon.conns) == 1
@@ -159,7 +159,7 @@ def test_a_closed_tunnel_frees_its_place_under_the_principals_cap():
         for flow in (first, second):
             flow.response = None
             addon.client_connected(flow.client_conn)
-            addon.clients[flow.client_conn].tunnel = Tunnel("p", "h", 443)
+            addon.clients.state(flow.client_conn).tunnel = Tunnel("p", "h", 443)
         addon.http_connect(first)
         addon.client_disconnected(first.client_conn)
         assert "p" not in addon.tunnels

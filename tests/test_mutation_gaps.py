@@ -241,7 +241,7 @@ async def test_tls_to_the_proxy_without_connect_is_refused() -> None:
     addon = make_addon(StaticLive(snapshot_policy(grant(1))))
     with taddons.context(addon):
         flow = https_flow(addon)
-        addon.clients[flow.client_conn].tunnel = None
+        addon.clients.state(flow.client_conn).tunnel = None
         flow.client_conn.sni = "api.test"
         flow.request.headers["proxy-authorization"] = basic("a", "tok-a")
         await addon.requestheaders(flow)

@@ -109,7 +109,7 @@ def test_server_connect_pins_sni_to_the_granted_name():
     client = connection.Client(peername=("127.0.0.1", 5), sockname=("127.0.0.1", 8080))
     server = connection.Server(address=("127.0.0.1", 9443))
     server.sni = "127.0.0.1"
-    addon.clients[client].upstream[("127.0.0.1", 9443)] = "api.test"
+    addon.clients.state(client).upstream[("127.0.0.1", 9443)] = "api.test"
     with taddons.context(addon):
         addon.server_connect(server_hooks.ServerConnectionHookData(server, client))
     assert server.error is None
