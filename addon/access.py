@@ -8,17 +8,21 @@ from __future__ import annotations
 import json
 import time
 from collections import OrderedDict
+from collections.abc import Awaitable
 from typing import Any
 
 from mitmproxy import http
 
+from addon.failclosed import deny_on_error
 from addon.live import LivePolicy
 from addon.policy import Reason
+from addon.state import Record, record
+from addon.trail import Trail
+from addon.verdict import INTERNAL_HOST, MAX_BODY
 from store.errors import CredproxyError, InvalidInput
 from store.grammar import canonicalize, parse_authority
 from store.records import AccessRequestEntry
 
-INTERNAL_HOST = "credproxy.internal"
 RECORDED_REASONS = frozenset({Reason.NO_GRANT, Reason.METHOD_NOT_ALLOWED, Reason.PATH_NOT_ALLOWED})
 HOW_TO_ASK = (
     f"ask for access with POST http://{INTERNAL_HOST}/access-requests "
@@ -28,7 +32,6 @@ HOW_TO_ASK = (
 # explicit asks alike: a looping agent cannot turn either into a write load under its row lock.
 RECORD_WINDOW = 10.0
 CACHE_SIZE = 10_000
-MAX_BODY = 16 * 1024
 
 
 # (principal, host, port, method, path, explicit)
@@ -162,6 +165,26 @@ class AccessRequests:
             source="explicit",
         )
         return _reply(202, {"id": request_id, "state": state})
+
+
+class AccessEndpoint:
+    """The `request` hook of credproxy.internal: the gate let it through, unforwarded."""
+
+    def __init__(self, requests: AccessRequests, trail: Trail) -> None:
+        self.requests = requests
+        self.trail = trail
+
+    @deny_on_error
+    def request(self, flow: http.HTTPFlow) -> Awaitable[None] | None:
+        rec = record(flow)
+        if rec is None or not rec.internal:
+            return None
+        return self._answer(flow, rec)
+
+    async def _answer(self, flow: http.HTTPFlow, rec: Record) -> None:
+        assert rec.principal is not None and rec.path is not None
+        flow.response = await self.requests.handle(flow, rec.principal, rec.path)
+        self.trail.finish(flow, "internal", status=flow.response.status_code)
 
 
 def _public(found: AccessRequestEntry) -> dict[str, Any]:

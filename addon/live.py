@@ -182,6 +182,3 @@ _abandoned = 0
 def abandoned() -> int:
     """How many store calls were left running past their deadline in this process."""
     return _abandoned
-
-
-__all__ = ["LivePolicy", "StoreUnavailable", "abandoned"]

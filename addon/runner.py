@@ -1,4 +1,4 @@
-"""`credproxy run`: mitmproxy's DumpMaster embedded in our own process, with our addon."""
+"""`credproxy run`: mitmproxy's DumpMaster embedded in our own process, with our addons."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import socket
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import certifi
 
@@ -24,6 +24,10 @@ from addon.limits import LimitSettings, add_limit_flags
 from store.errors import CredproxyError, InvalidInput
 from store.repository import Store
 from store.settings import Settings
+
+if TYPE_CHECKING:
+    from addon.chain import Chain
+    from addon.live import LivePolicy
 
 DRAIN_POLL = 0.05
 # After the drain deadline, how long closing the remaining connections may take.
@@ -167,16 +171,63 @@ def _trust_bundle(extra: Path, directory: Path) -> Path:
     return bundle
 
 
+def build_chain(
+    live: LivePolicy,
+    resolve: ResolveMap,
+    guard: DestinationGuard,
+    alert_streak: int = 20,
+    limits: LimitSettings | None = None,
+) -> Chain:
+    """credproxy's addons, in the order they run for each hook."""
+    import time
+
+    from addon.access import AccessEndpoint, AccessRequests
+    from addon.auth import Auth
+    from addon.chain import Chain, Lifecycle
+    from addon.forward import Forward
+    from addon.gate import Gate
+    from addon.limits import Limits
+    from addon.metrics import Metrics, StreakAlerts
+    from addon.pinning import Pinning
+    from addon.responses import Responses
+    from addon.state import Clients
+    from addon.trail import Trail
+
+    log = audit.logger()
+    metrics = Metrics(
+        snapshot_age=lambda: time.monotonic() - getattr(live, "last_ok", 0.0),
+        store_up=lambda: bool(getattr(live, "store_up", False)),
+    )
+    live.on_reload = metrics.reloads.inc
+    trail = Trail(metrics, StreakAlerts(alert_streak, log))
+    clients = Clients()
+    access = AccessRequests(live, log)
+    return Chain(
+        [
+            Lifecycle(live),  # configure, running, done: the options and the policy poller
+            Auth(live, clients, trail),  # http_connect, requestheaders: who, and the tunnel
+            Pinning(clients),  # tls_clienthello, tls_start_client, server_connect
+            Gate(access, trail),  # requestheaders: the verdict
+            Forward(live, resolve, guard, clients, trail, metrics),  # requestheaders: stamp
+            AccessEndpoint(access, trail),  # request: credproxy.internal
+            Responses(),  # responseheaders, response, websocket_message: redaction
+            trail,  # response, error: the audit line
+            # caps and deadlines, last: it sees what the others did
+            Limits(limits or LimitSettings(), clients, trail),
+        ],
+    )
+
+
 async def serve(config: RunConfig, started: asyncio.Event | None = None) -> int:
     # Heavy imports here, so that the store commands of the same CLI start quickly.
     from mitmproxy import options
     from mitmproxy.tools.dump import DumpMaster
 
-    from addon import refusals, wire, wsredact
-    from addon.limits import Limits
-    from addon.limits import install as install_limits
+    from addon import bounds, refusals, wire, wsredact
+    from addon.chain import REQUIRED_OPTIONS
+    from addon.forward import Forward
     from addon.live import LivePolicy
-    from addon.proxy import REQUIRED_OPTIONS, Credproxy
+    from addon.trail import Trail
 
     log = audit.logger()
     settings = config.settings
@@ -197,7 +248,7 @@ async def serve(config: RunConfig, started: asyncio.Event | None = None) -> int:
     # control frames. Each raises here if mitmproxy changed shape: never open later.
     wire.install()
     refusals.install()
-    install_limits()
+    bounds.install()
     wsredact.install()
     runtime = Path(tempfile.mkdtemp(prefix="credproxy-"))
     master = DumpMaster(options.Options(), with_termlog=False, with_dumper=False)
@@ -213,12 +264,12 @@ async def serve(config: RunConfig, started: asyncio.Event | None = None) -> int:
     if config.upstream_ca is not None:
         update["ssl_verify_upstream_trusted_ca"] = str(_trust_bundle(config.upstream_ca, runtime))
     master.options.update(**update)
-    addon = Credproxy(live, config.resolve, config.guard, config.alert_streak)
-    master.addons.add(addon)
-    master.addons.add(Limits(config.limits, addon))
+    chain = build_chain(live, config.resolve, config.guard, config.alert_streak, config.limits)
+    master.addons.add(chain)
+    forward, trail = chain.part(Forward), chain.part(Trail)
 
     loop = asyncio.get_running_loop()
-    stopping = _Stopping(master, addon, config.drain_timeout, log)
+    stopping = _Stopping(master, trail, config.drain_timeout, log)
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stopping.begin, sig)
     loop.add_signal_handler(signal.SIGHUP, stopping.reload, live)
@@ -230,7 +281,7 @@ async def serve(config: RunConfig, started: asyncio.Event | None = None) -> int:
                 return
             await asyncio.sleep(0.02)
         listening = [(str(a[0]), int(a[1])) for a in proxyserver.listen_addrs()]
-        addon.guard = addon.guard.listening_on(listening + admin_addr)
+        forward.guard = forward.guard.listening_on(listening + admin_addr)
         addrs = [f"{host}:{port}" for host, port in listening]
         log.info(
             "proxy.started",
@@ -255,7 +306,7 @@ async def serve(config: RunConfig, started: asyncio.Event | None = None) -> int:
             serving = current is not None and audit_state == audit.OK
             return serving, {"store_up": live.store_up, "audit": audit_state}
 
-        admin = AdminServer(config.admin[0], config.admin[1], ready, addon.metrics.render)
+        admin = AdminServer(config.admin[0], config.admin[1], ready, trail.metrics.render)
         try:
             admin_addr.append(await admin.start())
         except OSError as e:
@@ -263,12 +314,12 @@ async def serve(config: RunConfig, started: asyncio.Event | None = None) -> int:
             raise InvalidInput(
                 f"cannot listen on --admin {config.admin[0]}:{config.admin[1]}: {e.strerror}"
             ) from e
-    addon.guard = addon.guard.listening_on(admin_addr)
+    forward.guard = forward.guard.listening_on(admin_addr)
 
     announcer = loop.create_task(announce())
     # What start-up built lives as long as the process: out of every later collection's scan.
-    # The ~2,000 start-up objects already garbage are kept too: cheaper than the full
-    # collection that would find them (0.1 s at 10,000 grants).
+    # The start-up objects already garbage are kept too: cheaper than the full collection
+    # that would find them.
     gc.freeze()
     try:
         await master.run()
@@ -289,9 +340,9 @@ async def serve(config: RunConfig, started: asyncio.Event | None = None) -> int:
 class _Stopping:
     """SIGTERM/SIGINT: stop accepting, drain in-flight requests, then stop. SIGHUP: reload."""
 
-    def __init__(self, master: Any, addon: Any, drain_timeout: float, log: Any) -> None:
+    def __init__(self, master: Any, trail: Any, drain_timeout: float, log: Any) -> None:
         self.master = master
-        self.addon = addon
+        self.trail = trail
         self.drain_timeout = drain_timeout
         self.log = log
         self.cut = 0  # requests still in flight at the deadline
@@ -307,7 +358,7 @@ class _Stopping:
         self.log.info(
             "proxy.stopping",
             signal=sig.name,
-            in_flight=len(self.addon.pending),
+            in_flight=self.trail.open,
             drain_timeout_s=self.drain_timeout,
         )
         self._spawn(self._drain(), "drain")
@@ -327,8 +378,8 @@ class _Stopping:
             for server in list(proxyserver.servers):
                 if server.is_running:
                     await server.stop()
-            await self._wait(lambda: not self.addon.pending, self.drain_timeout)
-            self.cut = len(self.addon.pending)
+            await self._wait(lambda: not self.trail.open, self.drain_timeout)
+            self.cut = self.trail.open
             # Idle keep-alives, open tunnels and WebSockets, and whatever missed the deadline:
             # closed here, so their audit lines are written before proxy.stopped.
             for handler in list(proxyserver.connections.values()):

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from addon.proxy import REQUIRED_OPTIONS
+from addon.chain import REQUIRED_OPTIONS
 from addon.runner import _trust_bundle
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -21,8 +21,7 @@ from mitmproxy.test import taddons
 from addon import audit
 from addon.hosts import ResolveMap
 from addon.metrics import Metrics
-from addon.proxy import Credproxy
-from tests.test_proxy import StaticLive, https_flow, make_policy, reason
+from tests.fakes import Chain, StaticLive, https_flow, make_policy, reason
 
 
 class Sink:
@@ -89,7 +88,7 @@ def request_ids(data: bytes) -> list[object]:
     return [json.loads(line).get("n") for line in data.decode().splitlines()]
 
 
-async def refused_with(addon: Credproxy) -> str | None:
+async def refused_with(addon: Chain) -> str | None:
     with taddons.context(addon):
         flow = https_flow(addon)
         await addon.requestheaders(flow)
@@ -128,7 +127,7 @@ async def test_in_the_loop_lines_go_out_after_the_current_step_in_order(sink: Si
 async def test_every_write_error_refuses_requests_until_a_write_succeeds(
     sink: Sink, error: int
 ) -> None:
-    addon = Credproxy(StaticLive(make_policy()), ResolveMap.parse(["api.test=127.0.0.1:1"]))
+    addon = Chain(StaticLive(make_policy()), ResolveMap.parse(["api.test=127.0.0.1:1"]))
     sink.error = error
     audit.emit("request", {"n": 1})
     await settle(lambda: not audit.writable())
@@ -169,7 +168,7 @@ async def test_eagain_is_a_stall_not_an_error_until_the_queue_is_over_its_bound(
         while True:  # full before the writer starts: the queue can only grow
             filler += os.write(write_end, b"#" * 4096)
     writer = setup(write_end, limit=64 * 1024)
-    addon = Credproxy(StaticLive(make_policy()), ResolveMap.parse(["api.test=127.0.0.1:1"]))
+    addon = Chain(StaticLive(make_policy()), ResolveMap.parse(["api.test=127.0.0.1:1"]))
     received = bytearray()
     try:
         n = 0

@@ -11,9 +11,11 @@ from typing import Any
 import pytest
 from mitmproxy.test import taddons, tflow
 
-from addon import limits
+from addon import bounds, limits
 from addon.limits import LIMIT_FLAGS, Limits, LimitSettings
 from addon.policy import STATUS, Reason
+from addon.state import Clients
+from addon.verdict import Tunnel
 from store.errors import InvalidInput
 
 
@@ -42,22 +44,15 @@ def test_the_new_reasons_have_their_statuses():
 
 
 def test_install_is_idempotent_and_checks_h2s_own_limits():
-    limits.install()
-    limits.install()
+    bounds.install()
+    bounds.install()
     from mitmproxy.proxy.layers.http import _http1
 
     assert _http1.Http1Server.read_headers.__qualname__.startswith("_bounded_head")
 
 
-class _Proxy:
-    tunnels: dict[str, Any]
-
-    def __init__(self) -> None:
-        self.tunnels = {}
-
-
 def _limits(**settings: Any) -> Limits:
-    return Limits(LimitSettings(**settings), _Proxy())  # type: ignore[arg-type]
+    return Limits(LimitSettings(**settings), Clients(), None)  # type: ignore[arg-type]
 
 
 def test_connections_over_the_total_cap_are_refused_at_accept():
@@ -80,7 +75,7 @@ def test_per_connection_state_goes_with_the_connection():
         client = tflow.tclient_conn()
         addon.client_connected(client)
         flow = tflow.tflow(client_conn=client)
-        addon.credproxy.tunnels[client.id] = SimpleNamespace(principal="p", host="h", port=443)
+        addon.clients.state(client).tunnel = Tunnel("p", "h", 443)
         flow.response = None
         addon.http_connect(flow)
         assert len(addon.tunnels["p"]) == 1 and len(addon.conns) == 1
@@ -129,7 +124,7 @@ def test_an_overdue_flow_is_marked_for_a_504_and_its_upstream_cut(monkeypatch):
         addon.request(flow)
         addon.sweep(addon.flows[flow].deadline + 1)
         assert cut == ["upstream timeout: no response in 30 s"]
-        assert limits._timed_out_flows[flow] == cut[0]
+        assert bounds.timed_out_flows[flow] == cut[0]
 
 
 def test_a_streamed_response_chunk_pushes_the_stall_deadline_back(monkeypatch):
@@ -151,10 +146,10 @@ def test_a_streamed_response_chunk_pushes_the_stall_deadline_back(monkeypatch):
 def test_the_h2_queue_bound_counts_bytes_not_frames():
     frame = SimpleNamespace
     small = [frame(data=b"x" * 10) for _ in range(1000)]
-    assert not limits._buffered((small,), 16384, 1024 * 1024)  # 1000 frames, 10 kB
+    assert not bounds._buffered((small,), 16384, 1024 * 1024)  # 1000 frames, 10 kB
     full = [frame(data=b"x" * 16384) for _ in range(65)]
-    assert limits._buffered((full,), 16384, 1024 * 1024)
-    assert limits._buffered((full[:40], full[:40]), 16384, 1024 * 1024)  # over all streams
+    assert bounds._buffered((full,), 16384, 1024 * 1024)
+    assert bounds._buffered((full[:40], full[:40]), 16384, 1024 * 1024)  # over all streams
 
 
 def test_a_closed_tunnel_frees_its_place_under_the_principals_cap():
@@ -164,9 +159,7 @@ def test_a_closed_tunnel_frees_its_place_under_the_principals_cap():
         for flow in (first, second):
             flow.response = None
             addon.client_connected(flow.client_conn)
-            addon.credproxy.tunnels[flow.client_conn.id] = SimpleNamespace(
-                principal="p", host="h", port=443
-            )
+            addon.clients.state(flow.client_conn).tunnel = Tunnel("p", "h", 443)
         addon.http_connect(first)
         addon.client_disconnected(first.client_conn)
         assert "p" not in addon.tunnels

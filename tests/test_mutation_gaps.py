@@ -28,19 +28,19 @@ from mitmproxy.proxy import context, server_hooks
 from mitmproxy.test import taddons, tflow
 
 import addon.policy as policy_module
+from addon import responses
 from addon.guard import DestinationGuard, is_public
 from addon.hosts import ResolveMap
 from addon.policy import STATUS, Policy, Reason, Request, Rule
-from addon.proxy import Credproxy, Tunnel
 from addon.redact import MARK, Redactor
+from addon.verdict import Tunnel
 from store.crypto import Secret, hash_token
 from store.grammar import parse_host
 from store.records import Snapshot
 from tests.e2e.conftest import Proxy, start_proxy, stop_proxy
 from tests.e2e.raw import Reply, proxy_auth, read_reply
 from tests.e2e.upstream import Upstream
-from tests.test_policy import CRED, NOW, grant, policy
-from tests.test_proxy import StaticLive, https_flow, reason
+from tests.fakes import CRED, NOW, Chain, StaticLive, grant, https_flow, policy, reason
 
 # Long enough to be redacted (forms shorter than 4 bytes are not); a test value, not a secret.
 LONG_SECRET = b"sk-test-0123456789abcdef"
@@ -86,8 +86,8 @@ def assert_refused_unstamped(flow: Any, code: str) -> None:
     assert flow.request.headers.get("authorization") is None
 
 
-def make_addon(live: Any, resolve: list[str] | None = None) -> Credproxy:
-    return Credproxy(live, ResolveMap.parse(RESOLVE if resolve is None else resolve))
+def make_addon(live: Any, resolve: list[str] | None = None) -> Chain:
+    return Chain(live, ResolveMap.parse(RESOLVE if resolve is None else resolve))
 
 
 def basic(user: str, token: str) -> str:
@@ -134,7 +134,7 @@ async def test_connect_needs_exactly_one_valid_basic_proxy_authorization(
         await addon.http_connect(flow)  # type: ignore[misc]  # the fail-closed wrapper is async
     assert flow.response.status_code == 407
     assert reason(flow) == "auth-required"
-    assert flow.client_conn.id not in addon.tunnels
+    assert addon.tunnel(flow.client_conn) is None
 
 
 def test_tokens_are_compared_in_constant_time(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -241,7 +241,7 @@ async def test_tls_to_the_proxy_without_connect_is_refused() -> None:
     addon = make_addon(StaticLive(snapshot_policy(grant(1))))
     with taddons.context(addon):
         flow = https_flow(addon)
-        del addon.tunnels[flow.client_conn.id]
+        addon.clients.state(flow.client_conn).tunnel = None
         flow.client_conn.sni = "api.test"
         flow.request.headers["proxy-authorization"] = basic("a", "tok-a")
         await addon.requestheaders(flow)
@@ -373,7 +373,7 @@ async def test_a_forbidden_destination_does_not_burn_a_once_grant() -> None:
     addon = make_addon(live, resolve=[])
     with taddons.context(addon):
         flow = https_flow(addon)
-        addon.tunnels[flow.client_conn.id] = Tunnel("a", "localhost", 443)
+        addon.bind(flow.client_conn, Tunnel("a", "localhost", 443))
         flow.request.host = "localhost"
         flow.request.host_header = "localhost"
         flow.client_conn.sni = "localhost"
@@ -543,7 +543,7 @@ def test_the_proxys_own_listeners_are_refused_even_in_an_opened_range(
 # -- response redaction ---------------------------------------------------------------------
 
 
-async def allowed_flow(addon: Credproxy) -> Any:
+async def allowed_flow(addon: Chain) -> Any:
     flow = https_flow(addon)
     await addon.requestheaders(flow)
     assert flow.response is None
@@ -573,7 +573,7 @@ def test_a_held_body_ending_in_the_start_of_a_secret_is_sent_whole() -> None:
     assert Redactor([LONG_SECRET]).whole(body) == b"token " + MARK + b" then " + LONG_SECRET[:6]
 
 
-def client_view(addon: Credproxy, flow: Any, body: bytes) -> bytes:
+def client_view(addon: Chain, flow: Any, body: bytes) -> bytes:
     """The body as a client honouring every Content-Encoding header would read it."""
     stream = flow.response.stream
     if callable(stream):
@@ -644,7 +644,7 @@ async def test_when_even_the_deny_fails_the_connection_is_killed(
     def broken_deny(*args: Any, **kwargs: Any) -> None:
         raise RuntimeError("injected fault")
 
-    monkeypatch.setattr(addon, "deny", broken_deny)
+    monkeypatch.setattr(addon.trail, "deny", broken_deny)
     with taddons.context(addon):
         flow = https_flow(addon)
         await addon.requestheaders(flow)
@@ -668,11 +668,17 @@ async def test_an_exception_in_the_request_hook_denies(monkeypatch: pytest.Monke
     assert reason(flow) == "internal-error"
 
 
-def test_an_exception_in_the_response_hook_kills_the_flow() -> None:
+def test_an_exception_in_the_response_hook_kills_the_flow(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     addon = make_addon(StaticLive(snapshot_policy(grant(1))))
+
+    def broken(flow: Any) -> Any:
+        raise RuntimeError("injected fault")
+
+    monkeypatch.setattr(responses, "record", broken)
     with taddons.context(addon):
         flow = tflow.tflow(resp=True)
-        addon.pending = None  # type: ignore[assignment]
         addon.response(flow)
     assert flow.error is not None and flow.error.msg == "Connection killed."
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -11,59 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from addon.policy import Policy, Reason, Request
-from store.crypto import Secret, hash_token
-from store.grammar import parse_host
 from store.records import TOMBSTONE_RETENTION as RETENTION
-from store.records import CredentialRecord, GrantRecord, Snapshot
-
-NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
-CRED = CredentialRecord(
-    name="gh",
-    scheme="bearer",
-    header_name=None,
-    param_name=None,
-    hosts=(parse_host("api.test"), parse_host("*.wild.test")),
-    secret=Secret(b"s"),
-    fingerprint="fp-x",
-)
-
-
-def grant(
-    gid: int,
-    hosts=("api.test",),
-    methods=("GET",),
-    paths=("/v1/",),
-    *,
-    cred=True,
-    once=False,
-    websocket=False,
-    expires=None,
-    principal="a",
-) -> GrantRecord:
-    return GrantRecord(
-        id=gid,
-        principal=principal,
-        credential="gh" if cred else None,
-        hosts=tuple(parse_host(h) for h in hosts),
-        methods=frozenset(methods),
-        paths=tuple(paths),
-        once=once,
-        websocket=websocket,
-        expires_at=expires,
-    )
-
-
-def policy(*grants: GrantRecord) -> Policy:
-    return Policy(
-        Snapshot(
-            counter=1,
-            key_id="k",
-            token_hashes={"a": hash_token("tok-a"), "b": hash_token("tok-b")},
-            credentials={"gh": CRED},
-            grants=grants,
-            unreadable=(),
-        )
-    )
+from store.records import GrantRecord
+from tests.fakes import NOW, grant, policy
 
 
 def req(host="api.test", port=443, scheme="https", method="GET", path="/v1/x", upgrade=False):

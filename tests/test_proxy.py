@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import base64
 import json
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -18,72 +17,15 @@ from mitmproxy import connection
 from mitmproxy.proxy import context, server_hooks
 from mitmproxy.test import taddons, tflow
 
-from addon.hosts import ResolveMap
-from addon.policy import Policy
-from addon.proxy import Credproxy, Tunnel
-from store.crypto import hash_token
-from store.errors import StoreUnavailable
-from store.grammar import BadPath, canonicalize, path_matches
-from store.records import Snapshot
-from tests.test_policy import CRED, grant
-
-
-class StaticLive:
-    """Serves one Policy; `fail` makes current() raise, to inject a fault."""
-
-    def __init__(self, policy: Policy | None, fail: bool = False) -> None:
-        self.policy = policy
-        self.fail = fail
-        self.store_up = True
-
-    def current(self) -> Policy | None:
-        if self.fail:
-            raise RuntimeError("injected fault")
-        return self.policy
-
-    async def consume_once(self, grant_id: int) -> bool:
-        return True
-
-    store = SimpleNamespace(record_access_request=None, get_access_request=None)
-
-    async def call(self, *args: Any) -> Any:
-        raise StoreUnavailable("no store behind the unit tests")
-
-
-def make_policy() -> Policy:
-    return Policy(
-        Snapshot(
-            counter=1,
-            key_id="k",
-            token_hashes={"a": hash_token("tok-a")},
-            credentials={"gh": CRED},
-            grants=(grant(1),),
-            unreadable=(),
-        )
-    )
-
-
-def https_flow(addon: Credproxy, path: bytes = b"/v1/x") -> Any:
-    flow = tflow.tflow()
-    flow.request.scheme = "https"
-    flow.request.host = "api.test"
-    flow.request.port = 443
-    flow.request.data.path = path
-    flow.request.host_header = "api.test"
-    flow.client_conn.tls = True
-    flow.client_conn.sni = "api.test"
-    addon.tunnels[flow.client_conn.id] = Tunnel("a", "api.test", 443)
-    return flow
-
-
-def reason(flow: Any) -> str:
-    assert flow.response is not None
-    return json.loads(flow.response.content)["reason"]
+from addon import responses
+from addon.verdict import Tunnel
+from store.grammar import BadPath, ResolveMap, canonicalize, path_matches
+from tests.fakes import Chain, StaticLive, https_flow, make_policy, reason
 
 
 async def test_an_allowed_request_is_stamped():
     resolve = ResolveMap.parse(["api.test=127.0.0.1:9443"])
-    addon = Credproxy(StaticLive(make_policy()), resolve)  # type: ignore[arg-type]
+    addon = Chain(StaticLive(make_policy()), resolve)
     with taddons.context(addon):
         flow = https_flow(addon)
         flow.request.headers["authorization"] = "Bearer placeholder"
@@ -95,7 +37,7 @@ async def test_an_allowed_request_is_stamped():
 
 
 async def test_an_exception_in_requestheaders_denies():
-    addon = Credproxy(StaticLive(make_policy(), fail=True))  # type: ignore[arg-type]
+    addon = Chain(StaticLive(make_policy(), fail=True))
     with taddons.context(addon):
         flow = https_flow(addon)
         await addon.requestheaders(flow)
@@ -111,7 +53,7 @@ async def test_an_exception_in_the_decision_denies(monkeypatch: pytest.MonkeyPat
         raise KeyError("boom")
 
     monkeypatch.setattr(policy, "decide", broken)
-    addon = Credproxy(StaticLive(policy))  # type: ignore[arg-type]
+    addon = Chain(StaticLive(policy))
     with taddons.context(addon):
         flow = https_flow(addon)
         await addon.requestheaders(flow)
@@ -119,7 +61,7 @@ async def test_an_exception_in_the_decision_denies(monkeypatch: pytest.MonkeyPat
 
 
 async def test_an_exception_in_http_connect_denies():
-    addon = Credproxy(StaticLive(make_policy(), fail=True))  # type: ignore[arg-type]
+    addon = Chain(StaticLive(make_policy(), fail=True))
     with taddons.context(addon):
         flow = tflow.tflow()
         flow.request.method = "CONNECT"
@@ -127,11 +69,11 @@ async def test_an_exception_in_http_connect_denies():
         flow.request.headers["proxy-authorization"] = f"Basic {auth}"
         await addon.http_connect(flow)
     assert reason(flow) == "internal-error"
-    assert flow.client_conn.id not in addon.tunnels
+    assert addon.tunnel(flow.client_conn) is None
 
 
 async def test_a_stale_policy_denies_with_store_unavailable():
-    addon = Credproxy(StaticLive(None))  # type: ignore[arg-type]
+    addon = Chain(StaticLive(None))
     with taddons.context(addon):
         flow = https_flow(addon)
         await addon.requestheaders(flow)
@@ -139,17 +81,21 @@ async def test_a_stale_policy_denies_with_store_unavailable():
     assert reason(flow) == "store-unavailable"
 
 
-def test_an_exception_in_responseheaders_kills_the_flow():
-    addon = Credproxy(StaticLive(make_policy()))  # type: ignore[arg-type]
+def test_an_exception_in_responseheaders_kills_the_flow(monkeypatch: pytest.MonkeyPatch):
+    addon = Chain(StaticLive(make_policy()))
+
+    def broken(flow: Any) -> Any:
+        raise RuntimeError("injected fault")
+
+    monkeypatch.setattr(responses, "record", broken)
     with taddons.context(addon):
         flow = tflow.tflow(resp=True)
-        addon.pending = None  # type: ignore[assignment]
         addon.responseheaders(flow)
     assert flow.error is not None and flow.error.msg == "Connection killed."
 
 
 def test_server_connect_refuses_a_connection_no_request_asked_for():
-    addon = Credproxy(StaticLive(make_policy()))  # type: ignore[arg-type]
+    addon = Chain(StaticLive(make_policy()))
     client = connection.Client(peername=("127.0.0.1", 5), sockname=("127.0.0.1", 8080))
     server = connection.Server(address=("api.test", 443))
     with taddons.context(addon):
@@ -158,11 +104,11 @@ def test_server_connect_refuses_a_connection_no_request_asked_for():
 
 
 def test_server_connect_pins_sni_to_the_granted_name():
-    addon = Credproxy(StaticLive(make_policy()))  # type: ignore[arg-type]
+    addon = Chain(StaticLive(make_policy()))
     client = connection.Client(peername=("127.0.0.1", 5), sockname=("127.0.0.1", 8080))
     server = connection.Server(address=("127.0.0.1", 9443))
     server.sni = "127.0.0.1"
-    addon.upstream_names[(client.id, ("127.0.0.1", 9443))] = "api.test"
+    addon.clients.state(client).upstream[("127.0.0.1", 9443)] = "api.test"
     with taddons.context(addon):
         addon.server_connect(server_hooks.ServerConnectionHookData(server, client))
     assert server.error is None
@@ -173,20 +119,20 @@ def test_tls_clienthello_pins_upstream_sni_and_flags_a_mismatch():
     from mitmproxy import tls
     from mitmproxy.options import Options
 
-    addon = Credproxy(StaticLive(make_policy()))  # type: ignore[arg-type]
+    addon = Chain(StaticLive(make_policy()))
     client = connection.Client(peername=("127.0.0.1", 5), sockname=("127.0.0.1", 8080))
-    addon.tunnels[client.id] = Tunnel("a", "api.test", 443)
+    addon.bind(client, Tunnel("a", "api.test", 443))
     ctx = context.Context(client, Options())
     ctx.server = connection.Server(address=("api.test", 443))
 
     class Hello:
         sni = "evil.test"
 
-    data = tls.ClientHelloData(ctx, Hello())  # type: ignore[arg-type]
+    data = tls.ClientHelloData(ctx, Hello())
     with taddons.context(addon):
         addon.tls_clienthello(data)
     assert ctx.server.sni == "api.test"
-    assert addon.tunnels[client.id].sni_mismatch
+    assert addon.tunnel(client).sni_mismatch
     assert not data.ignore_connection
 
 
@@ -203,7 +149,7 @@ async def test_what_is_forwarded_is_what_was_matched(segments, query):
     target = ("/v1/" + "/".join(segments)).encode() + (
         b"?" + query.encode() if query is not None else b""
     )
-    addon = Credproxy(StaticLive(make_policy()), ResolveMap.parse(["api.test=127.0.0.1:9"]))  # type: ignore[arg-type]
+    addon = Chain(StaticLive(make_policy()), ResolveMap.parse(["api.test=127.0.0.1:9"]))
     with taddons.context(addon):
         flow = https_flow(addon, target)
         await addon.requestheaders(flow)
@@ -232,7 +178,7 @@ async def test_h2_authority_and_host_header_must_both_name_the_host(
 ):
     # mitmproxy's host_header prefers :authority on h2; a Host header that names another
     # host would still reach an h1 upstream (domain fronting) with the credential on it.
-    addon = Credproxy(StaticLive(make_policy()))  # type: ignore[arg-type]
+    addon = Chain(StaticLive(make_policy()))
     with taddons.context(addon):
         flow = https_flow(addon)
         flow.request.http_version = "HTTP/2.0"
@@ -253,27 +199,27 @@ def connect_flow() -> Any:
 
 
 async def test_a_connect_over_h2_to_the_proxy_is_refused():
-    addon = Credproxy(StaticLive(make_policy()))  # type: ignore[arg-type]
+    addon = Chain(StaticLive(make_policy()))
     with taddons.context(addon):
         flow = connect_flow()
         flow.request.http_version = "HTTP/2.0"
         await addon.http_connect(flow)
     assert reason(flow) == "bad-request"
-    assert flow.client_conn.id not in addon.tunnels
+    assert addon.tunnel(flow.client_conn) is None
 
 
 async def test_a_second_connect_on_a_tunnelled_connection_is_refused():
-    addon = Credproxy(StaticLive(make_policy()))  # type: ignore[arg-type]
+    addon = Chain(StaticLive(make_policy()))
     with taddons.context(addon):
         flow = connect_flow()
-        addon.tunnels[flow.client_conn.id] = Tunnel("a", "other.test", 443)
+        addon.bind(flow.client_conn, Tunnel("a", "other.test", 443))
         await addon.http_connect(flow)
     assert reason(flow) == "bad-request"
-    assert addon.tunnels[flow.client_conn.id].host == "other.test"
+    assert addon.tunnel(flow.client_conn).host == "other.test"
 
 
 async def test_an_h2_request_to_the_proxy_itself_is_refused():
-    addon = Credproxy(StaticLive(make_policy()))  # type: ignore[arg-type]
+    addon = Chain(StaticLive(make_policy()))
     with taddons.context(addon):
         flow = tflow.tflow()
         flow.request.http_version = "HTTP/2.0"

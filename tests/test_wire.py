@@ -14,8 +14,7 @@ from structlog.testing import capture_logs
 
 from addon import wire
 from addon.policy import Reason
-from addon.proxy import Credproxy
-from tests.test_proxy import StaticLive, make_policy
+from tests.fakes import Chain, StaticLive, make_policy
 
 SECRET = "sk-unit-0f1e2d3c"
 P, U, T = "upstream-protocol-error", "upstream-unreachable", "upstream-tls-error"
@@ -314,17 +313,17 @@ def test_install_fails_at_start_when_mitmproxy_changed(monkeypatch: pytest.Monke
         wire.install()
 
 
-# -- the hooks in addon/proxy.py -------------------------------------------------------
+# -- the hooks in addon/trail.py and addon/responses.py ---------------------------
 
 
 def test_the_error_hook_audits_a_fixed_class_never_the_upstream_text():
-    addon = Credproxy(StaticLive(make_policy()))  # type: ignore[arg-type]
+    addon = Chain(StaticLive(make_policy()))
     lines: list[dict[str, Any]] = []
-    addon._audit = lambda _, decision, **f: lines.append({"decision": decision, **f})  # type: ignore[method-assign]
+    addon.trail.write = lambda _, decision, **f: lines.append({"decision": decision, **f})  # type: ignore[method-assign]
     with taddons.context(addon), capture_logs() as logs:
         flow = tflow.tflow(err=True)
         flow.error.msg = f"Cannot parse HTTP response: Bad HTTP response line: b'{SECRET}'"
-        addon._begin(flow).rule = object()  # type: ignore[assignment]
+        addon.trail.begin(flow).allowed = True
         addon.error(flow)
     [line] = lines
     assert line == {"decision": "allow", "status": 502, "reason": P, "error": "bad-status-line"}
@@ -332,12 +331,12 @@ def test_the_error_hook_audits_a_fixed_class_never_the_upstream_text():
 
 
 def test_responseheaders_kills_a_response_with_a_foreign_transfer_coding():
-    addon = Credproxy(StaticLive(make_policy()))  # type: ignore[arg-type]
+    addon = Chain(StaticLive(make_policy()))
     with taddons.context(addon):
         flow = tflow.tflow(resp=True)
         flow.response.headers["transfer-encoding"] = "gzip, chunked"
-        pending = addon._begin(flow)
-        pending.rule = object()  # type: ignore[assignment]
+        pending = addon.trail.begin(flow)
+        pending.allowed = True
         addon.responseheaders(flow)
     assert flow.error is not None and flow.error.msg == "Connection killed."
     assert pending.failure == wire.Failure(Reason.UPSTREAM_PROTOCOL_ERROR, "bad-transfer-coding")

@@ -92,13 +92,12 @@ def test_control_frames_holding_a_form_carry_only_the_mark():
 
 
 def test_the_proxy_hook_fails_closed(monkeypatch):
-    from addon.proxy import Credproxy
-    from tests.test_proxy import StaticLive, make_policy
+    from tests.fakes import Chain, StaticLive, make_policy
 
     def boom(flow):
         raise RuntimeError("redaction broke")
 
-    addon = Credproxy(StaticLive(make_policy()))  # type: ignore[arg-type]
+    addon = Chain(StaticLive(make_policy()))
     monkeypatch.setattr(wsredact, "on_message", boom)
     flow = _flow(_server(SECRET))
     addon.websocket_message(flow)

@@ -1,0 +1,129 @@
+"""Authentication and the tunnel table: who a request is from, and what its CONNECT bound.
+
+Proxy-Authorization is read and removed here, never forwarded. A CONNECT that passes binds
+its principal, host and port to the client connection; every request inside is judged as
+that principal's and must go to that authority (addon/verdict.py).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import Any
+
+from mitmproxy import http
+
+from addon import audit
+from addon.failclosed import Denied, deny_on_error
+from addon.live import LivePolicy
+from addon.policy import Policy, Reason
+from addon.state import STEPS, Clients, Step
+from addon.trail import Trail
+from addon.verdict import HeaderScan, Tunnel
+from store.grammar import BadAuthority, normalize_host
+
+
+class Auth:
+    def __init__(self, live: LivePolicy, clients: Clients, trail: Trail) -> None:
+        self.live = live
+        self.clients = clients
+        self.trail = trail
+
+    @deny_on_error
+    def http_connect(self, flow: http.HTTPFlow) -> None:
+        rec = self.trail.begin(flow)
+        rec.method = "CONNECT"
+        rec.host, rec.port = flow.request.host, flow.request.port
+        headers = HeaderScan.scan(flow.request.headers.fields)
+        principal = self._authenticate(flow, headers.get_all(b"proxy-authorization"))
+        rec.principal = principal
+        policy = self._policy()
+        if flow.request.is_http2:
+            raise Denied(Reason.BAD_REQUEST, "CONNECT over HTTP/2 to the proxy is not supported")
+        state = self.clients.get(flow.client_conn)
+        if state is not None and (state.tunnel is not None or state.broken):
+            raise Denied(Reason.BAD_REQUEST, "CONNECT inside a tunnel")
+        if state is not None and state.principal not in (None, principal):
+            raise Denied(Reason.AUTH_REQUIRED, "credentials differ from the connection's")
+        try:
+            host, port = normalize_host(flow.request.host), flow.request.port
+        except BadAuthority as e:
+            raise Denied(Reason.BAD_REQUEST, "invalid CONNECT authority") from e
+        rec.host = host
+        if not policy.may_connect(principal, host, port):
+            raise Denied(Reason.NO_GRANT, "no grant for this host and port")
+        self.clients.state(flow.client_conn).tunnel = Tunnel(principal, host, port)
+        self.trail.forget(flow)
+
+    @deny_on_error
+    def requestheaders(self, flow: http.HTTPFlow) -> None:
+        request = flow.request
+        rec = self.trail.begin(flow)
+        rec.method = request.data.method.decode("latin-1")
+        rec.host, rec.port = request.host, request.port
+        headers = HeaderScan.scan(request.headers.fields)
+        state = self.clients.get(flow.client_conn)
+        tunnel = state.tunnel if state is not None else None
+        if tunnel is None:
+            principal = self._authenticate(flow, headers.get_all(b"proxy-authorization"))
+            # One client connection, one principal: its upstream connections are shared.
+            if state is None:
+                state = self.clients.state(flow.client_conn)
+            if state.principal is None:
+                state.principal = principal
+            elif state.principal != principal:
+                raise Denied(Reason.AUTH_REQUIRED, "credentials differ from the connection's")
+            if request.is_http2:
+                # Streams of one HTTP/2 connection to the proxy would share its state.
+                raise Denied(Reason.BAD_REQUEST, "HTTP/2 to the proxy is not supported")
+        else:
+            if b"proxy-authorization" in headers.index:
+                request.headers.pop("proxy-authorization", None)
+                # Never judge one principal's request as another's: credentials inside the
+                # tunnel must be the tunnel's own, or the request is refused.
+                named = self._principal(headers.get_all(b"proxy-authorization"))
+                if named != tunnel.principal:
+                    raise Denied(Reason.AUTH_REQUIRED, "credentials differ from the tunnel's")
+            principal = tunnel.principal
+        rec.principal = principal
+        policy = self._policy()
+        if principal not in policy.principals():
+            raise Denied(Reason.AUTH_REQUIRED, "the principal no longer exists")
+        if state is not None and state.broken:
+            raise Denied(Reason.INTERNAL_ERROR, "internal error")
+        STEPS[flow] = Step(headers, principal, tunnel, policy)
+
+    def _policy(self) -> Policy:
+        if not audit.writable():
+            raise Denied(Reason.AUDIT_UNAVAILABLE, "the audit stream cannot be written")
+        policy: Any = self.live.current()
+        if policy is None:
+            raise Denied(Reason.STORE_UNAVAILABLE, "the policy is stale and the store unreachable")
+        return policy  # type: ignore[no-any-return]
+
+    def _authenticate(self, flow: http.HTTPFlow, values: list[bytes]) -> str:
+        """The principal from Proxy-Authorization, which is removed and never forwarded."""
+        if values:
+            flow.request.headers.pop("proxy-authorization", None)
+        principal = self._principal(values)
+        if principal is None:
+            raise Denied(Reason.AUTH_REQUIRED, "proxy authentication required")
+        return principal
+
+    def _principal(self, values: list[bytes]) -> str | None:
+        """Who exactly one valid Basic Proxy-Authorization value names, or None."""
+        policy = self._policy()
+        if len(values) == 1:
+            scheme, _, encoded = values[0].partition(b" ")
+            if scheme.lower() == b"basic":
+                try:
+                    name, sep, token = (
+                        base64.b64decode(encoded.strip(), validate=True)
+                        .decode("utf-8")
+                        .partition(":")
+                    )
+                except (binascii.Error, UnicodeDecodeError):
+                    sep = ""
+                if sep and policy.authenticate(name, token):
+                    return name
+        return None

@@ -1,0 +1,102 @@
+"""Fail closed: mitmproxy logs an exception raised in a hook and lets the flow through.
+
+Every hook of every credproxy addon is wrapped: on the request side an exception denies
+(internal-error), on the response side it kills the flow. `Denied` ends a hook with a
+deny of a fixed reason.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+from addon import audit
+from addon.policy import Reason
+
+if TYPE_CHECKING:
+    from mitmproxy import http
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Denied(Exception):
+    """Raised inside a hook to end it with a deny; carries a fixed reason and detail."""
+
+    def __init__(self, reason: Reason, detail: str, extra: dict[str, Any] | None = None) -> None:
+        super().__init__(reason.value)
+        self.reason = reason
+        self.detail = detail
+        self.extra = extra or {}
+
+
+class _Denies(Protocol):
+    def deny(
+        self,
+        flow: http.HTTPFlow,
+        reason: Reason,
+        detail: str,
+        extra: dict[str, Any] | None = None,
+    ) -> None: ...
+
+
+class _HasTrail(Protocol):
+    trail: _Denies
+
+
+def deny_on_error(hook: F) -> F:
+    """A request-side hook: `Denied` denies with its reason, any other exception with
+    internal-error, and if even the deny fails the flow is killed.
+
+    The hook is a plain function that returns an awaitable when it has to wait (DNS, the
+    store); the wrapper then returns one too, and mitmproxy awaits it. The common case
+    makes no coroutine.
+    """
+
+    @functools.wraps(hook)
+    def wrapper(self: _HasTrail, flow: http.HTTPFlow) -> Awaitable[None] | None:
+        try:
+            result = hook(self, flow)
+        except Exception as e:  # noqa: BLE001 - the fail-closed wrapper: it denies
+            _refuse(self, flow, hook, e)
+            return None
+        if result is None:
+            return None
+        return _awaited(self, flow, hook, result)
+
+    return wrapper  # type: ignore[return-value]
+
+
+async def _awaited(self: _HasTrail, flow: http.HTTPFlow, hook: Any, result: Any) -> None:
+    try:
+        await result
+    except Exception as e:  # noqa: BLE001 - the fail-closed wrapper: it denies
+        _refuse(self, flow, hook, e)
+
+
+def _refuse(self: _HasTrail, flow: http.HTTPFlow, hook: Any, e: Exception) -> None:
+    if isinstance(e, Denied):
+        try:
+            self.trail.deny(flow, e.reason, e.detail, e.extra)
+            return
+        except Exception as again:  # noqa: BLE001 - handled as any other failure below
+            e = again
+    audit.logger().error("hook.failed", hook=hook.__name__, error_type=type(e).__name__)
+    try:
+        self.trail.deny(flow, Reason.INTERNAL_ERROR, "internal error")
+    except Exception:  # noqa: BLE001 - last resort: drop the connection
+        flow.kill()
+
+
+def kill_on_error(hook: F) -> F:
+    """A response-side hook: the response was not vetted, so on any exception the flow dies."""
+
+    @functools.wraps(hook)
+    def wrapper(self: object, flow: http.HTTPFlow) -> None:
+        try:
+            hook(self, flow)
+        except Exception as e:  # noqa: BLE001 - the fail-closed wrapper: it kills the flow
+            audit.logger().error("hook.failed", hook=hook.__name__, error_type=type(e).__name__)
+            flow.kill()
+
+    return wrapper  # type: ignore[return-value]

@@ -1,0 +1,147 @@
+"""Forwarding an allowed request: vet where it goes, use a once-grant, stamp the credential.
+
+Runs after the gate, as the last step before the request leaves: nothing is spent (a
+once-grant) or written (a secret) for a request that a check still refuses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import Awaitable, Callable
+
+from mitmproxy import http
+
+from addon import wire, wsredact
+from addon.failclosed import Denied, deny_on_error
+from addon.guard import DestinationGuard
+from addon.hosts import ResolveMap
+from addon.live import LivePolicy
+from addon.metrics import Metrics
+from addon.policy import Reason, Rule
+from addon.redact import Redactor
+from addon.stamping import slot, stamp_query
+from addon.state import KEY, STEPS, Clients, Record, Step
+from addon.trail import Trail
+from store.errors import CredproxyError
+
+DNS_TIMEOUT = 5.0
+
+
+class Forward:
+    def __init__(
+        self,
+        live: LivePolicy,
+        resolve: ResolveMap,
+        guard: DestinationGuard,
+        clients: Clients,
+        trail: Trail,
+        metrics: Metrics,
+    ) -> None:
+        self.live = live
+        self.resolve = resolve
+        self.guard = guard
+        self.clients = clients
+        self.trail = trail
+        self.metrics = metrics
+
+    @deny_on_error
+    def requestheaders(self, flow: http.HTTPFlow) -> Awaitable[None] | None:
+        step = STEPS.pop(flow, None)
+        rec: Record | None = flow.metadata.get(KEY)
+        if step is None or step.verdict is None or rec is None:
+            return None
+        v = step.verdict
+        assert v.host is not None and v.port is not None and v.rule is not None
+        address = self.resolve.lookup(v.host, v.port)
+        if address is None or v.rule.once:
+            return self._vet_then_forward(flow, step, rec, address)
+        self._forward(flow, step, rec, address)
+        return None
+
+    async def _vet_then_forward(
+        self, flow: http.HTTPFlow, step: Step, rec: Record, address: tuple[str, int] | None
+    ) -> None:
+        v = step.verdict
+        assert v is not None and v.host is not None and v.port is not None and v.rule is not None
+        if address is None:
+            address = await self._vet(v.host, v.port)
+        await self._consume(v.rule)
+        self._forward(flow, step, rec, address)
+
+    def _forward(
+        self, flow: http.HTTPFlow, step: Step, rec: Record, address: tuple[str, int]
+    ) -> None:
+        v = step.verdict
+        assert v is not None and v.rule is not None and v.host is not None
+        assert v.path is not None
+        rule = v.rule
+        rec.allowed = True
+        rec.grant_id = rule.grant_id
+        if rule.credential is not None:
+            rec.credential = rule.credential.name
+            rec.credential_fp = rule.credential.fingerprint
+        request = flow.request
+        index = step.headers.index
+        if b"te" in index:
+            request.headers.fields = wire.only_trailers(request.headers.fields)
+        if b"sec-websocket-extensions" in index:
+            # No permessage-deflate: a frame of it inflates without bound inside wsproto.
+            request.headers.pop("sec-websocket-extensions")
+        credential = rule.credential
+        query = v.query
+        if credential is not None:
+            stamp = step.policy.stamp(credential)
+            wsredact.REDACTORS[flow] = Redactor((stamp.secret,))
+            if stamp.param is not None:
+                query = stamp_query(query, stamp.param, stamp.secret)
+            # Replace, never append: a second value would let the upstream pick the agent's.
+            names = stamp.names
+            request.headers.fields = (
+                *[f for f in request.headers.fields if slot(f[0]) not in names],
+                *stamp.fields,
+            )
+        # Forward exactly the path that was matched.
+        request.data.path = v.path.encode("ascii") + (b"?" + query if query is not None else b"")
+        if not request.is_http2:
+            request.data.authority = b""
+        # Dial the vetted (or --resolve) address; Host header and SNI keep the name.
+        request.data.host, request.data.port = address
+        self.clients.state(flow.client_conn).upstream[address] = v.host
+        request.stream = _counter(rec)
+
+    async def _vet(self, host: str, port: int) -> tuple[str, int]:
+        """Resolve once here and dial exactly that address: no second lookup to rebind."""
+        try:
+            answers = await asyncio.wait_for(
+                asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM),
+                DNS_TIMEOUT,
+            )
+        except (OSError, TimeoutError) as e:
+            raise Denied(Reason.DESTINATION_FORBIDDEN, "the host does not resolve") from e
+        address = self.guard.vet((str(info[4][0]) for info in answers), port)
+        if address is None:
+            raise Denied(Reason.DESTINATION_FORBIDDEN, "the host resolves to a forbidden address")
+        return str(address), port
+
+    async def _consume(self, rule: Rule) -> None:
+        """A once-grant is used as the last step before forwarding; losing the race denies."""
+        if not rule.once:
+            return
+        if not self.live.store_up:
+            raise Denied(Reason.STORE_UNAVAILABLE, "once-grants need the store")
+        try:
+            won = await self.live.consume_once(rule.grant_id)
+        except CredproxyError as e:
+            raise Denied(Reason.STORE_UNAVAILABLE, "the store did not answer") from e
+        if not won:
+            raise Denied(Reason.GRANT_CONSUMED, "this once-grant was already used")
+        self.metrics.once_consumed.inc()
+
+
+def _counter(rec: Record) -> Callable[[bytes], bytes]:
+    def count(chunk: bytes) -> bytes:
+        rec.bytes_out += len(chunk)
+        return chunk
+
+    return count

@@ -1,0 +1,66 @@
+"""The request gate: gather a request's facts, ask for the verdict, deny or pass it on."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable
+from datetime import UTC, datetime
+
+from mitmproxy import http
+
+from addon.access import HOW_TO_ASK, RECORDED_REASONS, AccessRequests
+from addon.failclosed import Denied, deny_on_error
+from addon.state import KEY, STEPS, Record
+from addon.trail import Trail
+from addon.verdict import Facts, Verdict, verdict
+
+
+class Gate:
+    def __init__(self, access: AccessRequests, trail: Trail) -> None:
+        self.access = access
+        self.trail = trail
+
+    @deny_on_error
+    def requestheaders(self, flow: http.HTTPFlow) -> Awaitable[None] | None:
+        step = STEPS.get(flow)
+        rec: Record | None = flow.metadata.get(KEY)
+        if step is None or rec is None:
+            return None  # refused (or never seen) by authentication
+        request, client = flow.request, flow.client_conn
+        facts = Facts(
+            request.scheme,
+            request.host,
+            request.port,
+            request.authority,
+            request.data.method,
+            request.data.path,
+            step.headers,
+            request.is_http2,
+            client.tls,
+            client.sni,
+        )
+        v = verdict(facts, step.principal, step.tunnel, step.policy, datetime.now(UTC))
+        if v.host is not None:
+            rec.host, rec.port = v.host, v.port
+        if v.path is not None:
+            rec.path = v.path
+        if v.allowed:
+            step.verdict = v
+            return None
+        del STEPS[flow]
+        if v.internal:
+            rec.internal = True
+            return None  # answered in the request hook, with the body; never forwarded
+        assert v.reason is not None
+        if v.decided and v.reason in RECORDED_REASONS:
+            return self._refuse_and_record(step.principal, v)
+        raise Denied(v.reason, v.detail)
+
+    async def _refuse_and_record(self, principal: str, v: Verdict) -> None:
+        """Deny with the access request the refusal recorded, if the store took it."""
+        assert v.reason is not None and v.host is not None and v.port is not None
+        assert v.method is not None and v.path is not None
+        extra = None
+        asked = await self.access.on_denial(principal, v.host, v.port, v.method, v.path)
+        if asked is not None:
+            extra = {"access_request": asked, "how_to_ask": HOW_TO_ASK}
+        raise Denied(v.reason, v.detail, extra)

@@ -1,0 +1,144 @@
+"""The audit trail: each flow's record, its one audit line, metrics, alerts, deny answers."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from mitmproxy import flow as mflow
+from mitmproxy import http
+
+from addon import audit, wire
+from addon.failclosed import kill_on_error
+from addon.metrics import Metrics, StreakAlerts
+from addon.policy import STATUS, Reason
+from addon.state import KEY, Record
+
+
+class Trail:
+    """Opens a flow's record, closes it with its audit line; the `response` and `error`
+    hooks close the records of forwarded flows."""
+
+    def __init__(self, metrics: Metrics, alerts: StreakAlerts) -> None:
+        self.metrics = metrics
+        self.alerts = alerts
+        # Records opened and not yet closed (the drain on shutdown waits for them).
+        self.open = 0
+
+    def begin(self, flow: http.HTTPFlow) -> Record:
+        peer = flow.client_conn.peername
+        rec = flow.metadata[KEY] = Record(
+            start=time.monotonic(),
+            request_id=flow.id,
+            client=f"{peer[0]}:{peer[1]}" if peer else "",
+        )
+        self.open += 1
+        return rec
+
+    def forget(self, flow: http.HTTPFlow) -> Record | None:
+        """Close the flow's record without a line (an opened tunnel: its requests have theirs)."""
+        found: Record | None = flow.metadata.pop(KEY, None)
+        if found is not None:
+            self.open -= 1
+        return found
+
+    def deny(
+        self,
+        flow: http.HTTPFlow,
+        reason: Reason,
+        detail: str,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
+        status = STATUS.get(reason, 403)
+        headers = {"content-type": "application/json", "x-credproxy-reason": reason.value}
+        if reason is Reason.AUTH_REQUIRED:
+            headers["proxy-authenticate"] = 'Basic realm="credproxy"'
+        body = json.dumps(
+            {"error": "denied", "reason": reason.value, "detail": detail, **(extra or {})}
+        )
+        request = flow.request
+        if "content-length" in request.headers or "transfer-encoding" in request.headers:
+            # The body is dropped unread (addon/refusals.py): this connection cannot go on.
+            headers["connection"] = "close"
+        # No "100 Continue": the client need not send a body that is refused.
+        request.headers.pop("expect", None)
+        request.stream = False
+        flow.response = http.Response.make(status, body, headers)
+        rec = self.forget(flow)
+        if rec is None:
+            rec = self.begin(flow)
+            self.forget(flow)
+        rec.allowed = False
+        rec.grant_id = rec.credential = rec.credential_fp = None
+        self.write(rec, "deny", status=status, reason=reason.value, detail=detail)
+
+    def finish(self, flow: http.HTTPFlow, decision: str, **fields: Any) -> None:
+        """Close the flow's record with its audit line."""
+        rec = self.forget(flow)
+        if rec is not None:
+            self.write(rec, decision, **fields)
+
+    def write(self, rec: Record, decision: str, **fields: Any) -> None:
+        line: dict[str, Any] = {
+            audit.REQUEST_ID: rec.request_id,
+            audit.PRINCIPAL: rec.principal,
+            audit.CLIENT: rec.client,
+            audit.METHOD: rec.method,
+            audit.HOST: rec.host,
+            audit.PORT: rec.port,
+            audit.PATH: rec.path,
+            audit.DECISION: decision,
+            audit.GRANT_ID: rec.grant_id,
+            audit.CREDENTIAL: rec.credential,
+            audit.CREDENTIAL_FP: rec.credential_fp,
+            audit.BYTES_IN: rec.bytes_in,
+            audit.BYTES_OUT: rec.bytes_out,
+            audit.DURATION_MS: round((time.monotonic() - rec.start) * 1000, 2),
+            **fields,
+        }
+        audit.emit(audit.REQUEST_EVENT, line)
+        self.metrics.observe(line)
+        self.alerts.observe(rec.principal, decision, line.get(audit.REASON))
+
+    # -- hooks -------------------------------------------------------------------------
+
+    @kill_on_error
+    def response(self, flow: http.HTTPFlow) -> None:
+        rec: Record | None = flow.metadata.get(KEY)
+        response = flow.response
+        if rec is None or response is None:
+            return
+        if rec.failure is not None and not rec.buffered:
+            # A streamed body that could not be decoded or redacted: cut, never completed.
+            failure = rec.failure
+            reason = failure.reason.value if failure.reason is not None else None
+            self.finish(
+                flow, "allow", status=response.status_code, reason=reason, error=failure.error
+            )
+        elif not _killed(flow):  # killed by a failing hook: no line, as mitmproxy ends it
+            self.finish(flow, "allow", status=response.status_code, redactions=rec.redactions)
+
+    def error(self, flow: http.HTTPFlow) -> None:
+        """Audit a failed flow with a fixed error class: mitmproxy's text quotes the peer."""
+        rec = self.forget(flow)
+        if rec is None:
+            return
+        try:
+            failure = rec.failure or wire.classify(flow.error.msg if flow.error else "")
+        except Exception as e:  # noqa: BLE001 - the line is still written, with a fixed class
+            audit.logger().error("hook.failed", hook="error", error_type=type(e).__name__)
+            failure = wire.Failure(Reason.INTERNAL_ERROR, "unclassified")
+        status: int | None = None
+        if rec.streamed and flow.response is not None:
+            status = flow.response.status_code  # its head went out, then the body broke
+        elif wire.answers_agent(failure):
+            status = failure.status
+        fields: dict[str, Any] = {"status": status, "error": failure.error}
+        if failure.reason is not None:
+            fields["reason"] = failure.reason.value
+        self.write(rec, "allow" if rec.allowed else "deny", **fields)
+
+
+def _killed(flow: http.HTTPFlow) -> bool:
+    return flow.error is not None and flow.error.msg == mflow.Error.KILLED_MESSAGE

@@ -1,0 +1,181 @@
+"""Shared test fakes: a policy and its live stand-in, flows, and the addon chain.
+
+`Chain` builds the runner's chain (addon/runner.py `build_chain`), so that a test calls a
+hook on every addon that has it, in the order mitmproxy would.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from datetime import UTC, datetime
+from types import SimpleNamespace
+from typing import Any
+
+from mitmproxy import hooks, http
+from mitmproxy.test import tflow
+
+from addon.access import AccessRequests
+from addon.guard import DestinationGuard
+from addon.limits import LimitSettings
+from addon.metrics import Metrics
+from addon.policy import Policy
+from addon.runner import build_chain
+from addon.state import Clients
+from addon.trail import Trail
+from addon.verdict import Tunnel
+from store.crypto import Secret, hash_token
+from store.errors import StoreUnavailable
+from store.grammar import ResolveMap, parse_host
+from store.records import CredentialRecord, GrantRecord, Snapshot
+
+NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+CRED = CredentialRecord(
+    name="gh",
+    scheme="bearer",
+    header_name=None,
+    param_name=None,
+    hosts=(parse_host("api.test"), parse_host("*.wild.test")),
+    secret=Secret(b"s"),
+    fingerprint="fp-x",
+)
+
+
+def grant(
+    gid: int,
+    hosts: tuple[str, ...] = ("api.test",),
+    methods: tuple[str, ...] = ("GET",),
+    paths: tuple[str, ...] = ("/v1/",),
+    *,
+    cred: bool = True,
+    once: bool = False,
+    websocket: bool = False,
+    expires: datetime | None = None,
+    principal: str = "a",
+) -> GrantRecord:
+    return GrantRecord(
+        id=gid,
+        principal=principal,
+        credential="gh" if cred else None,
+        hosts=tuple(parse_host(h) for h in hosts),
+        methods=frozenset(methods),
+        paths=tuple(paths),
+        once=once,
+        websocket=websocket,
+        expires_at=expires,
+    )
+
+
+def policy(*grants: GrantRecord) -> Policy:
+    return Policy(
+        Snapshot(
+            counter=1,
+            key_id="k",
+            token_hashes={"a": hash_token("tok-a"), "b": hash_token("tok-b")},
+            credentials={"gh": CRED},
+            grants=grants,
+            unreadable=(),
+        )
+    )
+
+
+def make_policy() -> Policy:
+    return Policy(
+        Snapshot(
+            counter=1,
+            key_id="k",
+            token_hashes={"a": hash_token("tok-a")},
+            credentials={"gh": CRED},
+            grants=(grant(1),),
+            unreadable=(),
+        )
+    )
+
+
+class StaticLive:
+    """Serves one Policy; `fail` makes current() raise, to inject a fault."""
+
+    def __init__(self, policy: Policy | None, fail: bool = False) -> None:
+        self.policy = policy
+        self.fail = fail
+        self.store_up = True
+
+    def current(self) -> Policy | None:
+        if self.fail:
+            raise RuntimeError("injected fault")
+        return self.policy
+
+    async def consume_once(self, grant_id: int) -> bool:
+        return True
+
+    store = SimpleNamespace(record_access_request=None, get_access_request=None)
+
+    async def call(self, *args: Any) -> Any:
+        raise StoreUnavailable("no store behind the unit tests")
+
+
+class Chain:
+    """The runner's chain around one live policy; `chain.requestheaders(flow)` runs it.
+
+    The addons are reachable by name: `clients`, `trail`, `metrics`, `access`, and each
+    addon by its class name in lower case (`chain.forward`, `chain.responses`, ...). The
+    request-side hooks (which may wait) are always awaitable here, as mitmproxy awaits them.
+    """
+
+    REQUEST_SIDE = frozenset({"http_connect", "requestheaders", "request"})
+
+    def __init__(
+        self,
+        live: Any,
+        resolve: ResolveMap | None = None,
+        guard: DestinationGuard | None = None,
+        limits: LimitSettings | None = None,
+    ) -> None:
+        resolve, guard = resolve or ResolveMap({}), guard or DestinationGuard()
+        self.entry = build_chain(live, resolve, guard, 20, limits)
+        for part in self.entry.parts:
+            setattr(self, type(part).__name__.lower(), part)
+        self.clients: Clients = self.auth.clients
+        self.trail: Trail = self.entry.part(Trail)
+        self.metrics: Metrics = self.trail.metrics
+        self.access: AccessRequests = self.gate.access
+
+    def __getattr__(self, hook: str) -> Any:
+        if hook.startswith("_") or hook not in hooks.all_hooks:
+            raise AttributeError(hook)
+        call = getattr(self.entry, hook)
+        if hook not in self.REQUEST_SIDE:
+            return call
+
+        async def awaited(*args: Any) -> None:
+            result = call(*args)
+            if result is not None and inspect.isawaitable(result):
+                await result
+
+        return awaited
+
+    def tunnel(self, client: Any) -> Tunnel | None:
+        return self.clients.tunnel(client)
+
+    def bind(self, client: Any, tunnel: Tunnel) -> None:
+        """What a CONNECT that passed leaves behind on its client connection."""
+        self.clients.state(client).tunnel = tunnel
+
+
+def https_flow(chain: Chain, path: bytes = b"/v1/x") -> Any:
+    flow = tflow.tflow()
+    flow.request.scheme = "https"
+    flow.request.host = "api.test"
+    flow.request.port = 443
+    flow.request.data.path = path
+    flow.request.host_header = "api.test"
+    flow.client_conn.tls = True
+    flow.client_conn.sni = "api.test"
+    chain.bind(flow.client_conn, Tunnel("a", "api.test", 443))
+    return flow
+
+
+def reason(flow: http.HTTPFlow) -> str:
+    assert flow.response is not None
+    found: str = json.loads(flow.response.content)["reason"]
+    return found
