@@ -17,6 +17,7 @@ from mitmproxy.test import tflow
 
 from addon.access import AccessRequests
 from addon.guard import DestinationGuard
+from addon.hosts import ResolveMap
 from addon.limits import LimitSettings
 from addon.metrics import Metrics
 from addon.policy import Policy
@@ -26,7 +27,7 @@ from addon.trail import Trail
 from addon.verdict import Tunnel
 from store.crypto import Secret, hash_token
 from store.errors import StoreUnavailable
-from store.grammar import ResolveMap, parse_host
+from store.grammar import parse_host
 from store.records import CredentialRecord, GrantRecord, Snapshot
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)

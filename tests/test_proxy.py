@@ -18,8 +18,9 @@ from mitmproxy.proxy import context, server_hooks
 from mitmproxy.test import taddons, tflow
 
 from addon import responses
+from addon.hosts import ResolveMap
 from addon.verdict import Tunnel
-from store.grammar import BadPath, ResolveMap, canonicalize, path_matches
+from store.grammar import BadPath, canonicalize, path_matches
 from tests.fakes import Chain, StaticLive, https_flow, make_policy, reason
 
 
