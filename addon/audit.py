@@ -36,6 +36,7 @@ STATUS = "status"
 BYTES_IN = "bytes_in"
 BYTES_OUT = "bytes_out"
 DURATION_MS = "duration_ms"
+DNS_MS = "dns_ms"
 
 REQUEST_EVENT = "request"
 

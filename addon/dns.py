@@ -87,6 +87,28 @@ class Resolver:
         self.guard = guard
         self._entries.clear()
 
+    def cached(self, host: str, port: int) -> tuple[str, int] | None:
+        """The vetted address if one serves without waiting (None: call `resolve`).
+
+        Raises LookupFailed for a failure that is still cached.
+        """
+        key = (host, port)
+        entry = self._entries.get(key)
+        if entry is None:
+            return None
+        now = self._clock()
+        if now < entry.fresh_until:
+            self.stats.hits += 1
+            if entry.address is None:
+                assert entry.failure is not None
+                raise LookupFailed(entry.failure)
+            return entry.address, port
+        if entry.address is not None and now < entry.stale_until:
+            self.stats.hits += 1
+            self._start(key)  # refresh in the background; this request dials the vetted one
+            return entry.address, port
+        return None
+
     async def resolve(self, host: str, port: int) -> tuple[tuple[str, int], float]:
         """The vetted address to dial, and how long this request waited for DNS (seconds).
 

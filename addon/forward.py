@@ -6,13 +6,12 @@ once-grant) or written (a secret) for a request that a check still refuses.
 
 from __future__ import annotations
 
-import asyncio
-import socket
 from collections.abc import Awaitable, Callable
 
 from mitmproxy import http
 
 from addon import wire, wsredact
+from addon.dns import DEFAULT_TTL, LookupFailed, Resolver
 from addon.failclosed import Denied, deny_on_error
 from addon.guard import DestinationGuard
 from addon.hosts import ResolveMap
@@ -25,8 +24,6 @@ from addon.state import KEY, STEPS, Clients, Record, Step
 from addon.trail import Trail
 from store.errors import CredproxyError
 
-DNS_TIMEOUT = 5.0
-
 
 class Forward:
     def __init__(
@@ -37,13 +34,23 @@ class Forward:
         clients: Clients,
         trail: Trail,
         metrics: Metrics,
+        dns_ttl: float = DEFAULT_TTL,
     ) -> None:
         self.live = live
         self.resolve = resolve
-        self.guard = guard
+        self.resolver = Resolver(guard, ttl=dns_ttl)
+        metrics.dns = self.resolver.stats
         self.clients = clients
         self.trail = trail
         self.metrics = metrics
+
+    @property
+    def guard(self) -> DestinationGuard:
+        return self.resolver.guard
+
+    @guard.setter
+    def guard(self, guard: DestinationGuard) -> None:
+        self.resolver.reconfigure(guard)  # answers the old guard vetted are dropped
 
     @deny_on_error
     def requestheaders(self, flow: http.HTTPFlow) -> Awaitable[None] | None:
@@ -54,6 +61,11 @@ class Forward:
         v = step.verdict
         assert v.host is not None and v.port is not None and v.rule is not None
         address = self.resolve.lookup(v.host, v.port)
+        if address is None:
+            try:
+                address = self.resolver.cached(v.host, v.port)
+            except LookupFailed as e:
+                raise Denied(Reason.DESTINATION_FORBIDDEN, e.detail) from e
         if address is None or v.rule.once:
             return self._vet_then_forward(flow, step, rec, address)
         self._forward(flow, step, rec, address)
@@ -65,7 +77,11 @@ class Forward:
         v = step.verdict
         assert v is not None and v.host is not None and v.port is not None and v.rule is not None
         if address is None:
-            address = await self._vet(v.host, v.port)
+            try:
+                address, waited = await self.resolver.resolve(v.host, v.port)
+            except LookupFailed as e:
+                raise Denied(Reason.DESTINATION_FORBIDDEN, e.detail) from e
+            rec.dns_ms = round(waited * 1000, 2)
         await self._consume(v.rule)
         self._forward(flow, step, rec, address)
 
@@ -109,20 +125,6 @@ class Forward:
         request.data.host, request.data.port = address
         self.clients.state(flow.client_conn).upstream[address] = v.host
         request.stream = _counter(rec)
-
-    async def _vet(self, host: str, port: int) -> tuple[str, int]:
-        """Resolve once here and dial exactly that address: no second lookup to rebind."""
-        try:
-            answers = await asyncio.wait_for(
-                asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM),
-                DNS_TIMEOUT,
-            )
-        except (OSError, TimeoutError) as e:
-            raise Denied(Reason.DESTINATION_FORBIDDEN, "the host does not resolve") from e
-        address = self.guard.vet((str(info[4][0]) for info in answers), port)
-        if address is None:
-            raise Denied(Reason.DESTINATION_FORBIDDEN, "the host resolves to a forbidden address")
-        return str(address), port
 
     async def _consume(self, rule: Rule) -> None:
         """A once-grant is used as the last step before forwarding; losing the race denies."""

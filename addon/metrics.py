@@ -36,6 +36,7 @@ class Metrics:
         self._durations = [0] * (len(DURATION_BUCKETS) + 1)  # the last one: above every bound
         self._duration_sum = 0.0
         self._redactions = 0
+        self.dns: Any = None  # addon.dns.Stats, set by the forwarder
         self.registry.register(self)  # collect() below
         self.reloads = Counter(
             "credproxy_policy_reloads", "Policy reloads from the store", registry=self.registry
@@ -113,7 +114,28 @@ class Metrics:
             "Writes to stdout that failed (each retried)",
             value=audit.write_failures(),
         )
-        return iter((requests, by_principal, duration, redactions, failures))
+        families = [requests, by_principal, duration, redactions, failures]
+        if self.dns is not None:
+            dns = self.dns
+            families += [
+                CounterMetricFamily(
+                    "credproxy_dns_lookups", "Name lookups made", value=dns.lookups
+                ),
+                CounterMetricFamily(
+                    "credproxy_dns_cache_hits", "Requests served a cached answer", value=dns.hits
+                ),
+                CounterMetricFamily(
+                    "credproxy_dns_failures",
+                    "Lookups that failed or answered a forbidden address",
+                    value=dns.failures,
+                ),
+                CounterMetricFamily(
+                    "credproxy_dns_lookup_seconds",
+                    "Time spent in name lookups",
+                    value=dns.lookup_seconds,
+                ),
+            ]
+        return iter(families)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -87,4 +87,3 @@ def _is_tls_to_the_proxy(layers: list[Layer]) -> bool:
     """
     last = max(i for i, layer in enumerate(layers) if isinstance(layer, ClientTLSLayer))
     return not any(isinstance(layer, HttpLayer) for layer in layers[:last])
-

@@ -18,6 +18,7 @@ import certifi
 from addon import audit
 from addon.admin import AdminServer
 from addon.argtypes import count, seconds
+from addon.dns import DEFAULT_TTL
 from addon.guard import DestinationGuard
 from addon.hosts import ResolveMap
 from addon.limits import LimitSettings, add_limit_flags
@@ -49,6 +50,7 @@ class RunConfig:
     alert_streak: int
     drain_timeout: float = 10.0
     limits: LimitSettings = LimitSettings()
+    dns_ttl: float = DEFAULT_TTL
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, settings: Settings) -> RunConfig:
@@ -77,6 +79,7 @@ class RunConfig:
             args.alert_streak,
             args.drain_timeout,
             LimitSettings.from_args(args),
+            args.dns_ttl,
         )
 
 
@@ -147,6 +150,13 @@ def add_command(sub: Any, common: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="on SIGTERM or SIGINT, let in-flight requests finish this long (default 10)",
     )
+    p.add_argument(
+        "--dns-ttl",
+        type=seconds(),
+        default=DEFAULT_TTL,
+        metavar="SECONDS",
+        help="reuse a vetted name lookup this long, then refresh it (default %(default)g)",
+    )
     add_limit_flags(p)
     p.set_defaults(func=cmd_run)
 
@@ -177,6 +187,7 @@ def build_chain(
     guard: DestinationGuard,
     alert_streak: int = 20,
     limits: LimitSettings | None = None,
+    dns_ttl: float = DEFAULT_TTL,
 ) -> Chain:
     """credproxy's addons, in the order they run for each hook."""
     import time
@@ -208,7 +219,9 @@ def build_chain(
             Auth(live, clients, trail),  # http_connect, requestheaders: who, and the tunnel
             Pinning(clients),  # tls_clienthello, tls_start_client, server_connect
             Gate(access, trail),  # requestheaders: the verdict
-            Forward(live, resolve, guard, clients, trail, metrics),  # requestheaders: stamp
+            Forward(
+                live, resolve, guard, clients, trail, metrics, dns_ttl
+            ),  # requestheaders: stamp
             AccessEndpoint(access, trail),  # request: credproxy.internal
             Responses(),  # responseheaders, response, websocket_message: redaction
             trail,  # response, error: the audit line
@@ -264,7 +277,9 @@ async def serve(config: RunConfig, started: asyncio.Event | None = None) -> int:
     if config.upstream_ca is not None:
         update["ssl_verify_upstream_trusted_ca"] = str(_trust_bundle(config.upstream_ca, runtime))
     master.options.update(**update)
-    chain = build_chain(live, config.resolve, config.guard, config.alert_streak, config.limits)
+    chain = build_chain(
+        live, config.resolve, config.guard, config.alert_streak, config.limits, config.dns_ttl
+    )
     master.addons.add(chain)
     forward, trail = chain.part(Forward), chain.part(Trail)
 

@@ -47,6 +47,7 @@ class Record:
     buffered: bool = False
     streamed: bool = False  # the response head has gone to the agent
     failure: wire.Failure | None = None
+    dns_ms: float | None = None  # how long the request waited for a name lookup
 
 
 def record(flow: http.HTTPFlow) -> Record | None:

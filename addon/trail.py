@@ -97,6 +97,8 @@ class Trail:
             audit.DURATION_MS: round((time.monotonic() - rec.start) * 1000, 2),
             **fields,
         }
+        if rec.dns_ms is not None:
+            line[audit.DNS_MS] = rec.dns_ms
         audit.emit(audit.REQUEST_EVENT, line)
         self.metrics.observe(line)
         self.alerts.observe(rec.principal, decision, line.get(audit.REASON))
