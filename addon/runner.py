@@ -219,9 +219,8 @@ def build_chain(
             Auth(live, clients, trail),  # http_connect, requestheaders: who, and the tunnel
             Pinning(clients),  # tls_clienthello, tls_start_client, server_connect
             Gate(access, trail),  # requestheaders: the verdict
-            Forward(
-                live, resolve, guard, clients, trail, metrics, dns_ttl
-            ),  # requestheaders: stamp
+            # requestheaders: vet the address, use a once-grant, stamp
+            Forward(live, resolve, guard, clients, trail, metrics, dns_ttl),
             AccessEndpoint(access, trail),  # request: credproxy.internal
             Responses(),  # responseheaders, response, websocket_message: redaction
             trail,  # response, error: the audit line

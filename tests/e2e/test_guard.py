@@ -176,3 +176,30 @@ def test_a_denial_streak_alerts_once_per_streak(open_proxy: Proxy, upstream: Ups
         for _ in range(5):
             client.get(f"http://localhost:{upstream.port}/no")
     assert len(alerts()) == 2
+
+
+def _metric(proxy: Proxy, name: str) -> float:
+    url = f"http://127.0.0.1:{admin_port(proxy)}/metrics"
+    with urllib.request.urlopen(url, timeout=5) as reply:
+        text = reply.read().decode()
+    return float(next(line.split()[-1] for line in text.splitlines() if line.startswith(name)))
+
+
+def test_fifty_requests_by_name_cost_at_most_one_lookup(
+    open_proxy: Proxy, upstream: Upstream, names
+):
+    """The system resolver is asked once; the vetted answer serves the requests after it."""
+    agent = names("agent")
+    token = open_proxy.store.add_principal(agent)
+    open_proxy.store.add_grant(agent, ["GET"], hosts=[f"localhost:{upstream.port}"])
+    open_proxy.wait_reload()
+    lookups = _metric(open_proxy, "credproxy_dns_lookups_total")
+    hits = _metric(open_proxy, "credproxy_dns_cache_hits_total")
+    with open_proxy.client(agent, token) as client:
+        for _ in range(50):
+            assert client.get(f"https://localhost:{upstream.port}/v1/x").status_code == 200
+    assert _metric(open_proxy, "credproxy_dns_lookups_total") - lookups <= 1
+    assert _metric(open_proxy, "credproxy_dns_cache_hits_total") - hits >= 49
+    lines = open_proxy.requests(agent)
+    assert len(lines) == 50
+    assert sum(1 for line in lines if "dns_ms" in line) <= 1
