@@ -131,7 +131,12 @@ def approve(
         spec = validation.grant_spec([row.method], [str(host)], [path or row.path], expires_at)
         purpose = f"access request {row.id}" + (f": {row.purpose}" if row.purpose else "")
         grant_id = grants.insert(
-            session, row.principal_id, spec, credential, once=once, websocket=False,
+            session,
+            row.principal_id,
+            spec,
+            credential,
+            once=once,
+            websocket=False,
             purpose=purpose,
         )
         row.state, row.decided_at, row.grant_id = APPROVED, utcnow(), grant_id

@@ -114,7 +114,15 @@ class Store:
         purpose: str | None = None,
     ) -> int:
         return grants.add(
-            self.db, principal, methods, credential, hosts, paths, once, websocket, expires_at,
+            self.db,
+            principal,
+            methods,
+            credential,
+            hosts,
+            paths,
+            once,
+            websocket,
+            expires_at,
             purpose,
         )
 
