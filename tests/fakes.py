@@ -6,8 +6,10 @@ hook on every addon that has it, in the order mitmproxy would.
 
 from __future__ import annotations
 
+import base64
 import inspect
 import json
+from dataclasses import replace
 from datetime import UTC, datetime
 from types import SimpleNamespace
 from typing import Any
@@ -20,7 +22,7 @@ from addon.guard import DestinationGuard
 from addon.hosts import ResolveMap
 from addon.limits import LimitSettings
 from addon.metrics import Metrics
-from addon.policy import Policy
+from addon.policy import STATUS, Policy, Reason
 from addon.runner import build_chain
 from addon.state import Clients
 from addon.trail import Trail
@@ -180,3 +182,63 @@ def reason(flow: http.HTTPFlow) -> str:
     assert flow.response is not None
     found: str = json.loads(flow.response.content)["reason"]
     return found
+
+
+# Long enough to be redacted (forms shorter than 4 bytes are not); a test value, not a secret.
+LONG_SECRET = b"sk-test-0123456789abcdef"
+
+LONG_CRED = replace(CRED, secret=Secret(LONG_SECRET))
+
+RESOLVE = ["api.test=127.0.0.1:9443", "plain.test=127.0.0.1:9080", "x.wild.test=127.0.0.1:9443"]
+
+
+def snapshot_policy(*grants: Any, tokens: dict[str, str] | None = None, cred: Any = CRED) -> Policy:
+    return Policy(
+        Snapshot(
+            counter=1,
+            key_id="k",
+            token_hashes={n: hash_token(t) for n, t in (tokens or {"a": "tok-a"}).items()},
+            credentials={"gh": cred},
+            grants=tuple(grants),
+            unreadable=(),
+        )
+    )
+
+
+class SpyLive(StaticLive):
+    """StaticLive that records which once-grants were consumed."""
+
+    def __init__(self, policy: Policy) -> None:
+        super().__init__(policy)
+        self.consumed: list[int] = []
+
+    async def consume_once(self, grant_id: int) -> bool:
+        self.consumed.append(grant_id)
+        return True
+
+
+def assert_refused_unstamped(flow: Any, code: str) -> None:
+    """Denied with `code` and its status, and no credential was written onto the request."""
+    assert reason(flow) == code
+    assert flow.response.status_code == STATUS.get(Reason(code), 403)
+    assert flow.request.headers.get("authorization") is None
+
+
+def make_addon(live: Any, resolve: list[str] | None = None) -> Chain:
+    return Chain(live, ResolveMap.parse(RESOLVE if resolve is None else resolve))
+
+
+def basic(user: str, token: str) -> str:
+    return "Basic " + base64.b64encode(f"{user}:{token}".encode()).decode()
+
+
+def plain_flow(host: str = "plain.test", port: int = 80, auth: str | None = None) -> Any:
+    """An absolute-form plain-http request to the proxy (no tunnel)."""
+    flow = tflow.tflow()
+    flow.request.scheme = "http"
+    flow.request.host, flow.request.port = host, port
+    flow.request.data.path = b"/v1/x"
+    flow.request.host_header = host if port == 80 else f"{host}:{port}"
+    flow.request.headers["proxy-authorization"] = auth or basic("a", "tok-a")
+    flow.client_conn.tls = False
+    return flow

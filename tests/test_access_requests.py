@@ -23,7 +23,7 @@ from store.grammar import HostPattern
 from store.models import utcnow
 from store.records import AccessRequestEntry
 from store.repository import Store
-from tests.test_cli import Call, Cli
+from tests.clihelp import Call, Cli
 
 SECRET = Secret(b"ghp_0123456789abcdef")
 ISSUES = "/repos/acme/widgets/issues"

@@ -12,9 +12,20 @@ from mitmproxy.options import Options
 from mitmproxy.proxy import context, server_hooks
 from mitmproxy.test import taddons, tflow
 
-from addon import access, auth, forward, gate, pinning, trail, wire, wsredact
+from addon import access, auth, forward, gate, pinning, responses, trail, wire, wsredact
 from addon.hosts import ResolveMap
-from tests.fakes import Chain, StaticLive, https_flow, make_policy, reason
+from tests.fakes import (
+    Chain,
+    StaticLive,
+    assert_refused_unstamped,
+    grant,
+    https_flow,
+    make_addon,
+    make_policy,
+    plain_flow,
+    reason,
+    snapshot_policy,
+)
 
 KILLED = "Connection killed."
 
@@ -222,3 +233,79 @@ def test_every_request_side_hook_of_every_addon_is_wrapped(chain: Chain) -> None
         ("Responses", "response"),
         ("Trail", "response"),
     }
+
+
+# -- broken hooks, a broken deny ----------------------------------------------------------
+
+
+async def test_a_tunnel_whose_client_hello_hook_failed_is_refused() -> None:
+    addon = make_addon(StaticLive(snapshot_policy(grant(1))))
+    flow = https_flow(addon)
+    ctx = context.Context(flow.client_conn, Options())
+    ctx.server = connection.Server(address=("api.test", 443))
+
+    class BrokenHello:
+        @property
+        def sni(self) -> str:
+            raise RuntimeError("injected fault")
+
+    with taddons.context(addon):
+        addon.tls_clienthello(tls.ClientHelloData(ctx, BrokenHello()))  # type: ignore[arg-type]
+        await addon.requestheaders(flow)
+    assert_refused_unstamped(flow, "internal-error")
+
+
+def test_server_connect_refuses_when_its_hook_fails() -> None:
+    addon = make_addon(StaticLive(snapshot_policy(grant(1))))
+    client = connection.Client(peername=("127.0.0.1", 5), sockname=("127.0.0.1", 8080))
+    server = connection.Server(address=None)  # the hook's own check raises
+    with taddons.context(addon):
+        addon.server_connect(server_hooks.ServerConnectionHookData(server, client))
+    assert server.error is not None
+
+
+async def test_when_even_the_deny_fails_the_connection_is_killed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    addon = make_addon(StaticLive(snapshot_policy(grant(1)), fail=True))
+
+    def broken_deny(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("injected fault")
+
+    monkeypatch.setattr(addon.trail, "deny", broken_deny)
+    with taddons.context(addon):
+        flow = https_flow(addon)
+        await addon.requestheaders(flow)
+    assert flow.error is not None and flow.error.msg == "Connection killed."
+
+
+async def test_an_exception_in_the_request_hook_denies(monkeypatch: pytest.MonkeyPatch) -> None:
+    addon = make_addon(StaticLive(snapshot_policy(grant(1))))
+
+    async def broken_handle(*args: Any) -> Any:
+        raise RuntimeError("injected fault")
+
+    monkeypatch.setattr(addon.access, "handle", broken_handle)
+    with taddons.context(addon):
+        flow = plain_flow(host="credproxy.internal")
+        flow.request.data.path = b"/access-requests"
+        await addon.requestheaders(flow)
+        assert flow.response is None, "the internal endpoint is answered in the request hook"
+        await addon.request(flow)
+    assert flow.response is not None and flow.response.status_code == 500
+    assert reason(flow) == "internal-error"
+
+
+def test_an_exception_in_the_response_hook_kills_the_flow(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    addon = make_addon(StaticLive(snapshot_policy(grant(1))))
+
+    def broken(flow: Any) -> Any:
+        raise RuntimeError("injected fault")
+
+    monkeypatch.setattr(responses, "record", broken)
+    with taddons.context(addon):
+        flow = tflow.tflow(resp=True)
+        addon.response(flow)
+    assert flow.error is not None and flow.error.msg == "Connection killed."

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hmac
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -10,10 +11,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from addon.policy import Policy, Reason, Request
+import addon.policy as policy_module
+from addon.policy import Policy, Reason, Request, Rule
+from store.grammar import parse_host
 from store.records import TOMBSTONE_RETENTION as RETENTION
 from store.records import GrantRecord
-from tests.fakes import NOW, grant, policy
+from tests.fakes import CRED, NOW, grant, policy, snapshot_policy
 
 
 def req(host="api.test", port=443, scheme="https", method="GET", path="/v1/x", upgrade=False):
@@ -275,3 +278,97 @@ def test_the_single_pass_decides_like_the_stage_by_stage_model(
     else:
         assert decision.allowed and decision.rule is not None
         assert decision.rule.grant_id == expected
+
+
+# -- authentication -----------------------------------------------------------------------
+
+
+def test_tokens_are_compared_in_constant_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+    real = hmac.compare_digest
+
+    def spy(a: Any, b: Any) -> bool:
+        calls.append(1)
+        return real(a, b)
+
+    monkeypatch.setattr(hmac, "compare_digest", spy)
+    p = snapshot_policy()
+    assert p.authenticate("a", "tok-a")
+    assert calls, "the token was not compared with hmac.compare_digest"
+    calls.clear()
+    assert not p.authenticate("nobody", "tok-a")
+    assert calls, "an unknown name must cost a comparison too (no timing oracle on names)"
+
+
+def test_an_unknown_name_never_authenticates_whatever_the_comparison_says(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(policy_module, "token_matches", lambda token, token_hash: True)
+    assert not snapshot_policy().authenticate("nobody", "anything")
+
+
+# -- no credential over cleartext, once, expiry, ranking, the candidates cache ------------
+
+
+def test_decide_never_stamps_onto_cleartext_even_when_the_port_matches() -> None:
+    decision = policy(grant(1, hosts=("api.test:443",))).decide(
+        "a", req(scheme="http", port=443), NOW
+    )
+    assert not decision.allowed and decision.reason is Reason.INSECURE_SCHEME
+
+
+def test_a_credentials_bare_host_means_port_443_even_for_http() -> None:
+    # The grant's bare host means port 80 for http; the credential's bare host is 443 only.
+    rule = Rule(
+        grant_id=1,
+        credential=CRED,
+        hosts=(parse_host("api.test"),),
+        methods=None,
+        paths=("/",),
+        once=False,
+        websocket=False,
+        expires_at=None,
+    )
+    assert rule.allows_host("api.test", 443, "https")
+    assert not rule.allows_host("api.test", 80, "http")
+
+
+def test_a_consumed_once_grant_is_refused_from_the_snapshot() -> None:
+    decision = policy(replace(grant(1, once=True), consumed=True)).decide("a", req(), NOW)
+    assert not decision.allowed and decision.reason is Reason.GRANT_CONSUMED
+
+
+def test_a_grant_expiring_now_is_expired() -> None:
+    decision = policy(grant(1, expires=NOW)).decide("a", req(), NOW)
+    assert not decision.allowed and decision.reason is Reason.GRANT_EXPIRED
+    later = policy(grant(1, expires=NOW + timedelta(microseconds=1))).decide("a", req(), NOW)
+    assert later.allowed
+
+
+def test_the_longest_matching_pattern_of_a_grant_ranks_it() -> None:
+    # Grant 1's best match (/v1/x, 5 chars) beats grant 2's /v1/ (4); ranking by any other
+    # pattern of grant 1 (its "/") would pick grant 2.
+    p = policy(grant(1, paths=("/", "/v1/x")), grant(2, paths=("/v1/",)))
+    decision = p.decide("a", req(path="/v1/x"), NOW)
+    assert decision.allowed and decision.rule is not None and decision.rule.grant_id == 1
+
+
+def test_the_candidates_cache_keeps_hosts_ports_schemes_and_principals_apart() -> None:
+    p = policy(
+        grant(1, hosts=("api.test",)),
+        grant(2, cred=False, hosts=("plain.test",), paths=("/",), principal="b"),
+    )
+    # Warm the cache with one decision, then ask what must differ from it.
+    assert p.decide("a", req(), NOW).allowed
+    assert p.decide("a", req(host="other.test"), NOW).reason is Reason.NO_GRANT
+    assert p.decide("a", req(port=8443), NOW).reason is Reason.NO_GRANT
+    assert p.decide("a", req(scheme="http", port=443), NOW).reason is Reason.INSECURE_SCHEME
+    assert p.decide("b", req(host="plain.test", scheme="http", port=80), NOW).allowed
+    assert p.decide("b", req(host="plain.test", port=443), NOW).allowed
+    # plain.test means port 443 for https but port 80 for http: the cached https answer
+    # must not let cleartext through on 443.
+    assert not p.decide("b", req(host="plain.test", scheme="http", port=443), NOW).allowed
+    assert p.decide("a", req(host="plain.test", port=443), NOW).reason is Reason.NO_GRANT
+    assert not p.may_connect("a", "plain.test", 443)
+    assert p.may_connect("b", "plain.test", 443)
+    assert not p.may_connect("b", "api.test", 443)

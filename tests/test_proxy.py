@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -21,7 +22,20 @@ from addon import responses
 from addon.hosts import ResolveMap
 from addon.verdict import Tunnel
 from store.grammar import BadPath, canonicalize, path_matches
-from tests.fakes import Chain, StaticLive, https_flow, make_policy, reason
+from tests.fakes import (
+    Chain,
+    SpyLive,
+    StaticLive,
+    assert_refused_unstamped,
+    basic,
+    grant,
+    https_flow,
+    make_addon,
+    make_policy,
+    plain_flow,
+    reason,
+    snapshot_policy,
+)
 
 
 async def test_an_allowed_request_is_stamped():
@@ -229,3 +243,215 @@ async def test_an_h2_request_to_the_proxy_itself_is_refused():
         await addon.requestheaders(flow)
     assert reason(flow) == "bad-request"
     assert json.loads(flow.response.content)["detail"] == "HTTP/2 to the proxy is not supported"
+
+
+# -- destination binding ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("host", "port", "grants"),
+    [
+        pytest.param(
+            "x.wild.test",
+            443,
+            (grant(1, hosts=("api.test", "*.wild.test")),),
+            id="another granted host",
+        ),
+        pytest.param(
+            "api.test",
+            8443,
+            (grant(1), grant(2, cred=False, hosts=("api.test:8443",))),
+            id="another granted port",
+        ),
+    ],
+)
+async def test_a_request_inside_a_tunnel_goes_only_to_the_connect_authority(
+    host: str, port: int, grants: tuple[Any, ...]
+) -> None:
+    # Absolute-form inside the tunnel, Host header agreeing with it, both granted: still
+    # refused, because the tunnel (and its SNI) was bound to api.test:443.
+    addon = make_addon(StaticLive(snapshot_policy(*grants)))
+    with taddons.context(addon):
+        flow = https_flow(addon)
+        flow.request.host, flow.request.port = host, port
+        flow.request.host_header = host if port == 443 else f"{host}:{port}"
+        await addon.requestheaders(flow)
+    assert_refused_unstamped(flow, "host-mismatch")
+
+
+async def test_tls_to_the_proxy_without_connect_is_refused() -> None:
+    addon = make_addon(StaticLive(snapshot_policy(grant(1))))
+    with taddons.context(addon):
+        flow = https_flow(addon)
+        addon.clients.state(flow.client_conn).tunnel = None
+        flow.client_conn.sni = "api.test"
+        flow.request.headers["proxy-authorization"] = basic("a", "tok-a")
+        await addon.requestheaders(flow)
+    assert_refused_unstamped(flow, "host-mismatch")
+
+
+async def test_https_without_connect_is_refused() -> None:
+    # Absolute-form `GET https://...` on a plain proxy connection: mitmproxy would dial TLS
+    # itself and reuse that connection by address for the next host named (see the e2e
+    # two-host test below), so it is refused before any credential is stamped.
+    addon = make_addon(StaticLive(snapshot_policy(grant(1))))
+    with taddons.context(addon):
+        flow = plain_flow(host="api.test", port=443)
+        flow.request.scheme = "https"
+        flow.request.host_header = "api.test"
+        await addon.requestheaders(flow)
+    assert_refused_unstamped(flow, "bad-request")
+
+
+async def test_an_unsupported_scheme_is_refused() -> None:
+    addon = make_addon(StaticLive(snapshot_policy(grant(1, cred=False, hosts=("plain.test:21",)))))
+    with taddons.context(addon):
+        flow = plain_flow(port=21)
+        flow.request.scheme = "ftp"
+        await addon.requestheaders(flow)
+    assert flow.response.status_code == 400
+    assert reason(flow) == "bad-request"
+
+
+# -- request framing and the method -------------------------------------------------------
+
+
+async def test_an_invalid_header_name_is_refused() -> None:
+    addon = make_addon(StaticLive(snapshot_policy(grant(1))))
+    with taddons.context(addon):
+        flow = https_flow(addon)
+        flow.request.headers.fields += ((b"X-A(b)", b"1"),)
+        await addon.requestheaders(flow)
+    assert reason(flow) == "bad-request"
+
+
+@pytest.mark.parametrize(
+    "method",
+    [
+        pytest.param(b"G(T", id="a separator in the method"),
+        pytest.param(b"GET /v1/x HTTP/1.1\r\nX:", id="CRLF injection through the method"),
+    ],
+)
+async def test_a_method_that_is_not_a_token_is_refused_even_under_a_star_grant(
+    method: bytes,
+) -> None:
+    addon = make_addon(StaticLive(snapshot_policy(grant(1, methods=("*",)))))
+    with taddons.context(addon):
+        flow = https_flow(addon)
+        flow.request.data.method = method
+        await addon.requestheaders(flow)
+    assert flow.response.status_code == 400
+    assert reason(flow) == "bad-request"
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        pytest.param(
+            ((b"Content-Length", b"4"), (b"Transfer-Encoding", b"chunked")),
+            id="Content-Length and Transfer-Encoding",
+        ),
+        pytest.param(
+            ((b"Content-Length", b"1"), (b"Content-Length", b"2")),
+            id="conflicting Content-Lengths",
+        ),
+    ],
+)
+async def test_ambiguous_request_framing_is_refused(
+    fields: tuple[tuple[bytes, bytes], ...],
+) -> None:
+    # mitmproxy's HTTP/1 parser refuses these first (tests/e2e/test_hostile.py); the hook
+    # refuses them too, whatever the front end lets through.
+    addon = make_addon(StaticLive(snapshot_policy(grant(1, methods=("POST",)))))
+    with taddons.context(addon):
+        flow = https_flow(addon)
+        flow.request.data.method = b"POST"
+        del flow.request.headers["content-length"]  # tflow's own
+        flow.request.headers.fields += fields
+        await addon.requestheaders(flow)
+    assert_refused_unstamped(flow, "bad-request")
+
+
+async def test_a_method_override_must_be_allowed_by_the_grant_that_is_stamped() -> None:
+    # GET is granted with the credential, DELETE only by a pass-through grant: an override
+    # to DELETE would carry the GET grant's credential, so it is refused.
+    passthrough = replace(grant(2), credential=None, methods=frozenset({"DELETE"}))
+    addon = make_addon(SpyLive(snapshot_policy(grant(1), passthrough)))
+    with taddons.context(addon):
+        flow = https_flow(addon)
+        flow.request.headers["X_HTTP_Method_Override"] = "DELETE"
+        await addon.requestheaders(flow)
+    assert_refused_unstamped(flow, "method-not-allowed")
+
+
+# -- stamping -----------------------------------------------------------------------------
+
+
+async def test_a_stamped_request_asks_for_an_identity_encoded_response() -> None:
+    addon = make_addon(StaticLive(snapshot_policy(grant(1))))
+    with taddons.context(addon):
+        flow = https_flow(addon)
+        flow.request.headers["Accept-Encoding"] = "gzip, br"
+        await addon.requestheaders(flow)
+    assert flow.response is None
+    assert flow.request.headers.get_all("accept-encoding") == ["identity"]
+
+
+# -- once-grants: consumed last, and only when everything else passed ---------------------
+
+
+async def test_a_refused_method_override_does_not_burn_a_once_grant() -> None:
+    live = SpyLive(snapshot_policy(grant(1, once=True)))
+    addon = make_addon(live)
+    with taddons.context(addon):
+        flow = https_flow(addon)
+        flow.request.headers["X-HTTP-Method-Override"] = "DELETE"
+        await addon.requestheaders(flow)
+    assert reason(flow) == "method-not-allowed"
+    assert live.consumed == []
+
+
+async def test_a_forbidden_destination_does_not_burn_a_once_grant() -> None:
+    # No --resolve entry: localhost is resolved and refused by the destination guard.
+    once = grant(1, cred=False, hosts=("localhost",), once=True)
+    live = SpyLive(snapshot_policy(once))
+    addon = make_addon(live, resolve=[])
+    with taddons.context(addon):
+        flow = https_flow(addon)
+        addon.bind(flow.client_conn, Tunnel("a", "localhost", 443))
+        flow.request.host = "localhost"
+        flow.request.host_header = "localhost"
+        flow.client_conn.sni = "localhost"
+        await addon.requestheaders(flow)
+    assert reason(flow) == "destination-forbidden"
+    assert live.consumed == []
+
+
+async def test_a_once_grant_is_refused_without_asking_while_the_store_is_down() -> None:
+    live = SpyLive(snapshot_policy(grant(1, once=True)))
+    live.store_up = False
+    addon = make_addon(live)
+    with taddons.context(addon):
+        flow = https_flow(addon)
+        await addon.requestheaders(flow)
+    assert flow.response.status_code == 503
+    assert reason(flow) == "store-unavailable"
+    assert live.consumed == []
+
+
+# -- no credential over cleartext ---------------------------------------------------------
+
+
+async def test_cleartext_inside_a_tunnel_never_carries_a_credential() -> None:
+    # Plain HTTP sent into a CONNECT tunnel to a grant naming port 443 explicitly: host and
+    # credential both match 443, so only the scheme check stands between the secret and
+    # the cleartext wire.
+    addon = make_addon(StaticLive(snapshot_policy(grant(1, hosts=("api.test:443",)))))
+    with taddons.context(addon):
+        flow = https_flow(addon)
+        flow.request.scheme = "http"
+        flow.client_conn.tls = False
+        flow.client_conn.sni = None
+        flow.request.host_header = "api.test:443"
+        await addon.requestheaders(flow)
+    assert_refused_unstamped(flow, "insecure-scheme")

@@ -10,6 +10,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from addon.redact import MARK, Redactor, Unredactable
+from tests.fakes import LONG_SECRET
 
 SECRET = b"sk-live/abc+def=123"
 
@@ -254,3 +255,10 @@ def test_brotli_is_not_decoded() -> None:
 
     with pytest.raises(ValueError, match="unsupported"):
         Decoder("br")
+
+
+def test_a_held_body_ending_in_the_start_of_a_secret_is_sent_whole() -> None:
+    # A held (buffered) body has no next chunk: nothing may be kept back as a possible
+    # secret prefix, or the body is cut short under a corrected Content-Length.
+    body = b"token " + LONG_SECRET + b" then " + LONG_SECRET[:6]
+    assert Redactor([LONG_SECRET]).whole(body) == b"token " + MARK + b" then " + LONG_SECRET[:6]

@@ -206,4 +206,21 @@ def names() -> Callable[[str], str]:
     return lambda base: f"{base}-{n}"
 
 
+TWO_HOSTS = ["api.test", "other.test"]
+
+
+@pytest.fixture(scope="module")
+def loopback_proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Proxy, Upstream]]:
+    """A real proxy with loopback opened by --allow-private, and an upstream for two names."""
+    ca = trustme.CA()
+    with Upstream(ca, TWO_HOSTS) as upstream:
+        home = tmp_path_factory.mktemp("gaps")
+        resolve = [f"{name}=127.0.0.1:{upstream.port}" for name in TWO_HOSTS]
+        proxy = start_proxy(home, ca, resolve, extra=["--allow-private", "127.0.0.0/8"])
+        try:
+            yield proxy, upstream
+        finally:
+            stop_proxy(proxy)
+
+
 __all__ = ["MasterKey", "write_key_file"]

@@ -277,3 +277,16 @@ def ws_session(proxy: Proxy, auth: str, host: str, target: str) -> tuple[bytes, 
                     except (OSError, ssl.SSLError):
                         pass  # the proxy may close first: what it sent is what counts
     return received, got
+
+
+def absolute_form(proxy: Proxy, auth: str, targets: list[tuple[str, str]]) -> list[Reply]:
+    """Plain-proxy requests `GET URL` with `Host: HOST`, one after another on one connection."""
+    replies = []
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as sock:
+        for url, host in targets:
+            sock.sendall(
+                f"GET {url} HTTP/1.1\r\nHost: {host}\r\n"
+                f"Proxy-Authorization: {auth}\r\n\r\n".encode()
+            )
+            replies.append(read_reply(sock))
+    return replies

@@ -13,7 +13,7 @@ import trustme
 
 from store.crypto import Secret
 from tests.e2e.conftest import Proxy, start_proxy, stop_proxy
-from tests.e2e.raw import connect, exchange, proxy_auth
+from tests.e2e.raw import absolute_form, connect, exchange, proxy_auth
 from tests.e2e.upstream import Upstream
 
 pytestmark = pytest.mark.e2e
@@ -203,3 +203,16 @@ def test_fifty_requests_by_name_cost_at_most_one_lookup(
     lines = open_proxy.requests(agent)
     assert len(lines) == 50
     assert sum(1 for line in lines if "dns_ms" in line) <= 1
+
+
+@pytest.mark.e2e
+def test_the_proxy_never_dials_its_own_listener(loopback_proxy: tuple[Proxy, Upstream]) -> None:
+    # --allow-private opens loopback, so only the registration of the proxy's own listening
+    # socket with the guard (in the runner) stops it from forwarding a request to itself.
+    proxy, _ = loopback_proxy
+    target = f"127.0.0.1:{proxy.port}"
+    token = proxy.store.add_principal("self-dial")
+    proxy.store.add_grant("self-dial", ["*"], hosts=[target])
+    proxy.wait_reload()
+    [reply] = absolute_form(proxy, proxy_auth("self-dial", token), [(f"http://{target}/", target)])
+    assert (reply.status, reply.reason) == (403, "destination-forbidden")

@@ -16,8 +16,8 @@ import httpx
 import pytest
 
 from store.crypto import Secret
-from tests.e2e.conftest import Proxy
-from tests.e2e.raw import connect, exchange, proxy_auth, tunnel
+from tests.e2e.conftest import TWO_HOSTS, Proxy
+from tests.e2e.raw import absolute_form, connect, exchange, proxy_auth, tunnel
 from tests.e2e.upstream import Upstream
 
 pytestmark = pytest.mark.e2e
@@ -425,3 +425,27 @@ def test_an_echoed_secret_is_redacted(
     [line] = proxy.requests(g.agent)
     assert line["redactions"] == redactions
     assert line["bytes_in"] > 0
+
+
+@pytest.mark.e2e
+def test_a_credential_never_rides_a_tls_connection_verified_for_another_host(
+    loopback_proxy: tuple[Proxy, Upstream],
+) -> None:
+    proxy, upstream = loopback_proxy
+    token = proxy.store.add_principal("two-hosts")
+    for name in TWO_HOSTS:
+        cred = "cred-" + name.split(".")[0]
+        secret = Secret(("test-value-for-" + cred).encode())
+        proxy.store.add_credential(cred, "bearer", [name], secret)
+        proxy.store.add_grant("two-hosts", ["GET"], credential=cred)
+    proxy.wait_reload()
+    upstream.log.clear()
+    targets = [(f"https://{name}/v1/x", name) for name in TWO_HOSTS]
+    replies = absolute_form(proxy, proxy_auth("two-hosts", token), targets)
+    # https without CONNECT is refused: mitmproxy would reuse its own TLS connection by
+    # address for the next host (found by mutation review; fixed in _bind_destination).
+    assert [(r.status, r.reason) for r in replies] == [(400, "bad-request")] * len(targets)
+    # Every request that reached the upstream came on a TLS connection whose SNI (and so
+    # the certificate the proxy verified) names the request's own host.
+    pairs = [(r.sni, r.header("host")) for r in upstream.log.requests]
+    assert all([sni] == host for sni, host in pairs), pairs
