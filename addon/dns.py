@@ -142,21 +142,21 @@ class Resolver:
         host, port = key
         start = self._clock()
         self.stats.lookups += 1
-        guard = self.guard
         try:
             try:
                 answers = await asyncio.wait_for(self._lookup(host, port), self.timeout)
             except (OSError, TimeoutError, ValueError):
                 entry = self._failed(UNRESOLVABLE, start)
             else:
-                address = guard.vet(answers, port)
+                # Vetted by the guard of the moment the answers arrive, with no wait before
+                # they are kept: a guard replaced during the lookup judges them.
+                address = self.guard.vet(answers, port)
                 if address is None:
                     entry = self._failed(FORBIDDEN, start)
                 else:
                     entry = _Entry(str(address), None, start + self.ttl, start + 2 * self.ttl)
             self.stats.lookup_seconds += self._clock() - start
-            if guard is self.guard:  # answers vetted by a replaced guard are not kept
-                self._store(key, entry)
+            self._store(key, entry)
             return entry
         finally:
             del self._inflight[key]

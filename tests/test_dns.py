@@ -209,3 +209,19 @@ async def test_the_system_resolver_answers_localhost() -> None:
     r = Resolver(DestinationGuard.parse(["127.0.0.0/8", "::1/128"]))
     (address, port), waited = await r.resolve("localhost", 443)
     assert ipaddress.ip_address(address).is_loopback and port == 443 and waited >= 0
+
+
+async def test_answers_arriving_after_the_guard_changed_are_judged_by_the_new_guard() -> None:
+    dns, clock = FakeDNS({"internal.test": ["10.0.0.5"]}), Clock()
+    dns.gate.clear()
+    r = Resolver(DestinationGuard.parse(["10.0.0.0/8"]), lookup=dns, clock=clock)  # type: ignore[arg-type]
+    waiting = asyncio.ensure_future(r.resolve("internal.test", 443))
+    while not dns.queries:  # the lookup is under way
+        await asyncio.sleep(0)
+    r.reconfigure(DestinationGuard())
+    dns.gate.set()
+    with pytest.raises(LookupFailed):
+        await waiting
+    with pytest.raises(LookupFailed):
+        await r.resolve("internal.test", 443)  # the cached answer is the new guard's refusal
+    assert len(dns.queries) == 1

@@ -455,3 +455,20 @@ async def test_cleartext_inside_a_tunnel_never_carries_a_credential() -> None:
         flow.request.host_header = "api.test:443"
         await addon.requestheaders(flow)
     assert_refused_unstamped(flow, "insecure-scheme")
+
+
+async def test_a_once_grant_already_used_elsewhere_is_refused_unstamped() -> None:
+    """Losing the once-grant race (another request or replica used it first) denies."""
+    live = SpyLive(snapshot_policy(grant(1, once=True)))
+
+    async def lost(grant_id: int) -> bool:
+        live.consumed.append(grant_id)
+        return False
+
+    live.consume_once = lost  # type: ignore[method-assign]
+    addon = make_addon(live)
+    with taddons.context(addon):
+        flow = https_flow(addon)
+        await addon.requestheaders(flow)
+    assert_refused_unstamped(flow, "grant-consumed")
+    assert live.consumed == [1]

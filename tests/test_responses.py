@@ -103,3 +103,15 @@ async def test_an_echoed_secret_in_the_reason_phrase_is_redacted() -> None:
         addon.response(flow)
     assert LONG_SECRET not in flow.response.data.reason
     assert flow.response.data.reason.startswith(b"Bad key ")
+
+
+async def test_an_echoed_secret_in_a_response_header_is_redacted() -> None:
+    addon = make_addon(StaticLive(snapshot_policy(grant(1), cred=LONG_CRED)))
+    with taddons.context(addon):
+        flow = await allowed_flow(addon)
+        give_response(flow, [(b"x-echo", b"Bearer " + LONG_SECRET)], b"{}")
+        addon.responseheaders(flow)
+        addon.response(flow)
+    values = [value for _, value in flow.response.headers.fields]
+    assert not any(LONG_SECRET in value for value in values), "the secret reached a header"
+    assert b"Bearer [REDACTED]" in values
