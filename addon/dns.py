@@ -25,9 +25,10 @@ DEFAULT_TTL = 30.0
 NEGATIVE_TTL = 2.0
 LOOKUP_TIMEOUT = 5.0
 MAX_ENTRIES = 4096
-# getaddrinfo blocks a thread; these threads serve only lookups, so a hanging resolver
-# holds at most one of them per name (lookups are shared) and never the store's threads.
-LOOKUP_THREADS = 16
+# getaddrinfo blocks a thread and cannot be cancelled; these threads serve only lookups, a
+# name holds at most one of them (lookups are shared, and a timed-out one is not started
+# again until its thread returns), and the store's threads are never taken.
+LOOKUP_THREADS = 32
 
 UNRESOLVABLE = "the host does not resolve"
 FORBIDDEN = "the host resolves to a forbidden address"
@@ -81,6 +82,8 @@ class Resolver:
         self._clock = clock
         self._entries: dict[tuple[str, int], _Entry] = {}
         self._inflight: dict[tuple[str, int], asyncio.Future[_Entry]] = {}
+        # Names whose lookup timed out while its thread still waits on the resolver.
+        self._hung: set[tuple[str, int]] = set()
 
     def reconfigure(self, guard: DestinationGuard) -> None:
         """A new guard judges answers differently: nothing vetted by the old one is kept."""
@@ -141,18 +144,28 @@ class Resolver:
     async def _refresh(self, key: tuple[str, int]) -> _Entry:
         host, port = key
         start = self._clock()
-        self.stats.lookups += 1
         try:
+            if key in self._hung:
+                # The last lookup of this name still holds a thread: never a second one.
+                entry = self._failed(UNRESOLVABLE)
+                self._store(key, entry)
+                return entry
+            self.stats.lookups += 1
+            lookup = asyncio.ensure_future(self._lookup(host, port))
             try:
-                answers = await asyncio.wait_for(self._lookup(host, port), self.timeout)
-            except (OSError, TimeoutError, ValueError):
-                entry = self._failed(UNRESOLVABLE, start)
+                answers = await asyncio.wait_for(asyncio.shield(lookup), self.timeout)
+            except TimeoutError:
+                self._hung.add(key)
+                lookup.add_done_callback(lambda done: self._unhang(key, done))
+                entry = self._failed(UNRESOLVABLE)
+            except (OSError, ValueError):
+                entry = self._failed(UNRESOLVABLE)
             else:
                 # Vetted by the guard of the moment the answers arrive, with no wait before
                 # they are kept: a guard replaced during the lookup judges them.
                 address = self.guard.vet(answers, port)
                 if address is None:
-                    entry = self._failed(FORBIDDEN, start)
+                    entry = self._failed(FORBIDDEN)
                 else:
                     entry = _Entry(str(address), None, start + self.ttl, start + 2 * self.ttl)
             self.stats.lookup_seconds += self._clock() - start
@@ -161,10 +174,16 @@ class Resolver:
         finally:
             del self._inflight[key]
 
-    def _failed(self, detail: str, start: float) -> _Entry:
+    def _failed(self, detail: str) -> _Entry:
+        """A failure, remembered from the moment it is known (a timeout's end, not its start)."""
         self.stats.failures += 1
-        until = start + self.negative_ttl
+        until = self._clock() + self.negative_ttl
         return _Entry(None, detail, until, until)
+
+    def _unhang(self, key: tuple[str, int], done: asyncio.Future[list[str]]) -> None:
+        self._hung.discard(key)
+        if not done.cancelled():
+            done.exception()  # retrieved: a late failure is not reported as unhandled
 
     def _store(self, key: tuple[str, int], entry: _Entry) -> None:
         entries = self._entries

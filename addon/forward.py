@@ -58,6 +58,10 @@ class Forward:
         rec: Record | None = flow.metadata.get(KEY)
         if step is None or step.verdict is None or rec is None:
             return None
+        if flow.error is not None:
+            # mitmproxy already refused it (e.g. a Content-Length it cannot read) and will
+            # answer 400 itself: never stamp a secret or spend a once-grant on it.
+            return None
         v = step.verdict
         assert v.host is not None and v.port is not None and v.rule is not None
         address = self.resolve.lookup(v.host, v.port)

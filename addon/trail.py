@@ -118,7 +118,13 @@ class Trail:
             self.finish(
                 flow, "allow", status=response.status_code, reason=reason, error=failure.error
             )
-        elif not _killed(flow):  # killed by a failing hook: no line, as mitmproxy ends it
+        elif _killed(flow):
+            # Killed by a failing hook: mitmproxy ends the flow without an error hook, so its
+            # line is written here. Nothing of the response reached the agent.
+            decision = "allow" if rec.allowed else "deny"
+            fields = {"status": None, "reason": Reason.INTERNAL_ERROR.value, "error": "killed"}
+            self.finish(flow, decision, **fields)
+        else:
             self.finish(flow, "allow", status=response.status_code, redactions=rec.redactions)
 
     def error(self, flow: http.HTTPFlow) -> None:
@@ -139,7 +145,10 @@ class Trail:
         fields: dict[str, Any] = {"status": status, "error": failure.error}
         if failure.reason is not None:
             fields["reason"] = failure.reason.value
-        self.write(rec, "allow" if rec.allowed else "deny", **fields)
+        try:
+            self.write(rec, "allow" if rec.allowed else "deny", **fields)
+        except Exception as e:  # noqa: BLE001 - the parts after this one (Limits) still run
+            audit.logger().error("hook.failed", hook="error", error_type=type(e).__name__)
 
 
 def _killed(flow: http.HTTPFlow) -> bool:

@@ -24,12 +24,13 @@ class FakeDNS:
         self.hang: set[str] = set()
         self.gate = asyncio.Event()
         self.gate.set()
+        self.release = asyncio.Event()
 
     async def __call__(self, host: str, port: int) -> list[str]:
         self.queries.append((host, port))
         await self.gate.wait()
         if host in self.hang:
-            await asyncio.sleep(3600)
+            await self.release.wait()
         if host not in self.answers:
             raise OSError("no such name")
         return list(self.answers[host])
@@ -225,3 +226,23 @@ async def test_answers_arriving_after_the_guard_changed_are_judged_by_the_new_gu
     with pytest.raises(LookupFailed):
         await r.resolve("internal.test", 443)  # the cached answer is the new guard's refusal
     assert len(dns.queries) == 1
+
+
+async def test_a_timed_out_lookup_is_remembered_and_never_doubled_while_its_thread_hangs() -> None:
+    dns, clock = FakeDNS({"slow.test": [PUBLIC]}), Clock()
+    dns.hang.add("slow.test")
+    r = resolver(dns, clock, timeout=0.05, negative_ttl=2.0)
+    with pytest.raises(LookupFailed):
+        await r.resolve("slow.test", 443)
+    with pytest.raises(LookupFailed):  # remembered from the timeout's end: no new lookup
+        await r.resolve("slow.test", 443)
+    clock.now += 3
+    with pytest.raises(LookupFailed):  # the first lookup still waits: no second one
+        await r.resolve("slow.test", 443)
+    assert len(dns.queries) == 1
+    dns.hang.clear()
+    dns.release.set()
+    await asyncio.sleep(0)
+    clock.now += 3
+    assert (await r.resolve("slow.test", 443))[0] == (PUBLIC, 443)
+    assert len(dns.queries) == 2

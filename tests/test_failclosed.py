@@ -8,12 +8,14 @@ from typing import Any
 
 import pytest
 from mitmproxy import connection, http, tls
+from mitmproxy import flow as mflow
 from mitmproxy.options import Options
 from mitmproxy.proxy import context, server_hooks
 from mitmproxy.test import taddons, tflow
 
 from addon import access, auth, forward, gate, pinning, responses, trail, wire, wsredact
 from addon.hosts import ResolveMap
+from addon.limits import Limits
 from tests.fakes import (
     Chain,
     StaticLive,
@@ -309,3 +311,37 @@ def test_an_exception_in_the_response_hook_kills_the_flow(
         flow = tflow.tflow(resp=True)
         addon.response(flow)
     assert flow.error is not None and flow.error.msg == "Connection killed."
+
+
+async def test_a_flow_killed_in_the_response_hook_still_gets_its_audit_line(
+    chain: Chain, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lines: list[tuple[str, dict[str, Any]]] = []
+    write = chain.trail.write
+    monkeypatch.setattr(
+        chain.trail,
+        "write",
+        lambda rec, decision, **f: (lines.append((decision, f)), write(rec, decision, **f)),
+    )
+    with taddons.context(chain):
+        flow = await allowed(chain)
+        chain.responseheaders(flow)
+        monkeypatch.setattr(wsredact.REDACTORS[flow], "whole", boom)
+        chain.response(flow)
+    assert_killed(flow)
+    assert lines == [("allow", {"status": None, "reason": "internal-error", "error": "killed"})]
+
+
+async def test_an_exception_in_the_error_line_still_lets_limits_see_the_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    seen: list[Any] = []
+    original = Limits.error
+    monkeypatch.setattr(Limits, "error", lambda self, f: (seen.append(f), original(self, f)))
+    chain = Chain(StaticLive(make_policy()), ResolveMap.parse(["api.test=127.0.0.1:9443"]))
+    monkeypatch.setattr(chain.trail, "write", boom)
+    with taddons.context(chain):
+        flow = await allowed(chain)
+        flow.error = mflow.Error("connection refused")
+        chain.error(flow)
+    assert seen == [flow]

@@ -472,3 +472,19 @@ async def test_a_once_grant_already_used_elsewhere_is_refused_unstamped() -> Non
         await addon.requestheaders(flow)
     assert_refused_unstamped(flow, "grant-consumed")
     assert live.consumed == [1]
+
+
+async def test_a_request_mitmproxy_already_refused_is_neither_stamped_nor_spends_a_once_grant() -> (
+    None
+):
+    """mitmproxy still calls requestheaders for a head it refuses (e.g. Content-Length: abc)."""
+    from mitmproxy import flow as mflow
+
+    live = SpyLive(snapshot_policy(grant(1, once=True)))
+    addon = make_addon(live)
+    with taddons.context(addon):
+        flow = https_flow(addon)
+        flow.error = mflow.Error("Invalid content-length header")
+        await addon.requestheaders(flow)
+    assert live.consumed == []
+    assert flow.request.headers.get("authorization") is None
