@@ -83,7 +83,9 @@ class Credential(Base):
     __tablename__ = "credentials"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(String(63))
-    scheme: Mapped[str] = mapped_column(String(16))
+    scheme: Mapped[str] = mapped_column(String(32))
+    # Settings of schemes that need more than a header or parameter name (region, token URL, ...).
+    options: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     header_name: Mapped[str | None] = mapped_column(String(64))
     param_name: Mapped[str | None] = mapped_column(String(64))
     hosts: Mapped[list[str]] = mapped_column(JSON)
@@ -117,6 +119,8 @@ class Grant(Base):
     paths: Mapped[list[str]] = mapped_column(JSON)
     once: Mapped[bool] = mapped_column(Boolean, default=False)
     websocket: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    # Whether a `*` in the grant's paths may match a segment that holds an encoded slash.
+    encoded_slash: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     purpose: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

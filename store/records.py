@@ -6,8 +6,9 @@ agent's access requests read as the *Entry records.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 
 from store.crypto import Secret
 from store.grammar import HostPattern
@@ -28,6 +29,8 @@ class CredentialRecord:
     hosts: tuple[HostPattern, ...]
     secret: Secret
     fingerprint: str
+    # The scheme's own settings (region, token URL, ...); never a secret.
+    options: dict[str, Any] = field(default_factory=dict, hash=False)
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,7 @@ class GrantRecord:
     websocket: bool
     expires_at: datetime | None
     consumed: bool = False
+    encoded_slash: bool = False  # a `*` in paths may match a segment holding %2F
 
 
 @dataclass(frozen=True)
@@ -74,6 +78,7 @@ class CredentialEntry:
     fingerprint: str
     created_at: datetime
     rotated_at: datetime | None
+    options: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -92,6 +97,7 @@ class GrantEntry:
     purpose: str | None
     created_at: datetime
     state: str  # active, expired, consumed or revoked
+    encoded_slash: bool = False
 
 
 @dataclass(frozen=True)

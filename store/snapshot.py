@@ -44,6 +44,7 @@ def read(db: Database, key: MasterKey) -> Snapshot:
                 Credential.nonce,
                 Credential.ciphertext,
                 Credential.fingerprint,
+                _json_text(Credential.options),
             ).where(Credential.removed_at.is_(None))
         ).all()
         # Used once-grants, and grants expired within TOMBSTONE_RETENTION, stay in the
@@ -61,6 +62,7 @@ def read(db: Database, key: MasterKey) -> Snapshot:
                 Grant.websocket,
                 Grant.expires_at,
                 Grant.consumed_at.is_not(None).label("consumed"),
+                Grant.encoded_slash,
             ).where(
                 Grant.revoked_at.is_(None),
                 (Grant.expires_at.is_(None)) | (Grant.expires_at > now - TOMBSTONE_RETENTION),
@@ -71,12 +73,13 @@ def read(db: Database, key: MasterKey) -> Snapshot:
     hosts_of = _decoded(lambda hosts: tuple(parse(h) for h in hosts or ()))
     methods_of = _decoded(frozenset)
     paths_of = _decoded(tuple)
+    options_of = _decoded(lambda options: options or {})
     names = {pid: name for pid, name, _ in principals}
     records: dict[str, CredentialRecord] = {}
     by_id: dict[int, CredentialRecord] = {}
     unreadable = []
     # Rows are unpacked, not read by attribute name: that is measurably slower at scale.
-    for cid, name, scheme, header, param, hosts, key_id, nonce, ciphertext, fp in creds:
+    for cid, name, scheme, header, param, hosts, key_id, nonce, ciphertext, fp, opts in creds:
         try:
             secret = keys.unseal(key, name, key_id, nonce, ciphertext)
         except SealError:  # one bad row must not hide the others; it is named
@@ -90,10 +93,11 @@ def read(db: Database, key: MasterKey) -> Snapshot:
             hosts=hosts_of(hosts),
             secret=secret,
             fingerprint=fp,
+            options=options_of(opts),
         )
         records[name] = by_id[cid] = rec
     compiled = []
-    for gid, pid, cred_id, hosts, methods, paths, once, websocket, expires, consumed in grants:
+    for gid, pid, cred_id, hosts, methods, paths, once, ws, expires, consumed, slash in grants:
         if pid not in names or (consumed and not once):
             continue
         cred = None
@@ -113,9 +117,10 @@ def read(db: Database, key: MasterKey) -> Snapshot:
                 methods=methods_of(methods),
                 paths=paths_of(paths),
                 once=once,
-                websocket=websocket,
+                websocket=ws,
                 expires_at=expires,
                 consumed=consumed,
+                encoded_slash=slash,
             )
         )
     return Snapshot(
