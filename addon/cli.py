@@ -414,6 +414,7 @@ def _grant_row(g: GrantEntry) -> dict[str, Any]:
         "purpose": g.purpose,
         "created_at": g.created_at.isoformat(),
         "state": g.state,
+        "key": g.key,
     }
 
 
