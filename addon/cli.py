@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from addon import runner
+from addon import policycmd, runner
 from addon.argtypes import count
 from store.ca import PUBLIC_CERT, ensure_ca
 from store.crypto import KEY_ENV, MasterKey, Secret, write_key_file
@@ -167,6 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = key.add_parser("rotate", parents=[common], help="re-seal every secret under a new key")
     _json_flag(p)
     p.set_defaults(func=cmd_key_rotate)
+    policycmd.add_commands(sub, common)
     runner.add_command(sub, common)  # mitmproxy is imported only when `run` runs
     return parser
 
@@ -413,6 +414,7 @@ def _grant_row(g: GrantEntry) -> dict[str, Any]:
         "purpose": g.purpose,
         "created_at": g.created_at.isoformat(),
         "state": g.state,
+        "key": g.key,
     }
 
 

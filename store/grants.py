@@ -104,6 +104,8 @@ def listing(db: Database, principal: str | None = None) -> list[GrantEntry]:
                 purpose=g.purpose,
                 created_at=g.created_at,
                 state=_state(g, now),
+                encoded_slash=g.encoded_slash,
+                key=g.key,
             )
             for g, p_name, c_name in session.execute(query).all()
         ]

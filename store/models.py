@@ -111,6 +111,8 @@ class Credential(Base):
 class Grant(Base):
     __tablename__ = "grants"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    # The id a policy file gives the grant (`[[grant]] id = ...`); NULL for the CLI's grants.
+    key: Mapped[str | None] = mapped_column(String(63))
     principal_id: Mapped[int] = mapped_column(ForeignKey("principals.id"), index=True)
     credential_id: Mapped[int | None] = mapped_column(ForeignKey("credentials.id"), index=True)
     # NULL: the credential's hosts.
@@ -126,6 +128,16 @@ class Grant(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     consumed_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+    __table_args__ = (
+        Index(
+            "uq_grants_live_key",
+            "key",
+            unique=True,
+            sqlite_where=text("revoked_at IS NULL AND key IS NOT NULL"),
+            postgresql_where=text("revoked_at IS NULL AND key IS NOT NULL"),
+        ),
+    )
 
 
 class AccessRequest(Base):

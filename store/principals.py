@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
@@ -53,17 +55,20 @@ def remove(db: Database, name: str) -> int:
     Returns how many grants were revoked.
     """
     with db.change() as session:
-        principal = need(session, name)
-        now = utcnow()
-        principal.disabled_at = now
-        session.execute(
-            update(AccessRequest)
-            .where(AccessRequest.principal_id == principal.id, AccessRequest.state == PENDING)
-            .values(state=DENIED, decided_at=now, decision_reason="principal removed")
-        )
-        revoked = session.execute(
-            update(Grant)
-            .where(Grant.principal_id == principal.id, Grant.revoked_at.is_(None))
-            .values(revoked_at=now)
-        )
-        return rowcount(revoked)
+        return disable(session, need(session, name), utcnow())
+
+
+def disable(session: Session, principal: Principal, now: datetime) -> int:
+    """`remove` inside the caller's transaction; returns how many grants were revoked."""
+    principal.disabled_at = now
+    session.execute(
+        update(AccessRequest)
+        .where(AccessRequest.principal_id == principal.id, AccessRequest.state == PENDING)
+        .values(state=DENIED, decided_at=now, decision_reason="principal removed")
+    )
+    revoked = session.execute(
+        update(Grant)
+        .where(Grant.principal_id == principal.id, Grant.revoked_at.is_(None))
+        .values(revoked_at=now)
+    )
+    return rowcount(revoked)

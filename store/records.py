@@ -98,6 +98,7 @@ class GrantEntry:
     created_at: datetime
     state: str  # active, expired, consumed or revoked
     encoded_slash: bool = False
+    key: str | None = None  # the policy file's id for it
 
 
 @dataclass(frozen=True)
