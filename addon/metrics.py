@@ -44,6 +44,9 @@ class Metrics:
         self.once_consumed = Counter(
             "credproxy_once_grants_consumed", "Once-grants used", registry=self.registry
         )
+        self.grant_uses = Counter(
+            "credproxy_grant_uses", "Uses of grants with --max-uses", registry=self.registry
+        )
         age = Gauge(
             "credproxy_store_snapshot_age_seconds",
             "Seconds since the last good store snapshot",

@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 from addon.stamping import Stamp
 from store.crypto import token_matches
-from store.grammar import HostPattern, path_matches
+from store.grammar import HostPattern, Rate, path_matches
 from store.records import TOMBSTONE_RETENTION, CredentialRecord, GrantRecord, Snapshot
 
 
@@ -35,6 +35,7 @@ class Reason(enum.StrEnum):
     STORE_UNAVAILABLE = "store-unavailable"
     INTERNAL_ERROR = "internal-error"
     BODY_TOO_LARGE = "body-too-large"
+    RATE_LIMITED = "rate-limited"
     # Upstream failures: the grant allowed the request, the upstream did not answer usably.
     UPSTREAM_PROTOCOL_ERROR = "upstream-protocol-error"
     UPSTREAM_UNREACHABLE = "upstream-unreachable"
@@ -52,6 +53,7 @@ STATUS = {
     Reason.STORE_UNAVAILABLE: 503,
     Reason.INTERNAL_ERROR: 500,
     Reason.BODY_TOO_LARGE: 413,
+    Reason.RATE_LIMITED: 429,
     Reason.UPSTREAM_PROTOCOL_ERROR: 502,
     Reason.UPSTREAM_UNREACHABLE: 502,
     Reason.UPSTREAM_TLS_ERROR: 502,
@@ -79,6 +81,9 @@ class Rule:
     websocket: bool
     expires_at: datetime | None
     consumed: bool = False
+    rate: Rate | None = None
+    burst: int | None = None
+    max_uses: int | None = None
 
     def allows_host(self, host: str, port: int, scheme: str) -> bool:
         default = DEFAULT_PORTS.get(scheme, 443)
@@ -129,7 +134,7 @@ _STAGE_DENIALS = (
     Decision.deny(Reason.UPGRADE_NOT_ALLOWED, "no grant allows protocol upgrades here"),
     Decision.deny(Reason.INSECURE_SCHEME, "credentials are only sent over https"),
     Decision.deny(Reason.GRANT_EXPIRED, "the grant for this request has expired"),
-    Decision.deny(Reason.GRANT_CONSUMED, "this once-grant was already used"),
+    Decision.deny(Reason.GRANT_CONSUMED, "this grant was already used up"),
 )
 
 
@@ -181,6 +186,7 @@ class Policy:
         self.key_id = snapshot.key_id
         self.unreadable = snapshot.unreadable
         self._tokens = dict(snapshot.token_hashes)
+        self._limits = dict(snapshot.principal_limits)
         self._principals: dict[str, PrincipalPolicy] = {}
         for grant in snapshot.grants:
             rules = self._principals.get(grant.principal)
@@ -251,9 +257,10 @@ class Policy:
             furthest = max(furthest, 6)
             if r.consumed:
                 continue
-            # Standing grants before once-grants (never burn one needlessly), then the most
-            # specific path, then a credential over none, then the oldest grant.
-            key = (r.once, -n, r.credential is None, r.grant_id)
+            # Standing grants before once- and use-counted grants (never burn a use
+            # needlessly), then the most specific path, then a credential over none, then the
+            # oldest grant.
+            key = (r.once or r.max_uses is not None, -n, r.credential is None, r.grant_id)
             if best_key is None or key < best_key:
                 best, best_key = r, key
         if best is None:
@@ -267,6 +274,10 @@ class Policy:
     def _granted_on_https(rules: PrincipalPolicy, request: Request) -> bool:
         port = 443 if request.port == 80 else request.port
         return bool(rules.candidates(request.host, port, "https"))
+
+    def principal_limit(self, principal: str) -> tuple[Rate, int | None] | None:
+        """The principal's own rate and burst, if it has one."""
+        return self._limits.get(principal)
 
     def principals(self) -> Iterable[str]:
         return self._tokens.keys()
@@ -283,4 +294,7 @@ def _compile(grant: GrantRecord, snapshot: Snapshot) -> Rule:
         websocket=grant.websocket,
         expires_at=grant.expires_at,
         consumed=grant.consumed,
+        rate=grant.rate,
+        burst=grant.burst,
+        max_uses=grant.max_uses,
     )

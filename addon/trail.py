@@ -54,6 +54,8 @@ class Trail:
         headers = {"content-type": "application/json", "x-credproxy-reason": reason.value}
         if reason is Reason.AUTH_REQUIRED:
             headers["proxy-authenticate"] = 'Basic realm="credproxy"'
+        if extra and "retry_after" in extra:
+            headers["retry-after"] = str(extra["retry_after"])
         body = json.dumps(
             {"error": "denied", "reason": reason.value, "detail": detail, **(extra or {})}
         )

@@ -37,7 +37,7 @@ KEYS = {
     "expires": "expires",
 }
 TOP_KEYS = frozenset({"token_dir", "principal", "credential", "grant"})
-PRINCIPAL_KEYS = frozenset({"name"})
+PRINCIPAL_KEYS = frozenset({"name", "rate", "burst"})
 CREDENTIAL_KEYS = frozenset(
     {"name", "scheme", "hosts", "header", "param", "secret_env", "secret_file"}
 )
@@ -57,6 +57,9 @@ GRANT_KEYS = frozenset(
         "websocket",
         "encoded_slash",
         "purpose",
+        "rate",
+        "burst",
+        "max_uses",
     }
 )
 # A grant made with the CLI has no id; a policy file (and `export`) names it grant-<its id>.
@@ -109,6 +112,7 @@ class SecretSource:
 class PrincipalSpec:
     name: str
     line: int
+    limits: validation.Limits = validation.NO_LIMITS
 
 
 @dataclass(frozen=True)
@@ -138,6 +142,7 @@ class GrantSpec:
     expires_at: datetime | None
     purpose: str | None
     line: int
+    limits: validation.Limits = validation.NO_LIMITS
 
     @property
     def implicit_id(self) -> int | None:
@@ -392,7 +397,20 @@ def _principal(t: _Table) -> PrincipalSpec | None:
     if name is not None:
         with t.checking("name"):
             validate_name("principal", name)
-    return PrincipalSpec(name, t.line) if name is not None else None
+    limits = _limits(t)
+    return PrincipalSpec(name, t.line, limits) if name is not None else None
+
+
+def _limits(t: _Table, *, uses: bool = False) -> validation.Limits:
+    rate = t.text("rate")
+    burst, max_uses = t.values.get("burst"), t.values.get("max_uses") if uses else None
+    for key, value in (("burst", burst), ("max_uses", max_uses)):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+            t.problem(key, f"{key} must be a whole number")
+            return validation.NO_LIMITS
+    with t.checking("rate"):
+        return validation.limits(rate, burst, max_uses, bool(t.values.get("once")))
+    return validation.NO_LIMITS
 
 
 def _credential(t: _Table) -> CredentialSpec | None:
@@ -443,6 +461,7 @@ def _grant(t: _Table) -> GrantSpec | None:
     if "methods" not in t.values:
         t.problem(None, 'methods is required, e.g. methods = ["GET"]')
     expires_at = _expiry(t)
+    limits = _limits(t, uses=True)
     if purpose is not None:
         with t.checking("purpose"):
             validation.text("purpose", purpose)
@@ -476,6 +495,7 @@ def _grant(t: _Table) -> GrantSpec | None:
         expires_at=expires_at,
         purpose=purpose,
         line=t.line,
+        limits=limits,
     )
 
 

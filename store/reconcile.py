@@ -122,8 +122,16 @@ class _Planner:
         now = utcnow()
         wanted_principals = {p.name for p in self.policy.principals}
         for p in self.policy.principals:
-            if p.name not in state.principals:
-                changes.append(Change("principal", p.name, CREATE))
+            wanted = {"rate": p.limits.rate, "burst": p.limits.burst}
+            existing = state.principals.get(p.name)
+            if existing is None:
+                created = {k: (None, v) for k, v in wanted.items() if v is not None}
+                changes.append(Change("principal", p.name, CREATE, created))
+                continue
+            have = {"rate": existing.rate, "burst": existing.burst}
+            fields = {k: (have[k], v) for k, v in wanted.items() if have[k] != v}
+            if fields:
+                changes.append(Change("principal", p.name, UPDATE, fields))
         for name in sorted(state.principals):
             if name not in wanted_principals:
                 if self.prune:
@@ -264,6 +272,9 @@ class _Planner:
             "encoded_slash": row.encoded_slash,
             "expires": _instant(row.expires_at),
             "purpose": row.purpose,
+            "rate": row.rate,
+            "burst": row.burst,
+            "max_uses": row.max_uses,
         }
         fields = {k: (have[k], v) for k, v in wanted.items() if have[k] != v}
         if "expires" in fields and g.expires_at is not None and g.expires_at <= now:
@@ -283,6 +294,9 @@ def _grant_fields(g: GrantSpec) -> dict[str, Any]:
         "encoded_slash": g.encoded_slash,
         "expires": _instant(g.expires_at),
         "purpose": g.purpose,
+        "rate": g.limits.rate,
+        "burst": g.limits.burst,
+        "max_uses": g.limits.max_uses,
     }
 
 
@@ -355,17 +369,25 @@ def _execute(
     now = utcnow()
     tokens: dict[str, str] = {}
     by_name = {c.name: c for c in policy.credentials}
+    by_principal = {p.name: p for p in policy.principals}
     by_key = {g.key: g for g in policy.grants}
     order = {"principal": 0, "credential": 1, "grant": 2}
     for change in sorted(result.changes, key=lambda c: order[c.kind]):
         if change.kind == "principal":
+            wanted = by_principal.get(change.name)
             if change.action == CREATE:
                 token = new_token()
-                row = Principal(name=change.name, token_hash=hash_token(token), created_at=now)
-                session.add(row)
-                session.flush()
-                state.principals[change.name] = row
+                principal = Principal(
+                    name=change.name, token_hash=hash_token(token), created_at=now
+                )
+                session.add(principal)
+                state.principals[change.name] = principal
                 tokens[change.name] = token
+            if change.action in (CREATE, UPDATE):
+                assert wanted is not None
+                principal = state.principals[change.name]
+                principal.rate, principal.burst = wanted.limits.rate, wanted.limits.burst
+                session.flush()
             else:
                 principals.disable(session, state.principals[change.name], now)
         elif change.kind == "credential":
@@ -410,6 +432,8 @@ def _execute(
             grant.encoded_slash = g.encoded_slash
             grant.expires_at = g.expires_at
             grant.purpose = g.purpose
+            grant.rate, grant.burst = g.limits.rate, g.limits.burst
+            grant.max_uses = g.limits.max_uses
             if current is None:
                 session.add(grant)
             session.flush()
@@ -455,8 +479,12 @@ def export(db: Database) -> str:
             "# secret_env (or use secret_file). Without one, apply keeps the stored secret.",
             "# Only active grants are listed; used once-grants and expired grants are not.",
         ]
-        for name in sorted(state.principals):
+        for name, p in sorted(state.principals.items()):
             lines += ["", "[[principal]]", f"name = {_toml(name)}"]
+            if p.rate is not None:
+                lines.append(f"rate = {_toml(p.rate)}")
+            if p.burst is not None:
+                lines.append(f"burst = {_toml(p.burst)}")
         for name, c in sorted(state.credentials.items()):
             lines += ["", "[[credential]]", f"name = {_toml(name)}", f"scheme = {_toml(c.scheme)}"]
             lines.append(f"hosts = {_toml(list(c.hosts))}")
@@ -485,6 +513,9 @@ def export(db: Database) -> str:
                 lines.append(f"expires = {_instant(g.expires_at)}")
             if g.purpose is not None:
                 lines.append(f"purpose = {_toml(g.purpose)}")
+            for limit in ("rate", "burst", "max_uses"):
+                if getattr(g, limit) is not None:
+                    lines.append(f"{limit} = {_toml(getattr(g, limit))}")
     return "\n".join(lines) + "\n"
 
 

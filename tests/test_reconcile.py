@@ -251,3 +251,24 @@ def test_the_proxy_never_sees_half_an_apply(
     seen.add(len(store.snapshot().grants))
     assert seen <= {0, 61}
     assert 61 in seen
+
+
+def test_limits_round_trip_through_a_policy_file(
+    store: Store, key: MasterKey, policy_file: Callable[[str], Path], tmp_path: Path
+) -> None:
+    limited = POLICY.replace('name = "agent"\n', 'name = "agent"\nrate = "600/m"\nburst = 20\n')
+    limited += 'rate = "60/m"\nmax_uses = 100\n'
+    applied = _apply(store, key, policy_file(limited))
+    assert ("principal", "agent", "create") in [
+        (c.kind, c.name, c.action) for c in applied.plan.changes
+    ]
+    (principal,) = store.list_principals()
+    assert (principal.rate, principal.burst) == ("600/m", 20)
+    (grant,) = store.list_grants()
+    assert (grant.rate, grant.burst, grant.max_uses) == ("60/m", None, 100)
+    exported = tmp_path / "exported.toml"
+    exported.write_text(reconcile.export(store.db))
+    assert reconcile.plan(store.db, key, load(exported), prune=True).empty
+    slower = limited.replace('rate = "60/m"', 'rate = "30/m"')
+    (change,) = reconcile.plan(store.db, key, load(policy_file(slower))).changes
+    assert change.fields == {"rate": ("60/m", "30/m")}
