@@ -93,6 +93,8 @@ UPSTREAM_PREFIXES: tuple[Rule, ...] = (
     ("received unexpected http/2 response", _P, "h2-protocol-error"),
     (f"received {FOREIGN_CODING}", _P, "bad-transfer-coding"),
     ("received ", _P, "invalid-headers"),  # validate_inbound_headers: "Received ... from server"
+    # mitmproxy's words for a close or reset before the upstream TLS handshake completed.
+    ("connection closed", _U, "connection-closed"),
     ("connection killed: credproxy:", Reason.INTERNAL_ERROR, "no-allowed-request"),
     ("connection killed.", Reason.INTERNAL_ERROR, "killed"),
 )
@@ -104,6 +106,8 @@ UPSTREAM_WORDS: tuple[Rule, ...] = (
     ("tls", _T, "tls-handshake-failed"),
     ("ssl", _T, "tls-handshake-failed"),
     ("alert", _T, "tls-handshake-failed"),
+    # asyncio words every failed connect "Connect call failed": the errno tells them apart.
+    ("[errno 104]", _U, "connection-reset"),
     ("connect call failed", _U, "connection-refused"),
     ("connection refused", _U, "connection-refused"),
     ("name or service not known", _N, "name-not-resolved"),
@@ -156,6 +160,7 @@ DETAILS = {
     "bad-transfer-coding": "the upstream used a transfer coding other than chunked",
     "connection-refused": "the upstream refused the connection",
     "connection-reset": "the upstream reset the connection",
+    "connection-closed": "the upstream closed or reset the connection before TLS completed",
     "tls-verify-failed": "the upstream's TLS certificate did not verify",
     "request-trailers": REQUEST_TRAILERS,
     "request-too-large": "the request body is too large",
@@ -278,6 +283,7 @@ def install() -> None:
         (_http2.Http2Server, "_handle_event", _h2_error_page),
         # The stream knows its flow: the page names the request id of the audit line.
         (layers.HttpStream, "handle_protocol_error", _tag_errors),
+        (layers.HttpStream, "check_invalid", _tag_sent_errors),
         # A response transfer coding other than chunked would reach the agent unredacted.
         (layers, "validate_headers", _refuse_codings),
         # mitmproxy takes a 1xx as the final response: pass each on (redacted) to the agent,
@@ -324,6 +330,26 @@ def _tag_errors(original: Callable[..., Any]) -> Callable[..., Any]:
         yield from original(self, event)
 
     return handle_protocol_error
+
+
+def _tag_sent_errors(original: Callable[..., Any]) -> Callable[..., Any]:
+    """The same for a method that sends its error to the agent itself (invalid headers)."""
+    from mitmproxy.proxy.layers.http import SendHttp
+    from mitmproxy.proxy.layers.http._events import ResponseProtocolError
+
+    def wrapper(self: Any, *args: Any) -> Generator[Any, Any, Any]:
+        commands = original(self, *args)
+        sent = None
+        while True:
+            try:
+                command = commands.send(sent)
+            except StopIteration as stop:
+                return stop.value
+            if isinstance(command, SendHttp) and isinstance(command.event, ResponseProtocolError):
+                command.event.message = tag(command.event.message, self.flow.id)
+            sent = yield command
+
+    return wrapper
 
 
 def _h2_error_page(original: Callable[..., Any]) -> Callable[..., Any]:

@@ -102,7 +102,9 @@ async def test_no_credentials_at_all_is_a_challenge_not_a_denial(
         pytest.param("Basic !!!", id="a value that is not base64"),
     ],
 )
-async def test_wrong_credentials_remain_a_denial(auth: str, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_wrong_credentials_remain_a_denial(
+    auth: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     addon = make_addon(StaticLive(snapshot_policy(grant(1))))
     lines = _lines(addon, monkeypatch)
     with taddons.context(addon):

@@ -121,6 +121,18 @@ UPSTREAM = [
         id="a reset connection is unreachable",
     ),
     pytest.param(
+        "[Errno 104] Connect call failed ('127.0.0.1', 1)",
+        U,
+        "connection-reset",
+        id="a connect reset before it completed is a reset, not a refusal",
+    ),
+    pytest.param(
+        "connection closed",
+        U,
+        "connection-closed",
+        id="a close or reset during the upstream TLS handshake is unreachable",
+    ),
+    pytest.param(
         "[Errno 113] No route to host", U, "no-route", id="no route to the host is unreachable"
     ),
     pytest.param(
@@ -300,6 +312,7 @@ def test_install_replaces_what_it_says():
         "Http1Client.read_headers": (_http1.Http1Client, "read_headers"),
         "HttpStream._handle_event": (layers.HttpStream, "_handle_event"),
         "HttpStream.handle_protocol_error": (layers.HttpStream, "handle_protocol_error"),
+        "HttpStream.check_invalid": (layers.HttpStream, "check_invalid"),
         "Http1Connection.read_body": (_http1.Http1Connection, "read_body"),
     }
     replaced = wire.installed()

@@ -288,7 +288,9 @@ def test_a_chunk_size_line_made_of_the_secret_stays_out_of_the_audit(
             "reset.test",
             502,
             "upstream-unreachable",
-            "connection-reset",
+            # Which one depends on whether the reset arrives before asyncio sees the connect
+            # complete or during the TLS handshake.
+            ("connection-reset", "connection-closed"),
             id="an upstream that resets the connection",
         ),
         pytest.param(
@@ -316,13 +318,22 @@ def test_a_chunk_size_line_made_of_the_secret_stays_out_of_the_audit(
 )
 @pytest.mark.parametrize("http2", [False, True], ids=["agent over HTTP/1", "agent over HTTP/2"])
 def test_an_upstream_that_cannot_be_used_gets_its_own_reason(
-    wire_proxy: Proxy, agent, host: str, status: int, reason: str, error: str, http2: bool
+    wire_proxy: Proxy,
+    agent,
+    host: str,
+    status: int,
+    reason: str,
+    error: str | tuple[str, ...],
+    http2: bool,
 ):
     reply = fetch(wire_proxy, agent, host, "/v1/bad-status", http2)
     body = assert_problem(reply, status, reason)
+    line = audit_line(wire_proxy, agent, "/v1/bad-status")
+    if isinstance(error, tuple):
+        assert line["error"] in error
+        error = line["error"]
     expected = ("error", status, reason, error)
     assert_failure_line(wire_proxy, agent, "/v1/bad-status", body, expected)
-    line = audit_line(wire_proxy, agent, "/v1/bad-status")
     assert (line["host"], line["grant_id"]) == (host, agent_grant(wire_proxy, agent))
     assert "detail" not in line or line["detail"] == body["detail"]
     assert_no_leak(wire_proxy, reply.raw)
