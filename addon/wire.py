@@ -19,6 +19,7 @@ from typing import Any
 from mitmproxy import http
 from mitmproxy.proxy.layers.http._events import HttpEvent
 
+from addon.bounds import TIMEOUT_PREFIX
 from addon.policy import STATUS, Reason
 from addon.problem import Problem, problem
 
@@ -72,7 +73,13 @@ Rule = tuple[str, Reason | None, str]  # (lower-case text, reason, error class)
 
 # Messages that quote the peer's bytes, matched by their fixed start only: the quoted part
 # is the peer's to choose. First match wins.
+_TO = Reason.UPSTREAM_TIMEOUT
 UPSTREAM_PREFIXES: tuple[Rule, ...] = (
+    # addon/limits.py's deadlines, by phase (its own text: no peer bytes in it).
+    (f"{TIMEOUT_PREFIX}: no connection", _TO, "connect-timeout"),
+    (f"{TIMEOUT_PREFIX}: no response", _TO, "response-timeout"),
+    (f"{TIMEOUT_PREFIX}: the response stalled", _TO, "response-stalled"),
+    (f"{TIMEOUT_PREFIX}: the request body stalled", _TO, "request-body-stalled"),
     ("cannot parse http response: bad http response line", _P, "bad-status-line"),
     ("cannot parse http response: invalid header", _P, "bad-header-line"),
     ("cannot parse http response: invalid content-length", _P, "bad-content-length"),

@@ -136,6 +136,24 @@ UPSTREAM = [
         "[Errno 113] No route to host", U, "no-route", id="no route to the host is unreachable"
     ),
     pytest.param(
+        "upstream timeout: no connection in 10 s",
+        "upstream-timeout",
+        "connect-timeout",
+        id="the connect deadline names its phase",
+    ),
+    pytest.param(
+        "upstream timeout: no response in 30 s",
+        "upstream-timeout",
+        "response-timeout",
+        id="the response deadline names its phase",
+    ),
+    pytest.param(
+        "upstream timeout: the response stalled for 30 s",
+        "upstream-timeout",
+        "response-stalled",
+        id="a stalled response names its phase",
+    ),
+    pytest.param(
         "upstream read timed out",
         "upstream-timeout",
         "timeout",
