@@ -381,6 +381,21 @@ def test_the_error_hook_audits_a_fixed_class_never_the_upstream_text():
     assert SECRET not in json.dumps(logs, default=str)
 
 
+def test_a_streamed_body_cut_by_a_failure_is_audited_as_an_error_not_an_allow():
+    addon = Chain(StaticLive(make_policy()))
+    lines: list[dict[str, Any]] = []
+    addon.trail.write = lambda _, decision, **f: lines.append({"decision": decision, **f})  # type: ignore[method-assign]
+    with taddons.context(addon):
+        flow = tflow.tflow(resp=True)
+        rec = addon.trail.begin(flow)
+        rec.allowed = True
+        rec.failure = wire.Failure(Reason.UPSTREAM_PROTOCOL_ERROR, "undecodable-body")
+        addon.trail.response(flow)
+    assert lines == [
+        {"decision": "error", "status": 200, "reason": P, "error": "undecodable-body"}
+    ]
+
+
 def test_responseheaders_kills_a_response_with_a_foreign_transfer_coding():
     addon = Chain(StaticLive(make_policy()))
     with taddons.context(addon):

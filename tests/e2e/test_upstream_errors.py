@@ -259,7 +259,8 @@ def test_a_chunk_size_line_made_of_the_secret_stays_out_of_the_audit(
     # The head went out before the body broke: the stream can only end, cut short.
     assert (reply.status, reply.broken) == (200, True)
     line = audit_line(wire_proxy, agent, "/v1/chunk-secret")
-    assert (line["status"], line["reason"], line["error"]) == (
+    assert (line["decision"], line["status"], line["reason"], line["error"]) == (
+        "error",
         200,
         "upstream-protocol-error",
         "bad-chunk",
@@ -447,7 +448,8 @@ def test_http1_response_trailers_end_the_stream_cleanly(wire_proxy: Proxy, agent
     reply = fetch(wire_proxy, agent, "h1.test", "/v1/response-trailers", http2)
     assert (reply.status, reply.broken) == (200, True)
     line = audit_line(wire_proxy, agent, "/v1/response-trailers")
-    assert (line["status"], line["reason"], line["error"]) == (
+    assert (line["decision"], line["status"], line["reason"], line["error"]) == (
+        "error",
         200,
         "upstream-protocol-error",
         "response-trailers",
