@@ -10,8 +10,8 @@ from collections.abc import Awaitable, Callable
 
 from mitmproxy import http
 
-from addon import wire, wsredact
-from addon.dns import DEFAULT_TTL, LookupFailed, Resolver
+from addon import audit, wire, wsredact
+from addon.dns import DEFAULT_TTL, FORBIDDEN, LookupFailed, Resolver
 from addon.failclosed import Denied, deny_on_error
 from addon.guard import DestinationGuard
 from addon.hosts import ResolveMap
@@ -75,7 +75,7 @@ class Forward:
             try:
                 address = self.resolver.cached(v.host, v.port)
             except LookupFailed as e:
-                raise Denied(Reason.DESTINATION_FORBIDDEN, e.detail) from e
+                raise _refusal(e, rec, v.rule) from e
         if address is None or v.rule.once or v.rule.max_uses is not None:
             return self._vet_then_forward(flow, step, rec, address)
         self._forward(flow, step, rec, address)
@@ -90,7 +90,7 @@ class Forward:
             try:
                 address, waited = await self.resolver.resolve(v.host, v.port)
             except LookupFailed as e:
-                raise Denied(Reason.DESTINATION_FORBIDDEN, e.detail) from e
+                raise _refusal(e, rec, v.rule) from e
             rec.dns_ms = round(waited * 1000, 2)
         await self._consume(v.rule)
         self._forward(flow, step, rec, address)
@@ -156,6 +156,17 @@ class Forward:
             self.metrics.once_consumed.inc()
         else:
             self.metrics.grant_uses.inc()
+
+
+def _refusal(e: LookupFailed, rec: Record, rule: Rule) -> Denied:
+    """A forbidden address is a policy denial; a name that does not resolve is a network
+    failure of a granted request, and must never read as a denial."""
+    if e.detail == FORBIDDEN:
+        return Denied(Reason.DESTINATION_FORBIDDEN, e.detail)
+    rec.grant_id = rule.grant_id
+    reason = Reason.UPSTREAM_UNRESOLVABLE
+    failure = wire.Failure(reason, "name-not-resolved")
+    return Denied(reason, failure.detail, decision=audit.ERROR, error=failure.error)
 
 
 def _counter(rec: Record) -> Callable[[bytes], bytes]:

@@ -39,12 +39,16 @@ class Reason(enum.StrEnum):
     # Upstream failures: the grant allowed the request, the upstream did not answer usably.
     UPSTREAM_PROTOCOL_ERROR = "upstream-protocol-error"
     UPSTREAM_UNREACHABLE = "upstream-unreachable"
+    UPSTREAM_UNRESOLVABLE = "upstream-unresolvable"
     UPSTREAM_TLS_ERROR = "upstream-tls-error"
     UPSTREAM_TIMEOUT = "upstream-timeout"
     AUDIT_UNAVAILABLE = "audit-unavailable"
     REQUEST_TOO_LARGE = "request-too-large"
     REQUEST_TIMEOUT = "request-timeout"
     TOO_MANY_CONNECTIONS = "too-many-connections"
+    # Answers of credproxy.internal, the access-request endpoint.
+    NOT_FOUND = "not-found"
+    TOO_MANY_ACCESS_REQUESTS = "too-many-access-requests"
 
 
 STATUS = {
@@ -56,13 +60,26 @@ STATUS = {
     Reason.RATE_LIMITED: 429,
     Reason.UPSTREAM_PROTOCOL_ERROR: 502,
     Reason.UPSTREAM_UNREACHABLE: 502,
+    Reason.UPSTREAM_UNRESOLVABLE: 502,
     Reason.UPSTREAM_TLS_ERROR: 502,
     Reason.UPSTREAM_TIMEOUT: 504,
     Reason.AUDIT_UNAVAILABLE: 503,
     Reason.REQUEST_TOO_LARGE: 431,
     Reason.REQUEST_TIMEOUT: 408,
     Reason.TOO_MANY_CONNECTIONS: 429,
+    Reason.NOT_FOUND: 404,
+    Reason.TOO_MANY_ACCESS_REQUESTS: 429,
 }
+# The grant allowed the request and the upstream failed it: never a denial.
+UPSTREAM_REASONS = frozenset(
+    {
+        Reason.UPSTREAM_PROTOCOL_ERROR,
+        Reason.UPSTREAM_UNREACHABLE,
+        Reason.UPSTREAM_UNRESOLVABLE,
+        Reason.UPSTREAM_TLS_ERROR,
+        Reason.UPSTREAM_TIMEOUT,
+    }
+)
 
 DEFAULT_PORTS = {"https": 443, "http": 80}
 CANDIDATE_CACHE = 1024

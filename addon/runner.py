@@ -237,7 +237,7 @@ async def serve(config: RunConfig, started: asyncio.Event | None = None) -> int:
     from mitmproxy import options
     from mitmproxy.tools.dump import DumpMaster
 
-    from addon import bounds, refusals, wire, wsredact
+    from addon import bounds, connects, refusals, wire, wsredact
     from addon.chain import REQUIRED_OPTIONS
     from addon.forward import Forward
     from addon.live import LivePolicy
@@ -259,8 +259,10 @@ async def serve(config: RunConfig, started: asyncio.Event | None = None) -> int:
         store.close()
         raise
     # Where mitmproxy has no hook: its error pages, head limits, refused bodies, WebSocket
-    # control frames. Each raises here if mitmproxy changed shape: never open later.
+    # control frames, a connect reset mid-setup. Each raises here if mitmproxy changed shape:
+    # never open later.
     wire.install()
+    connects.install()
     refusals.install()
     bounds.install()
     wsredact.install()
