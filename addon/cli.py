@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from importlib import metadata
 from typing import Any, NoReturn
 
-from addon import runner
+from addon import demo, runner
 from addon.argtypes import count
 from store.ca import PUBLIC_CERT, ensure_ca
 from store.crypto import KEY_ENV, MasterKey, Secret, write_key_file
@@ -109,7 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="credproxy",
         description="credproxy: an egress proxy that stamps granted credentials onto the "
-        "requests of AI-agent sandboxes. Start with `credproxy init`, then `credproxy run`.",
+        "requests of AI-agent sandboxes. Start with `credproxy init`, then `credproxy run`; "
+        "`credproxy demo` shows it all on this machine.",
         epilog="`credproxy COMMAND --help` describes each command.",
     )
     parser.add_argument("--version", action="version", version=_version())
@@ -214,6 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = key.add_parser("rotate", parents=[common], help="re-seal every secret under a new key")
     p.set_defaults(func=cmd_key_rotate)
     runner.add_command(sub, common)  # mitmproxy is imported only when `run` runs
+    demo.add_command(sub)
     return parser
 
 
