@@ -55,7 +55,7 @@ class DemoFailed(CredproxyError):
 def add_command(sub: Any) -> None:
     p = sub.add_parser(
         "demo",
-        help="show a stamped, a denied and a redacted request on this machine (offline)",
+        help="a trial on this machine, offline: five requests shown",
         description=__doc__,
     )
     p.set_defaults(func=cmd_demo)

@@ -685,7 +685,7 @@ def test_the_top_level_help_lists_every_command_and_the_global_options(
     result = top_level["help"]
     assert (result.returncode, result.stderr) == (0, "")
     (commands,) = (a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
-    assert {"run", "init", "principal", "grant"} <= set(commands.choices)
+    assert {"run", "demo", "init", "principal", "grant"} <= set(commands.choices)
     for choice in commands._choices_actions:
         line = rf"^    {choice.dest} +{re.escape(str(choice.help))}$"
         assert re.search(line, result.stdout, re.M)
