@@ -104,7 +104,8 @@ def test_the_demo_cleans_up(demo: subprocess.CompletedProcess[str]) -> None:
     assert _processes_in(directory) == []
 
 
-def test_ctrl_c_stops_the_demo_and_cleans_up(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["Ctrl-C", "SIGTERM"])
+def test_an_interrupted_demo_cleans_up(tmp_path: Path, sig: signal.Signals) -> None:
     out = tmp_path / "demo.out"
     with out.open("w") as stdout:
         process = subprocess.Popen(
@@ -119,7 +120,7 @@ def test_ctrl_c_stops_the_demo_and_cleans_up(tmp_path: Path) -> None:
     while not _processes_in(directory) and time.monotonic() < deadline:
         time.sleep(0.02)
     assert len(_processes_in(directory)) == 1  # `credproxy run`, started by the demo
-    process.send_signal(signal.SIGINT)
+    process.send_signal(sig)
     assert process.wait(30) == 130
     assert process.stderr is not None and process.stderr.read() == b""
     assert not directory.exists()
