@@ -125,3 +125,8 @@ def test_an_interrupted_demo_cleans_up(tmp_path: Path, sig: signal.Signals) -> N
     assert process.stderr is not None and process.stderr.read() == b""
     assert not directory.exists()
     assert _processes_in(directory) == []
+
+
+def test_make_demo_runs_it() -> None:
+    makefile = (Path(__file__).parents[1] / "Makefile").read_text()
+    assert "\ndemo: $(STAMP)\n\t$(BIN)/credproxy demo\n" in makefile
