@@ -24,7 +24,6 @@ def add_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     )
     p.add_argument("file", type=Path, help="the policy file (TOML)")
     p.add_argument("--prune", action="store_true", help="also revoke what the file leaves out")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("apply", parents=[common], help="make the store match a policy file")
@@ -37,7 +36,6 @@ def add_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--print-tokens", action="store_true", help="print new principals' tokens instead"
     )
-    p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_apply)
 
     p = sub.add_parser("export", parents=[common], help="write the store as a policy file")
@@ -154,7 +152,7 @@ def _no_tokens(tokens: dict[str, str]) -> Any:
 
 
 def cmd_export(args: argparse.Namespace, settings: Settings) -> int:
-    text = reconcile.export(settings.store().db)
+    text = reconcile.export(settings.reader().db)  # opens no secret: needs no key
     if args.out is None:
         sys.stdout.write(text)
         return 0
