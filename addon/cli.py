@@ -40,6 +40,7 @@ FLAGS = {
     "param": "--param NAME",
     "scheme": "--scheme",
     "expires": "--expires",
+    "encoded_slash": "--encoded-slash",
 }
 
 Handler = Callable[[argparse.Namespace, Settings], int]
@@ -127,6 +128,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--path", action="append", default=[], help="path pattern (default /)")
     p.add_argument("--once", action="store_true", help="usable by exactly one request")
     p.add_argument("--websocket", action="store_true", help="allow Upgrade requests")
+    p.add_argument(
+        "--encoded-slash",
+        action="store_true",
+        help="let a '*' path segment match one holding %%2F too (npm's @scope%%2Fname)",
+    )
     p.add_argument("--expires", help="30s, 10m, 2h, 7d or an ISO-8601 time")
     p.add_argument("--purpose")
     _json_flag(p)
@@ -385,6 +391,7 @@ def cmd_grant_add(args: argparse.Namespace, settings: Settings) -> int:
         websocket=args.websocket,
         expires_at=expires,
         purpose=args.purpose,
+        encoded_slash=args.encoded_slash,
     )
     _emit(
         settings,
@@ -409,6 +416,7 @@ def _grant_row(g: GrantEntry) -> dict[str, Any]:
         "paths": g.paths,
         "once": g.once,
         "websocket": g.websocket,
+        "encoded_slash": g.encoded_slash,
         "expires_at": g.expires_at.isoformat() if g.expires_at else None,
         "purpose": g.purpose,
         "created_at": g.created_at.isoformat(),
@@ -419,7 +427,7 @@ def _grant_row(g: GrantEntry) -> dict[str, Any]:
 def cmd_grant_list(args: argparse.Namespace, settings: Settings) -> int:
     rows = [_grant_row(g) for g in settings.store().list_grants(args.principal)]
     columns = ["id", "principal", "credential", "hosts", "methods", "paths", "once", "expires_at"]
-    _emit(settings, rows, _table(rows, columns + ["state", "purpose"]))
+    _emit(settings, rows, _table(rows, columns + ["encoded_slash", "state", "purpose"]))
     return 0
 
 

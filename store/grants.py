@@ -26,8 +26,9 @@ def add(
     websocket: bool = False,
     expires_at: datetime | None = None,
     purpose: str | None = None,
+    encoded_slash: bool = False,
 ) -> int:
-    spec = validation.grant_spec(methods, hosts, paths, expires_at)
+    spec = validation.grant_spec(methods, hosts, paths, expires_at, encoded_slash)
     with db.change() as session:
         owner = principals.need(session, principal)
         return insert(
@@ -62,6 +63,7 @@ def insert(
         expires_at=spec.expires_at,
         purpose=purpose,
         created_at=utcnow(),
+        encoded_slash=spec.encoded_slash,
     )
     session.add(grant)
     session.flush()
@@ -104,6 +106,7 @@ def listing(db: Database, principal: str | None = None) -> list[GrantEntry]:
                 purpose=g.purpose,
                 created_at=g.created_at,
                 state=_state(g, now),
+                encoded_slash=g.encoded_slash,
             )
             for g, p_name, c_name in session.execute(query).all()
         ]

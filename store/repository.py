@@ -112,6 +112,7 @@ class Store:
         websocket: bool = False,
         expires_at: datetime | None = None,
         purpose: str | None = None,
+        encoded_slash: bool = False,
     ) -> int:
         return grants.add(
             self.db,
@@ -124,6 +125,7 @@ class Store:
             websocket,
             expires_at,
             purpose,
+            encoded_slash,
         )
 
     def list_grants(self, principal: str | None = None) -> list[GrantEntry]:

@@ -213,6 +213,37 @@ MISMATCH = "host-mismatch"
             id="deny a method override that is no token",
         ),
         pytest.param(
+            facts((H, (b"X-HTTP-Method-Override", b"HEAD"))),
+            TUNNEL,
+            1,
+            id="allow a HEAD override where GET is granted",
+        ),
+        pytest.param(facts(method=b"HEAD"), TUNNEL, 1, id="allow HEAD where GET is granted"),
+        pytest.param(
+            facts(target=b"/v1/@scope%2fname"),
+            TUNNEL,
+            1,
+            id="allow an encoded slash inside a segment under a granted prefix",
+        ),
+        pytest.param(
+            facts(target=b"/v2%2F..%2Fv1/x"),
+            TUNNEL,
+            (BAD, "empty or dot part around an encoded slash"),
+            id="deny dot-dot hidden between encoded slashes",
+        ),
+        pytest.param(
+            facts(target=b"/v1/a%2F%2Fb"),
+            TUNNEL,
+            (BAD, "empty or dot part around an encoded slash"),
+            id="deny an empty part between encoded slashes",
+        ),
+        pytest.param(
+            facts(target=b"/v1/a%2F%5Cb"),
+            TUNNEL,
+            (BAD, "backslash"),
+            id="deny an encoded backslash beside an encoded slash",
+        ),
+        pytest.param(
             facts((H, (b"X-Original-URL", b"/admin"))),
             TUNNEL,
             (BAD, "path-override headers are not allowed"),
@@ -301,7 +332,7 @@ MISMATCH = "host-mismatch"
             id="the destination is checked before the method",
         ),
         pytest.param(
-            facts(method=b"G(T", target=b"/v1/a%2Fb"),
+            facts(method=b"G(T", target=b"/v1/a%2F.."),
             TUNNEL,
             (BAD, "invalid method"),
             id="the method is checked before the path",
@@ -339,7 +370,7 @@ def test_only_the_grant_decision_is_marked_as_one_an_access_request_may_follow()
 def test_a_refusal_names_what_was_known_when_it_was_refused() -> None:
     early = judge(plain(host="bad host"), None)
     assert (early.host, early.port, early.path) == (None, None, None)
-    bound = judge(facts(target=b"/v1/a%2Fb"))
+    bound = judge(facts(target=b"/v1/a%2F.."))
     assert (bound.host, bound.port, bound.path) == ("api.test", 443, None)
     late = judge(facts((H, (b"Content-Length", b"1"), (b"Content-Length", b"2"))))
     assert (late.host, late.port, late.path) == ("api.test", 443, "/v1/x")
@@ -348,6 +379,11 @@ def test_a_refusal_names_what_was_known_when_it_was_refused() -> None:
 def test_an_allowed_verdict_carries_the_canonical_path_and_the_query() -> None:
     v = judge(facts(target=b"/v1/a/../x?q=1"))
     assert v.allowed and (v.path, v.query, v.method) == ("/v1/x", b"q=1", "GET")
+
+
+def test_an_encoded_slash_is_forwarded_encoded_in_upper_case() -> None:
+    v = judge(facts(target=b"/v1/@scope%2fname?x=%2f"))
+    assert v.allowed and (v.path, v.query) == ("/v1/@scope%2Fname", b"x=%2f")
 
 
 # -- properties ------------------------------------------------------------------------------
