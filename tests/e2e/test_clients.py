@@ -119,7 +119,9 @@ def asked(proxy: Proxy, agent: str) -> list[tuple[str, str]]:
 # -- npm: a scoped package, whose name npm sends as @scope%2fname ---------------------------
 
 
-def npm_install(proxy: Proxy, agent: str, token: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+def npm_install(
+    proxy: Proxy, agent: str, token: str, tmp_path: Path
+) -> subprocess.CompletedProcess[str]:
     npm = need("npm", "Debian: apt-get install npm")
     project = tmp_path / "project"
     project.mkdir()
