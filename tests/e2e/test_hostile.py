@@ -14,7 +14,7 @@ import pytest
 
 from store.crypto import Secret
 from tests.e2e.conftest import Proxy
-from tests.e2e.raw import connect, exchange, h2_tunnel, proxy_auth, tunnel
+from tests.e2e.raw import connect, exchange, h2_get, h2_tunnel, proxy_auth, tunnel
 from tests.e2e.upstream import Upstream
 
 pytestmark = pytest.mark.e2e
@@ -652,6 +652,16 @@ def test_an_encoded_slash_reaches_the_upstream_encoded(proxy: Proxy, upstream: U
     assert received.target == "/v1/@scope%2Fname/-/x?q=%2f"
     [line] = [r for r in proxy.requests(agent[0]) if r["path"] == "/v1/@scope%2Fname/-/x"]
     assert line["decision"] == "allow"
+
+
+def test_an_encoded_slash_from_an_h2_client_reaches_the_upstream_encoded(
+    proxy: Proxy, upstream: Upstream, agent
+):
+    with h2_tunnel(proxy, proxy_auth(*agent), "api.test") as tls:
+        answer = h2_get(tls, "api.test", "/v1/group%2fproject/issues")
+    assert answer.status == 200
+    [received] = upstream.log.requests
+    assert received.target == "/v1/group%2Fproject/issues"
 
 
 @pytest.mark.parametrize(
