@@ -841,6 +841,24 @@ def test_what_a_grant_matches_a_slash_decoding_backend_would_match_too(
             assert path_matches(decode_slashes(candidate), decode_slashes(path)), candidate
 
 
+SLASHED = st.sampled_from(["a%2Fb", "b%2fa", "@s%2F~", "a%2F~%2Fb", "a", "b"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(patterns, st.integers(min_value=0), SLASHED, st.lists(SLASHED, max_size=2))
+def test_a_star_never_covers_what_a_slash_decoding_backend_reads_as_more_segments(
+    pattern: str, which: int, filler: str, tail: list[str]
+) -> None:
+    """The same, with the star's own segment holding %2F: the case a star could get wrong."""
+    starred = _starred(pattern, which)
+    if starred == "/":
+        return
+    parts = [filler if part == "*" else part for part in starred.strip("/").split("/")]
+    path = canonical_or_none(("/" + "/".join(parts + tail)).encode())
+    if path is not None and path_matches(starred, path):
+        assert path_matches(decode_slashes(starred), decode_slashes(path)), (starred, path)
+
+
 def _starred(pattern: str, which: int) -> str:
     if pattern == "/":
         return pattern
