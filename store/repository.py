@@ -17,6 +17,7 @@ from store.records import (
     PrincipalEntry,
     Snapshot,
 )
+from store.validation import NO_LIMITS, Limits
 
 
 class Store:
@@ -71,8 +72,11 @@ class Store:
 
     # -- principals, credentials, grants ---------------------------------------------
 
-    def add_principal(self, name: str) -> str:
-        return principals.add(self.db, name)
+    def add_principal(self, name: str, limits: Limits = NO_LIMITS) -> str:
+        return principals.add(self.db, name, limits)
+
+    def set_principal_limits(self, name: str, limits: Limits) -> None:
+        principals.set_limits(self.db, name, limits)
 
     def list_principals(self) -> list[PrincipalEntry]:
         return principals.listing(self.db)
@@ -113,6 +117,7 @@ class Store:
         expires_at: datetime | None = None,
         purpose: str | None = None,
         encoded_slash: bool = False,
+        limits: Limits = NO_LIMITS,
     ) -> int:
         return grants.add(
             self.db,
@@ -126,6 +131,7 @@ class Store:
             expires_at,
             purpose,
             encoded_slash,
+            limits,
         )
 
     def list_grants(self, principal: str | None = None) -> list[GrantEntry]:
@@ -136,6 +142,9 @@ class Store:
 
     def consume_once(self, grant_id: int) -> bool:
         return grants.consume_once(self.db, grant_id)
+
+    def use_grant(self, grant_id: int) -> bool:
+        return grants.use(self.db, grant_id)
 
     # -- access requests -------------------------------------------------------------
 
