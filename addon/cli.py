@@ -43,6 +43,7 @@ FLAGS = {
     "param": "--param NAME",
     "scheme": "--scheme",
     "expires": "--expires",
+    "encoded_slash": "--encoded-slash",
     "rate": "--rate",
     "burst": "--burst",
     "once": "--once",
@@ -201,6 +202,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--path", action="append", default=[], help="path pattern (default /)")
     p.add_argument("--once", action="store_true", help="usable by exactly one request")
     p.add_argument("--websocket", action="store_true", help="allow Upgrade requests")
+    p.add_argument(
+        "--encoded-slash",
+        action="store_true",
+        help="let a '*' path segment match one holding %%2F too (npm's @scope%%2Fname)",
+    )
     p.add_argument("--expires", help="30s, 10m, 2h, 7d or an ISO-8601 time")
     p.add_argument("--purpose", help="a note for operators, shown by grant list")
     _rate_flags(p, "for requests this grant lets through, per proxy replica")
@@ -494,6 +500,7 @@ def cmd_grant_add(args: argparse.Namespace, settings: Settings) -> int:
         websocket=args.websocket,
         expires_at=expires,
         purpose=args.purpose,
+        encoded_slash=args.encoded_slash,
         limits=limits,
     )
     _emit(
@@ -519,6 +526,7 @@ def _grant_row(g: GrantEntry) -> dict[str, Any]:
         "paths": g.paths,
         "once": g.once,
         "websocket": g.websocket,
+        "encoded_slash": g.encoded_slash,
         "expires_at": g.expires_at.isoformat() if g.expires_at else None,
         "purpose": g.purpose,
         "created_at": g.created_at.isoformat(),
@@ -539,11 +547,16 @@ def cmd_grant_list(args: argparse.Namespace, settings: Settings) -> int:
     # credential's. --json keeps null there, as stored.
     their_hosts = {c.name: c.hosts for c in store.list_credentials()}
     shown = [
-        row | {"hosts": g.hosts or their_hosts.get(g.credential or ""), "once": _yes(g.once)}
+        row
+        | {
+            "hosts": g.hosts or their_hosts.get(g.credential or ""),
+            "once": _yes(g.once),
+            "encoded_slash": _yes(g.encoded_slash),
+        }
         for row, g in zip(rows, grants, strict=True)
     ]
     columns = ["id", "principal", "credential", "hosts", "methods", "paths", "once", "expires_at"]
-    _emit(settings, rows, _table(shown, columns + ["state", "purpose"]))
+    _emit(settings, rows, _table(shown, columns + ["encoded_slash", "state", "purpose"]))
     return 0
 
 

@@ -116,6 +116,7 @@ class Store:
         websocket: bool = False,
         expires_at: datetime | None = None,
         purpose: str | None = None,
+        encoded_slash: bool = False,
         limits: Limits = NO_LIMITS,
     ) -> int:
         return grants.add(
@@ -129,6 +130,7 @@ class Store:
             websocket,
             expires_at,
             purpose,
+            encoded_slash,
             limits,
         )
 

@@ -14,6 +14,7 @@ from store.crypto import Secret
 from store.errors import InvalidInput
 from store.grammar import (
     HostPattern,
+    has_star,
     parse_host,
     parse_rate,
     validate_header_name,
@@ -83,6 +84,7 @@ class GrantSpec:
     paths: list[str]
     hosts: list[HostPattern]
     expires_at: datetime | None
+    encoded_slash: bool = False
 
 
 MAX_BURST = 1_000_000_000
@@ -127,6 +129,7 @@ def grant_spec(
     host_patterns: Sequence[str],
     paths: Sequence[str],
     expires_at: datetime | None,
+    encoded_slash: bool = False,
 ) -> GrantSpec:
     if not methods:
         raise InvalidInput("a grant needs at least one {method} (or '*')", method="method")
@@ -134,10 +137,16 @@ def grant_spec(
     if "*" in method_list and len(method_list) > 1:
         raise InvalidInput("{method} '*' already allows every method", method="method")
     path_list = sorted({validate_path_pattern(p) for p in paths}) or ["/"]
+    if encoded_slash and not any(map(has_star, path_list)):
+        raise InvalidInput(
+            "{encoded_slash} only changes what a '*' segment matches, and no {path} has one",
+            encoded_slash="encoded_slash",
+            path="path",
+        )
     patterns = hosts(host_patterns)
     if expires_at is not None and expires_at <= utcnow():
         raise InvalidInput("the grant's expiry is in the past")
-    return GrantSpec(method_list, path_list, patterns, expires_at)
+    return GrantSpec(method_list, path_list, patterns, expires_at, encoded_slash)
 
 
 def within_credential(spec: GrantSpec, credential: str | None, its_hosts: Sequence[str]) -> None:

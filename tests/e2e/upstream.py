@@ -8,6 +8,7 @@ import socket
 import ssl
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -23,6 +24,11 @@ class Received:
 
     def header(self, name: str) -> list[str]:
         return [v for k, v in self.headers if k.lower() == name.lower()]
+
+
+# What an app answers: status, header fields, body; None leaves the request to the default.
+Answer = tuple[int, list[tuple[str, str]], bytes]
+App = Callable[[Received], Answer | None]
 
 
 @dataclass
@@ -63,6 +69,9 @@ class _Handler(BaseHTTPRequestHandler):
         received = Received(self.command, self.path, list(self.headers.items()), body, sni)
         with self.server.log.lock:
             self.server.log.requests.append(received)
+        answer = self.server.app(received) if self.server.app is not None else None
+        if answer is not None:
+            return self._answer(*answer)
         if self.path.startswith("/sse"):
             return self._sse()
         encoding = None
@@ -86,7 +95,17 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("content-type", "application/json")
         self.send_header("content-length", str(len(payload)))
         self.end_headers()
-        self.wfile.write(payload)
+        if self.command != "HEAD":
+            self.wfile.write(payload)
+
+    def _answer(self, status: int, fields: list[tuple[str, str]], body: bytes) -> None:
+        self.send_response(status)
+        for name, value in fields:
+            self.send_header(name, value)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
 
     def _sse(self) -> None:
         self.send_response(200)
@@ -109,6 +128,7 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     log: Log
     context: ssl.SSLContext
+    app: App | None = None
     sse_gap: float = 0.4
 
     def get_request(self) -> tuple[socket.socket, Any]:
@@ -125,9 +145,12 @@ class _Server(ThreadingHTTPServer):
 
 
 class Upstream:
-    """Serves HTTPS for every name in `names` with a certificate from `ca` (trustme)."""
+    """Serves HTTPS for every name in `names` with a certificate from `ca` (trustme).
 
-    def __init__(self, ca: Any, names: list[str]) -> None:
+    `app`, if given, answers first; what it leaves (None) gets the default answers.
+    """
+
+    def __init__(self, ca: Any, names: list[str], app: App | None = None) -> None:
         self.log = Log()
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         ca.issue_cert(*names).configure_cert(context)
@@ -142,6 +165,7 @@ class Upstream:
         self.server = _Server(("127.0.0.1", 0), _Handler)
         self.server.log = self.log
         self.server.context = context
+        self.server.app = app
         self.port = self.server.server_address[1]
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
