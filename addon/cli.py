@@ -13,6 +13,7 @@ from typing import Any, NoReturn
 
 from addon import runner
 from addon.argtypes import count
+from store import aws
 from store.ca import PUBLIC_CERT, ensure_ca
 from store.crypto import KEY_ENV, MasterKey, Secret, write_key_file
 from store.errors import CredproxyError, InvalidInput, MasterKeyError
@@ -40,6 +41,10 @@ FLAGS = {
     "param": "--param NAME",
     "scheme": "--scheme",
     "expires": "--expires",
+    "region": "--region",
+    "service": "--service",
+    "placeholder": "--placeholder",
+    "position": "--position",
 }
 
 Handler = Callable[[argparse.Namespace, Settings], int]
@@ -103,6 +108,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", action="append", required=True, help="HOST[:PORT], repeatable")
     p.add_argument("--header", help="header name, with --scheme header")
     p.add_argument("--param", help="query parameter name, with --scheme query")
+    p.add_argument("--region", help="AWS region, with --scheme sigv4 (default: from the host)")
+    p.add_argument(
+        "--service", help="AWS signing name, with --scheme sigv4 (default: from the host)"
+    )
+    p.add_argument("--placeholder", help="what the agent sends in its place, with --scheme path")
+    p.add_argument(
+        "--position",
+        action="append",
+        default=[],
+        help="path prefix where the placeholder goes, e.g. /bot{}, with --scheme path",
+    )
     _json_flag(p)
     p.set_defaults(func=cmd_credential_add)
     p = credential.add_parser("list", parents=[common])
@@ -327,7 +343,15 @@ def cmd_principal_remove(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_credential_add(args: argparse.Namespace, settings: Settings) -> int:
     store = settings.store()
     secret = read_secret()
-    fp = store.add_credential(args.name, args.scheme, args.host, secret, args.header, args.param)
+    options = {
+        "region": args.region,
+        "service": args.service,
+        "placeholder": args.placeholder,
+        "position": args.position,
+    }
+    fp = store.add_credential(
+        args.name, args.scheme, args.host, secret, args.header, args.param, options
+    )
     _emit(
         settings,
         {"name": args.name, "scheme": args.scheme, "fingerprint": fp},
@@ -343,19 +367,39 @@ def _credential_row(c: CredentialEntry) -> dict[str, Any]:
         "header": c.header_name,
         "param": c.param_name,
         "hosts": c.hosts,
+        **_scheme_columns(c),
         "fingerprint": c.fingerprint,
         "created_at": c.created_at.isoformat(timespec="seconds"),
         "rotated_at": c.rotated_at.isoformat(timespec="seconds") if c.rotated_at else None,
     }
 
 
+def _scheme_columns(c: CredentialEntry) -> dict[str, Any]:
+    """A sigv4 credential's region, service and masked key id; a path one's placeholder."""
+    if c.scheme == "sigv4":
+        service, region = c.options.get("service"), c.options.get("region")
+        scopes = [aws.scope_of(aws.representative(h), service, region) for h in c.hosts]
+        return {
+            "region": ",".join(sorted({s.region for s in scopes if s})) or None,
+            "service": ",".join(sorted({s.service for s in scopes if s})) or None,
+            "access_key_id": c.options.get("access_key_id"),
+        }
+    if c.scheme == "path":
+        return {
+            "placeholder": c.options.get("placeholder"),
+            "positions": c.options.get("positions"),
+        }
+    return {}
+
+
 def cmd_credential_list(args: argparse.Namespace, settings: Settings) -> int:
     rows = [_credential_row(c) for c in settings.store().list_credentials()]
-    _emit(
-        settings,
-        rows,
-        _table(rows, ["name", "scheme", "header", "param", "hosts", "fingerprint", "rotated_at"]),
-    )
+    columns = ["name", "scheme", "header", "param", "hosts"]
+    for extra in ("region", "service", "access_key_id", "placeholder", "positions"):
+        if any(extra in row for row in rows):
+            columns.append(extra)
+    columns += ["fingerprint", "rotated_at"]
+    _emit(settings, rows, _table([{c: row.get(c) for c in columns} for row in rows], columns))
     return 0
 
 

@@ -19,7 +19,9 @@ from addon.live import LivePolicy
 from addon.metrics import Metrics
 from addon.policy import Reason, Rule
 from addon.redact import Redactor
-from addon.stamping import slot, stamp_query
+from addon.signing import Signing
+from addon.sigv4 import Plan, signed_query
+from addon.stamping import Stamp, slot, stamp_query
 from addon.state import KEY, STEPS, Clients, Record, Step
 from addon.trail import Trail
 from store.errors import CredproxyError
@@ -35,6 +37,7 @@ class Forward:
         trail: Trail,
         metrics: Metrics,
         dns_ttl: float = DEFAULT_TTL,
+        signing: Signing | None = None,
     ) -> None:
         self.live = live
         self.resolve = resolve
@@ -43,6 +46,7 @@ class Forward:
         self.clients = clients
         self.trail = trail
         self.metrics = metrics
+        self.signing = signing or Signing(trail)
 
     @property
     def guard(self) -> DestinationGuard:
@@ -64,6 +68,8 @@ class Forward:
             return None
         v = step.verdict
         assert v.host is not None and v.port is not None and v.rule is not None
+        # Scheme checks that refuse come first: nothing is spent on a request they refuse.
+        plan = self._plan(flow, step)
         address = self.resolve.lookup(v.host, v.port)
         if address is None:
             try:
@@ -71,12 +77,39 @@ class Forward:
             except LookupFailed as e:
                 raise Denied(Reason.DESTINATION_FORBIDDEN, e.detail) from e
         if address is None or v.rule.once:
-            return self._vet_then_forward(flow, step, rec, address)
-        self._forward(flow, step, rec, address)
+            return self._vet_then_forward(flow, step, rec, address, plan)
+        self._forward(flow, step, rec, address, plan)
         return None
 
+    def _plan(self, flow: http.HTTPFlow, step: Step) -> Plan | str | None:
+        """A sigv4 request's signing plan, a path credential's outgoing path, or None.
+
+        Raises: Denied, for a request its scheme cannot serve.
+        """
+        v = step.verdict
+        assert v is not None and v.rule is not None and v.host is not None
+        credential = v.rule.credential
+        if credential is None or credential.scheme not in ("sigv4", "path"):
+            return None
+        stamp = step.policy.stamp(credential)
+        if stamp.signer is not None:
+            return self.signing.plan(flow, stamp.signer, v.host)
+        assert v.path is not None
+        placed = stamp.placed(v.path, flow.request.data.path, step.headers.index)
+        if placed is None:
+            raise Denied(
+                Reason.BAD_REQUEST,
+                "the credential's placeholder goes once, at its position, and its secret nowhere",
+            )
+        return placed
+
     async def _vet_then_forward(
-        self, flow: http.HTTPFlow, step: Step, rec: Record, address: tuple[str, int] | None
+        self,
+        flow: http.HTTPFlow,
+        step: Step,
+        rec: Record,
+        address: tuple[str, int] | None,
+        plan: Plan | str | None,
     ) -> None:
         v = step.verdict
         assert v is not None and v.host is not None and v.port is not None and v.rule is not None
@@ -87,10 +120,15 @@ class Forward:
                 raise Denied(Reason.DESTINATION_FORBIDDEN, e.detail) from e
             rec.dns_ms = round(waited * 1000, 2)
         await self._consume(v.rule)
-        self._forward(flow, step, rec, address)
+        self._forward(flow, step, rec, address, plan)
 
     def _forward(
-        self, flow: http.HTTPFlow, step: Step, rec: Record, address: tuple[str, int]
+        self,
+        flow: http.HTTPFlow,
+        step: Step,
+        rec: Record,
+        address: tuple[str, int],
+        plan: Plan | str | None = None,
     ) -> None:
         v = step.verdict
         assert v is not None and v.rule is not None and v.host is not None
@@ -110,11 +148,17 @@ class Forward:
             request.headers.pop("sec-websocket-extensions")
         credential = rule.credential
         query = v.query
+        path = v.path
+        stamp: Stamp | None = None
         if credential is not None:
             stamp = step.policy.stamp(credential)
-            wsredact.REDACTORS[flow] = Redactor((stamp.secret,))
+            wsredact.REDACTORS[flow] = Redactor(stamp.secrets)
             if stamp.param is not None:
                 query = stamp_query(query, stamp.param, stamp.secret)
+            elif isinstance(plan, str):
+                path = plan  # the placeholder replaced, only now that it leaves
+            elif stamp.signer is not None:
+                query = signed_query(query)
             # Replace, never append: a second value would let the upstream pick the agent's.
             names = stamp.names
             request.headers.fields = (
@@ -122,13 +166,16 @@ class Forward:
                 *stamp.fields,
             )
         # Forward exactly the path that was matched.
-        request.data.path = v.path.encode("ascii") + (b"?" + query if query is not None else b"")
+        request.data.path = path.encode("ascii") + (b"?" + query if query is not None else b"")
         if not request.is_http2:
             request.data.authority = b""
         # Dial the vetted (or --resolve) address; Host header and SNI keep the name.
         request.data.host, request.data.port = address
         self.clients.state(flow.client_conn).upstream[address] = v.host
         request.stream = _counter(rec)
+        if isinstance(plan, Plan):
+            assert stamp is not None and stamp.signer is not None
+            self.signing.apply(flow, stamp.signer, plan)  # last: it signs what is forwarded
 
     async def _consume(self, rule: Rule) -> None:
         """A once-grant is used as the last step before forwarding; losing the race denies."""

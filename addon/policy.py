@@ -44,6 +44,7 @@ class Reason(enum.StrEnum):
     REQUEST_TOO_LARGE = "request-too-large"
     REQUEST_TIMEOUT = "request-timeout"
     TOO_MANY_CONNECTIONS = "too-many-connections"
+    SIGNING_UNSUPPORTED = "signing-unsupported"
 
 
 STATUS = {
@@ -60,6 +61,7 @@ STATUS = {
     Reason.REQUEST_TOO_LARGE: 431,
     Reason.REQUEST_TIMEOUT: 408,
     Reason.TOO_MANY_CONNECTIONS: 429,
+    Reason.SIGNING_UNSUPPORTED: 400,
 }
 
 DEFAULT_PORTS = {"https": 443, "http": 80}
