@@ -43,6 +43,10 @@ POPULATIONS = {
     # The upstream named `localhost` and found through the system resolver, as in production:
     # no --resolve.
     "credproxy-10-dns": Population(principals=10, credentials=10, grants_per_principal=1),
+    # Every request signed with AWS SigV4 (botocore) at the edge.
+    "credproxy-sigv4": Population(
+        principals=10, credentials=10, grants_per_principal=1, scheme="sigv4"
+    ),
 }
 DNS_CONFIGS = frozenset({"credproxy-10-dns"})
 DNS_HOST = "localhost"
