@@ -118,3 +118,4 @@ def test_a_misplaced_placeholder_or_the_secret_itself_is_refused(
     )
     assert upstream.log.requests == []
     assert TOKEN not in answer.text
+    assert TOKEN not in proxy.output()
