@@ -45,6 +45,9 @@ FLAGS = {
     "service": "--service",
     "placeholder": "--placeholder",
     "position": "--position",
+    "assume_role": "--assume-role",
+    "external_id": "--external-id",
+    "session_policy": "--session-policy",
 }
 
 Handler = Callable[[argparse.Namespace, Settings], int]
@@ -112,6 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--service", help="AWS signing name, with --scheme sigv4 (default: from the host)"
     )
+    p.add_argument("--assume-role", metavar="ARN", help="sign as this role (STS), with sigv4")
+    p.add_argument("--external-id", help="with --assume-role")
+    p.add_argument("--session-policy", metavar="FILE", help="JSON policy, with --assume-role")
     p.add_argument("--placeholder", help="what the agent sends in its place, with --scheme path")
     p.add_argument(
         "--position",
@@ -346,6 +352,9 @@ def cmd_credential_add(args: argparse.Namespace, settings: Settings) -> int:
     options = {
         "region": args.region,
         "service": args.service,
+        "assume_role": args.assume_role,
+        "external_id": args.external_id,
+        "session_policy": _policy_file(args.session_policy),
         "placeholder": args.placeholder,
         "position": args.position,
     }
@@ -374,6 +383,16 @@ def _credential_row(c: CredentialEntry) -> dict[str, Any]:
     }
 
 
+def _policy_file(path: str | None) -> str | None:
+    if path is None:
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read(64 * 1024)
+    except (OSError, UnicodeDecodeError) as e:
+        raise InvalidInput(f"cannot read --session-policy {path!r}") from e
+
+
 def _scheme_columns(c: CredentialEntry) -> dict[str, Any]:
     """A sigv4 credential's region, service and masked key id; a path one's placeholder."""
     if c.scheme == "sigv4":
@@ -383,6 +402,7 @@ def _scheme_columns(c: CredentialEntry) -> dict[str, Any]:
             "region": ",".join(sorted({s.region for s in scopes if s})) or None,
             "service": ",".join(sorted({s.service for s in scopes if s})) or None,
             "access_key_id": c.options.get("access_key_id"),
+            "assume_role": c.options.get("assume_role"),
         }
     if c.scheme == "path":
         return {
@@ -395,7 +415,7 @@ def _scheme_columns(c: CredentialEntry) -> dict[str, Any]:
 def cmd_credential_list(args: argparse.Namespace, settings: Settings) -> int:
     rows = [_credential_row(c) for c in settings.store().list_credentials()]
     columns = ["name", "scheme", "header", "param", "hosts"]
-    for extra in ("region", "service", "access_key_id", "placeholder", "positions"):
+    for extra in ("region", "service", "access_key_id", "assume_role", "placeholder", "positions"):
         if any(extra in row for row in rows):
             columns.append(extra)
     columns += ["fingerprint", "rotated_at"]

@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable
 from mitmproxy import http
 
 from addon import wire, wsredact
+from addon.assume import RoleSession, Unavailable
 from addon.dns import DEFAULT_TTL, LookupFailed, Resolver
 from addon.failclosed import Denied, deny_on_error
 from addon.guard import DestinationGuard
@@ -19,7 +20,7 @@ from addon.live import LivePolicy
 from addon.metrics import Metrics
 from addon.policy import Reason, Rule
 from addon.redact import Redactor
-from addon.signing import Signing
+from addon.signing import ROLE_UNAVAILABLE, Signing
 from addon.sigv4 import Plan, signed_query
 from addon.stamping import Stamp, slot, stamp_query
 from addon.state import KEY, STEPS, Clients, Record, Step
@@ -70,14 +71,16 @@ class Forward:
         assert v.host is not None and v.port is not None and v.rule is not None
         # Scheme checks that refuse come first: nothing is spent on a request they refuse.
         plan = self._plan(flow, step)
+        # A role without valid temporary keys yet: fetched first, before anything is spent.
+        role = plan.role if isinstance(plan, Plan) and plan.role and not plan.role.now() else None
         address = self.resolve.lookup(v.host, v.port)
         if address is None:
             try:
                 address = self.resolver.cached(v.host, v.port)
             except LookupFailed as e:
                 raise Denied(Reason.DESTINATION_FORBIDDEN, e.detail) from e
-        if address is None or v.rule.once:
-            return self._vet_then_forward(flow, step, rec, address, plan)
+        if address is None or v.rule.once or role is not None:
+            return self._vet_then_forward(flow, step, rec, address, plan, role)
         self._forward(flow, step, rec, address, plan)
         return None
 
@@ -97,6 +100,10 @@ class Forward:
         assert v.path is not None
         placed = stamp.placed(v.path, flow.request.data.path, step.headers.index)
         if placed is None:
+            rec: Record | None = flow.metadata.get(KEY)
+            if rec is not None and rec.path is not None:
+                # An agent that sent the secret itself must not get it into the audit line.
+                rec.path = rec.path.replace(stamp.secret.decode("ascii"), "[REDACTED]")
             raise Denied(
                 Reason.BAD_REQUEST,
                 "the credential's placeholder goes once, at its position, and its secret nowhere",
@@ -110,9 +117,15 @@ class Forward:
         rec: Record,
         address: tuple[str, int] | None,
         plan: Plan | str | None,
+        role: RoleSession | None = None,
     ) -> None:
         v = step.verdict
         assert v is not None and v.host is not None and v.port is not None and v.rule is not None
+        if role is not None:
+            try:
+                await role.ensure()
+            except Unavailable as e:
+                raise Denied(Reason.CREDENTIALS_UNAVAILABLE, ROLE_UNAVAILABLE) from e
         if address is None:
             try:
                 address, waited = await self.resolver.resolve(v.host, v.port)
@@ -152,7 +165,11 @@ class Forward:
         stamp: Stamp | None = None
         if credential is not None:
             stamp = step.policy.stamp(credential)
-            wsredact.REDACTORS[flow] = Redactor(stamp.secrets)
+            secrets = stamp.secrets
+            if isinstance(plan, Plan) and plan.role is not None:
+                temporary = plan.role.now()
+                secrets += temporary.secrets if temporary is not None else ()
+            wsredact.REDACTORS[flow] = Redactor(secrets)
             if stamp.param is not None:
                 query = stamp_query(query, stamp.param, stamp.secret)
             elif isinstance(plan, str):
@@ -176,6 +193,13 @@ class Forward:
         if isinstance(plan, Plan):
             assert stamp is not None and stamp.signer is not None
             self.signing.apply(flow, stamp.signer, plan)  # last: it signs what is forwarded
+
+    async def dial(self, host: str, port: int) -> tuple[str, int]:
+        """Where the proxy's own calls (STS for a role) connect: --resolve, or a vetted lookup."""
+        address = self.resolve.lookup(host, port)
+        if address is None:
+            address, _ = await self.resolver.resolve(host, port)
+        return address
 
     async def _consume(self, rule: Rule) -> None:
         """A once-grant is used as the last step before forwarding; losing the race denies."""

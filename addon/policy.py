@@ -45,6 +45,7 @@ class Reason(enum.StrEnum):
     REQUEST_TIMEOUT = "request-timeout"
     TOO_MANY_CONNECTIONS = "too-many-connections"
     SIGNING_UNSUPPORTED = "signing-unsupported"
+    CREDENTIALS_UNAVAILABLE = "credentials-unavailable"
 
 
 STATUS = {
@@ -62,6 +63,7 @@ STATUS = {
     Reason.REQUEST_TIMEOUT: 408,
     Reason.TOO_MANY_CONNECTIONS: 429,
     Reason.SIGNING_UNSUPPORTED: 400,
+    Reason.CREDENTIALS_UNAVAILABLE: 502,
 }
 
 DEFAULT_PORTS = {"https": 443, "http": 80}

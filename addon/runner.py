@@ -203,6 +203,7 @@ def build_chain(
     import time
 
     from addon.access import AccessEndpoint, AccessRequests
+    from addon.assume import SESSIONS
     from addon.auth import Auth
     from addon.chain import Chain, Lifecycle
     from addon.forward import Forward
@@ -225,6 +226,8 @@ def build_chain(
     clients = Clients()
     access = AccessRequests(live, log)
     signing = Signing(trail) if max_signed_body is None else Signing(trail, max_signed_body)
+    forward = Forward(live, resolve, guard, clients, trail, metrics, dns_ttl, signing)
+    SESSIONS.dial = forward.dial  # AssumeRole calls go out as the requests do
     return Chain(
         [
             Lifecycle(live),  # configure, running, done: the options and the policy poller
@@ -232,7 +235,7 @@ def build_chain(
             Pinning(clients),  # tls_clienthello, tls_start_client, server_connect
             Gate(access, trail),  # requestheaders: the verdict
             # requestheaders: vet the address, use a once-grant, stamp
-            Forward(live, resolve, guard, clients, trail, metrics, dns_ttl, signing),
+            forward,
             AccessEndpoint(access, trail),  # request: credproxy.internal
             signing,  # request: sign a held body (sigv4) once it is whole
             Responses(),  # responseheaders, response, websocket_message: redaction
@@ -289,6 +292,9 @@ async def serve(config: RunConfig, started: asyncio.Event | None = None) -> int:
     }
     if config.upstream_ca is not None:
         update["ssl_verify_upstream_trusted_ca"] = str(_trust_bundle(config.upstream_ca, runtime))
+        from addon.assume import SESSIONS
+
+        SESSIONS.cafile = update["ssl_verify_upstream_trusted_ca"]
     master.options.update(**update)
     chain = build_chain(
         live,

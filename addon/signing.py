@@ -24,6 +24,7 @@ from addon.state import record
 from addon.trail import Trail
 
 _MARK = "_credproxy_signing"
+ROLE_UNAVAILABLE = "the role's temporary credentials could not be renewed"
 
 
 class _Held:
@@ -91,9 +92,16 @@ def sign(flow: http.HTTPFlow, signer: Signer, plan: Plan, body: bytes | None) ->
     if request.host_header is None:
         raise Denied(Reason.BAD_REQUEST, "missing Host header")
     url = "https://" + request.host_header + request.data.path.decode("ascii")
+    credentials = None
+    if plan.role is not None:
+        temporary = plan.role.now()
+        if temporary is None:  # expired while the body arrived: never sign with it
+            raise Denied(Reason.CREDENTIALS_UNAVAILABLE, ROLE_UNAVAILABLE)
+        credentials = temporary.credentials
     fields = request.headers.fields
     method = request.data.method.decode("ascii")
-    request.headers.fields = (*fields, *signer.sign(method, url, fields, body, plan))
+    added = signer.sign(method, url, fields, body, plan, credentials)
+    request.headers.fields = (*fields, *added)
 
 
 def install() -> None:

@@ -22,6 +22,7 @@ from botocore.auth import (
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
+from addon.assume import SESSIONS, RoleSession
 from addon.policy import Reason
 from store import aws
 from store.records import CredentialRecord
@@ -68,10 +69,12 @@ class Unsignable(Exception):
 
 
 class Plan(NamedTuple):
-    """How one request is signed: its scope, and how its payload is (or is not) hashed."""
+    """How one request is signed: its scope, how its payload is (or is not) hashed, and the
+    role whose temporary keys sign it (None: the stored keys)."""
 
     scope: aws.Scope
     payload: str  # HELD, UNSIGNED or TRAILER
+    role: RoleSession | None = None
 
 
 class _S3Unsigned:
@@ -83,7 +86,7 @@ class _S3Unsigned:
 class Signer:
     """One sigv4 credential, opened once per policy. Its repr never shows a key."""
 
-    __slots__ = ("_credentials", "secrets", "service", "region", "_scopes")
+    __slots__ = ("_credentials", "secrets", "service", "region", "_scopes", "role")
 
     def __init__(self, credential: CredentialRecord) -> None:
         keys = json.loads(credential.secret.reveal())
@@ -98,6 +101,11 @@ class Signer:
         self.service: str | None = credential.options.get("service")
         self.region: str | None = credential.options.get("region")
         self._scopes: dict[str, aws.Scope | None] = {}
+        self.role: RoleSession | None = None
+        if credential.options.get("assume_role"):
+            self.role = SESSIONS.get(
+                credential.name, credential.fingerprint, self._credentials, credential.options
+            )
 
     def __repr__(self) -> str:
         return "Signer([secure])"
@@ -127,7 +135,7 @@ class Signer:
         }
         if declared.startswith(b"STREAMING-") or b"aws-chunked" in codings:
             if declared == TRAILER.encode() and b"aws-chunked" in codings and scope.s3:
-                return Plan(scope, TRAILER)  # chunk framing and trailers go as they are
+                return Plan(scope, TRAILER, self.role)  # chunk framing and trailers go as they are
             raise Unsignable(
                 Reason.SIGNING_UNSUPPORTED,
                 "aws-chunked bodies are forwarded only with STREAMING-UNSIGNED-PAYLOAD-TRAILER "
@@ -143,11 +151,11 @@ class Signer:
         else:
             length = 0
         if length is not None and length <= limit:
-            return Plan(scope, HELD)
+            return Plan(scope, HELD, self.role)
         if scope.s3:
-            return Plan(scope, UNSIGNED)  # streamed; S3 takes UNSIGNED-PAYLOAD over TLS
+            return Plan(scope, UNSIGNED, self.role)  # streamed; S3 takes it over TLS
         if length is None:
-            return Plan(scope, HELD)  # held up to the limit, refused past it
+            return Plan(scope, HELD, self.role)  # held up to the limit, refused past it
         raise Unsignable(Reason.BODY_TOO_LARGE, too_large(limit, scope.service))
 
     def sign(
@@ -157,8 +165,10 @@ class Signer:
         fields: tuple[tuple[bytes, bytes], ...],
         body: bytes | None,
         plan: Plan,
+        credentials: Credentials | None = None,
     ) -> tuple[tuple[bytes, bytes], ...]:
-        """The header fields that sign this request, exactly as `url` and `fields` say."""
+        """The header fields that sign this request, exactly as `url` and `fields` say, with
+        `credentials` (temporary keys) or the stored keys."""
         request = AWSRequest(method=method, url=url, data=body)
         for name, value in fields:
             request.headers[name.decode("latin-1")] = value.decode("latin-1")
@@ -169,7 +179,8 @@ class Signer:
             context["payload_signing_enabled"] = False
             context["client_config"] = _S3Unsigned
         auth = S3SigV4Auth if plan.scope.s3 else SigV4Auth
-        auth(self._credentials, plan.scope.service, plan.scope.region).add_auth(request)
+        keys = credentials or self._credentials
+        auth(keys, plan.scope.service, plan.scope.region).add_auth(request)
         return tuple(
             (name.lower().encode(), request.headers[name].encode("latin-1"))
             for name in SIGNATURE_HEADERS

@@ -190,7 +190,13 @@ _PLACEHOLDER = re.compile(r"[A-Za-z0-9_-]{8,64}")
 _PCHARS = r"[A-Za-z0-9._~:@!$&'()*+,=-]"  # pchar that canonicalisation keeps, less `;` and `%`
 _PATH_SECRET = re.compile(_PCHARS + "{1,4096}")
 _POSITION = re.compile(f"(?:/{_PCHARS}+)*/{_PCHARS}*\\{{\\}}{_PCHARS}*")
+_ROLE_ARN = re.compile(r"arn:aws[a-z-]*:iam::\d{12}:role/[\w+=,.@/-]{1,512}")
+_EXTERNAL_ID = re.compile(r"[\w+=,.@:/-]{2,1224}")
+MAX_SESSION_POLICY = 2048  # STS's limit for an inline session policy
 OPTION_INPUTS = {
+    "assume_role": "assume_role",
+    "external_id": "external_id",
+    "session_policy": "session_policy",
     "region": "region",
     "service": "service",
     "placeholder": "placeholder",
@@ -264,7 +270,10 @@ def credential_options(
 ) -> dict[str, Any]:
     """A scheme's settings, checked against its hosts; what goes into credentials.options."""
     given = {name: v for name, v in options.items() if v not in (None, [], ())}
-    allowed = {"sigv4": ("region", "service"), "path": ("placeholder", "position")}.get(scheme, ())
+    allowed = {
+        "sigv4": ("region", "service", "assume_role", "external_id", "session_policy"),
+        "path": ("placeholder", "position"),
+    }.get(scheme, ())
     for name in given:
         if name not in allowed:
             raise InvalidInput(
@@ -296,7 +305,48 @@ def _sigv4_options(given: Mapping[str, Any], patterns: Sequence[HostPattern]) ->
                 service="service",
                 region="region",
             )
-    return {"region": region, "service": service}
+    return {"region": region, "service": service, **_role_options(given)}
+
+
+def _role_options(given: Mapping[str, Any]) -> dict[str, Any]:
+    arn = given.get("assume_role")
+    external_id, policy = given.get("external_id"), given.get("session_policy")
+    if arn is None:
+        if external_id is not None or policy is not None:
+            raise InvalidInput(
+                "{external_id} and {session_policy} go with {assume_role}",
+                external_id="external_id",
+                session_policy="session_policy",
+                assume_role="assume_role",
+            )
+        return {}
+    if not _ROLE_ARN.fullmatch(arn):
+        raise InvalidInput(
+            "invalid {assume_role}: a role ARN, arn:aws:iam::ACCOUNT:role/NAME",
+            assume_role="assume_role",
+        )
+    if external_id is not None and not _EXTERNAL_ID.fullmatch(external_id):
+        raise InvalidInput(
+            "invalid {external_id}: 2 to 1224 letters, digits or +=,.@:/-",
+            external_id="external_id",
+        )
+    options: dict[str, Any] = {"assume_role": arn, "external_id": external_id}
+    if policy is not None:
+        try:
+            parsed = json.loads(policy)
+        except ValueError:
+            raise InvalidInput(
+                "the {session_policy} is not valid JSON", session_policy="session_policy"
+            ) from None
+        compact = json.dumps(parsed, separators=(",", ":"))
+        if not isinstance(parsed, dict) or len(compact) > MAX_SESSION_POLICY:
+            raise InvalidInput(
+                f"the {{session_policy}} must be a JSON policy of at most {MAX_SESSION_POLICY} "
+                "characters",
+                session_policy="session_policy",
+            )
+        options["session_policy"] = compact
+    return options
 
 
 def _path_options(given: Mapping[str, Any]) -> dict[str, Any]:

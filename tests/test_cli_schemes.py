@@ -24,13 +24,18 @@ WITH_TOKEN = json.dumps(
 )
 TG_TOKEN = "123456:" + secrets.token_urlsafe(24)
 SIGV4 = ("credential", "add", "--scheme", "sigv4")
+ROLE = "arn:aws:iam::123456789012:role/agent"
 
 
 @pytest.fixture(scope="module")
 def cli(tmp_path_factory: pytest.TempPathFactory) -> Cli:
     cli = Cli(tmp_path_factory.mktemp("schemes"))
     cli.ok(Call(("init",)))
+    (cli.root / "policy.json").write_text('{\n  "Version": "2012-10-17", "Statement": []\n}\n')
+    (cli.root / "bad-policy.json").write_text("Version: 2012")
+    role = ("--assume-role", ROLE, "--external-id", "ext-1", "--session-policy", "policy.json")
     cli.ok(
+        Call((*SIGV4, "role", "--host", "sqs.eu-west-1.amazonaws.com", *role), KEYS.encode()),
         Call(
             (
                 *SIGV4,
@@ -89,6 +94,7 @@ def test_list_shows_region_service_and_the_key_ids_last_four(cli: Cli) -> None:
     )
     assert listed["aws"]["access_key_id"] == "…" + KEY_ID[-4:]
     assert (listed["gw"]["region"], listed["gw"]["service"]) == ("eu-west-2", "execute-api")
+    assert listed["role"]["assume_role"] == ROLE
     assert listed["tg"]["placeholder"] == "CREDPROXY_TELEGRAM"
     assert listed["tg"]["positions"] == ["/bot{}", "/file/bot{}"]
     (table,) = cli.ok(Call(("credential", "list")))
@@ -198,6 +204,24 @@ BAD = {
         ),
         b"a/b" + SECRET_KEY.encode(),
     ),
+    "a role that is no role ARN": (
+        (*SIGV4, "b13", "--host", "sts.amazonaws.com", "--assume-role", "arn:aws:iam::1:user/x"),
+        KEYS.encode(),
+    ),
+    "an external id without a role": (
+        (*SIGV4, "b14", "--host", "sts.amazonaws.com", "--external-id", "ext-1"),
+        KEYS.encode(),
+    ),
+    "a session policy that is not JSON": (
+        (*SIGV4, "b15", "--host", "sts.amazonaws.com", "--assume-role", ROLE)
+        + ("--session-policy", "bad-policy.json"),
+        KEYS.encode(),
+    ),
+    "a session policy file that is not there": (
+        (*SIGV4, "b16", "--host", "sts.amazonaws.com", "--assume-role", ROLE)
+        + ("--session-policy", "missing.json"),
+        KEYS.encode(),
+    ),
     "rotating a sigv4 credential to a bad secret": (
         ("credential", "rotate", "aws"),
         json.dumps({"secret_access_key": SECRET_KEY}).encode(),
@@ -232,7 +256,14 @@ def test_refusals_name_flags_and_store_nothing(
         in refused["a region flag for another scheme"].stderr
     )
     (out,) = cli.ok(Call(("credential", "list", "--json")))
-    assert sorted(c["name"] for c in json.loads(out)) == ["aws", "gw", "tg"]
+    assert sorted(c["name"] for c in json.loads(out)) == ["aws", "gw", "role", "tg"]
+    store = cli.store()
+    try:
+        (role,) = [c for c in store.list_credentials() if c.name == "role"]
+    finally:
+        store.close()
+    assert role.options["session_policy"] == '{"Version":"2012-10-17","Statement":[]}'
+    assert role.options["external_id"] == "ext-1"
 
 
 def test_no_secret_in_any_output(cli: Cli, refused) -> None:

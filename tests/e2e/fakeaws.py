@@ -15,10 +15,13 @@ import hashlib
 import hmac
 import json
 import re
+import secrets
 import struct
 import threading
+import time
 import zlib
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
@@ -160,6 +163,21 @@ class State:
     release: threading.Event = field(default_factory=threading.Event)
     released_late: list[bool] = field(default_factory=list)
     echo: bytes = b""  # what /echo answers with (an upstream that echoes the keys)
+    # AssumeRole: temporary keys by key id, with their expiry (time.time()).
+    temporary: dict[str, tuple[Keys, float]] = field(default_factory=dict)
+    lifetime: float = 6.0
+    sts_fails: bool = False
+    assumed: list[str] = field(default_factory=list)  # the role ARNs asked for
+    issued: list[tuple[float, float]] = field(default_factory=list)  # (when, expires)
+    expired_uses: int = 0  # requests signed with temporary keys past their expiry
+
+    def keys_for(self, authorization: str) -> tuple[Keys, bool]:
+        """The keys a request claims to be signed with, and whether they are still valid."""
+        m = _AUTH.fullmatch(authorization)
+        found = self.temporary.get(m.group(1)) if m else None
+        if found is None:
+            return self.keys, True
+        return found[0], time.time() < found[1]
 
 
 class _AwsHandler(_Handler):
@@ -170,7 +188,12 @@ class _AwsHandler(_Handler):
         state = self.server.state
         received = Received(self.command, self.path, list(self.headers.items()), body, None)
         host = (self.headers.get("host") or "").lower()
-        refused, scope = verify(state.keys, self.command, self.path, received.headers, body)
+        keys, valid = state.keys_for(self.headers.get("authorization") or "")
+        refused, scope = verify(keys, self.command, self.path, received.headers, body)
+        if refused is None and not valid:
+            with state.lock:
+                state.expired_uses += 1
+            refused = "ExpiredToken"
         checked = Checked(received, host, refused, scope, body)
         with state.lock:
             state.checked.append(checked)
@@ -191,7 +214,9 @@ class _AwsHandler(_Handler):
             ):
                 return self._send(400, b'{"__type": "BadDigest"}', "application/json")
         if host.startswith("sts."):
-            return self._sts(body)
+            return self._sts(body, keys)
+        if host.startswith("sqs."):
+            return self._send(200, b"{}", "application/x-amz-json-1.0")
         if host.startswith("bedrock-runtime."):
             return self._bedrock()
         return self._s3(host, checked.payload)
@@ -208,8 +233,10 @@ class _AwsHandler(_Handler):
         if self.command != "HEAD":
             self.wfile.write(payload)
 
-    def _sts(self, body: bytes) -> None:
+    def _sts(self, body: bytes, keys: Keys) -> None:
         form = dict(parse_qsl(body.decode()))
+        if form.get("Action") == "AssumeRole":
+            return self._assume_role(form, keys)
         if form.get("Action") != "GetCallerIdentity":
             return self._send(400, b"<Error><Code>InvalidAction</Code></Error>", "text/xml")
         xml = (
@@ -218,6 +245,32 @@ class _AwsHandler(_Handler):
             "<UserId>AIDAEXAMPLEUSERID</UserId><Account>123456789012</Account>"
             "</GetCallerIdentityResult><ResponseMetadata><RequestId>r-1</RequestId>"
             "</ResponseMetadata></GetCallerIdentityResponse>"
+        )
+        self._send(200, xml.encode(), "text/xml")
+
+    def _assume_role(self, form: dict[str, str], keys: Keys) -> None:
+        state = self.server.state
+        if state.sts_fails or keys != state.keys:
+            return self._send(403, b"<Error><Code>AccessDenied</Code></Error>", "text/xml")
+        temporary = Keys(
+            "ASIA" + secrets.token_hex(8).upper(),
+            "temp/" + secrets.token_urlsafe(30),
+            "temp-token-" + secrets.token_urlsafe(60),
+        )
+        expires = time.time() + state.lifetime
+        with state.lock:
+            state.temporary[temporary.access_key_id] = (temporary, expires)
+            state.assumed.append(form.get("RoleArn", ""))
+            state.issued.append((time.time(), expires))
+        when = datetime.fromtimestamp(expires, UTC).isoformat(timespec="seconds")
+        xml = (
+            '<AssumeRoleResponse xmlns="https://sts.amazonaws.com/doc/2011-06-15/">'
+            "<AssumeRoleResult><Credentials>"
+            f"<AccessKeyId>{temporary.access_key_id}</AccessKeyId>"
+            f"<SecretAccessKey>{temporary.secret_access_key}</SecretAccessKey>"
+            f"<SessionToken>{temporary.session_token}</SessionToken>"
+            f"<Expiration>{when}</Expiration>"
+            "</Credentials></AssumeRoleResult></AssumeRoleResponse>"
         )
         self._send(200, xml.encode(), "text/xml")
 
@@ -337,6 +390,9 @@ class FakeAws:
             self.state.checked.clear()
         self.state.release.clear()
         self.state.released_late.clear()
+        self.state.assumed.clear()
+        self.state.issued.clear()
+        self.state.expired_uses, self.state.sts_fails = 0, False
         return seen
 
     @property

@@ -22,6 +22,7 @@ import trustme
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
+from store.crypto import Secret
 from tests.e2e.conftest import CREDPROXY, Proxy, start_proxy, stop_proxy
 from tests.e2e.fakeaws import Checked, FakeAws, Keys
 
@@ -31,7 +32,9 @@ S3 = "s3.eu-west-1.amazonaws.com"
 BUCKET_HOST = "mybucket.s3.eu-west-1.amazonaws.com"
 BEDROCK = "bedrock-runtime.us-east-1.amazonaws.com"
 STS = "sts.amazonaws.com"
-NAMES = [S3, BUCKET_HOST, BEDROCK, STS]
+SQS = "sqs.eu-west-1.amazonaws.com"
+NAMES = [S3, BUCKET_HOST, BEDROCK, STS, SQS]
+ROLE_ARN = "arn:aws:iam::123456789012:role/agent"
 LIMIT = 1024 * 1024  # --max-signed-body for this module's proxy
 REAL = Keys(
     "AKIA" + secrets.token_hex(8).upper(),
@@ -62,6 +65,9 @@ class Sandbox:
         store.add_grant(
             "narrow", ["GET", "PUT"], credential="aws", hosts=[S3], paths=["/mybucket/data/"]
         )
+        options = {"assume_role": ROLE_ARN, "external_id": "ext-1"}
+        store.add_credential("role", "sigv4", [SQS], Secret(REAL.json()), options=options)
+        store.add_grant("agent", ["POST"], credential="role", hosts=[SQS], paths=["/"])
         proxy.wait_reload()
 
     def client(self, service: str, region: str, principal: str = "agent", **config: Any) -> Any:
@@ -375,3 +381,69 @@ def test_no_key_in_the_audit_stream_or_cli_output(sandbox: Sandbox, aws: FakeAws
     assert "…" + REAL.access_key_id[-4:] in sandbox.cli_output[1]
     lines = [line for line in sandbox.proxy.requests("agent") if line.get("credential") == "aws"]
     assert lines and all(line["credential_fp"] for line in lines)
+
+
+# -- AssumeRole ---------------------------------------------------------------------------
+
+
+def _sqs(client: httpx.Client) -> httpx.Response:
+    headers = {"content-type": "application/x-amz-json-1.0", "x-amz-target": "AmazonSQS.ListQueues"}
+    return client.post(f"https://{SQS}/", content=b"{}", headers=headers)
+
+
+def _key_ids(checked: list[Checked]) -> set[str]:
+    return {c.received.header("authorization")[0].split("Credential=")[1][:20] for c in checked}
+
+
+def test_a_role_signs_with_temporary_keys_renewed_before_they_expire(
+    sandbox: Sandbox, aws: FakeAws
+):
+    aws.state.lifetime = 9.0
+    statuses = []
+    with sandbox.httpx() as client:
+        deadline = time.monotonic() + 13
+        while time.monotonic() < deadline:
+            statuses.append(_sqs(client).status_code)
+            time.sleep(0.05)
+    assert set(statuses) == {200}
+    signed = _verified([c for c in aws.checked if c.host == SQS])
+    keys = _key_ids(signed)
+    assert len(keys) >= 2 and all(k.startswith("ASIA") for k in keys)
+    assert aws.state.expired_uses == 0
+    assert set(aws.state.assumed) == {ROLE_ARN}
+    # Renewed in the background with a third of their life left, not on demand at expiry.
+    issued = aws.state.issued
+    assert len(issued) >= 2
+    assert all(
+        later < expires - 2.5 for (_, expires), (later, _) in zip(issued, issued[1:], strict=False)
+    )
+    assert {c.scope for c in aws.checked if c.host == STS} == {("us-east-1", "sts")}
+    events = [line.get("event") for line in sandbox.proxy.audit()]
+    assert "credentials.renewed" in events
+    text = sandbox.proxy.output()
+    for temporary, _ in aws.state.temporary.values():
+        assert temporary.secret_access_key not in text and temporary.session_token not in text
+
+
+def test_a_failed_renewal_denies_502_and_never_signs_with_expired_keys(
+    sandbox: Sandbox, aws: FakeAws
+):
+    aws.state.lifetime = 3.0
+    with sandbox.httpx() as client:
+        assert _sqs(client).status_code == 200
+        aws.state.sts_fails = True
+        deadline = time.monotonic() + 15
+        answer = _sqs(client)
+        while answer.status_code == 200 and time.monotonic() < deadline:
+            time.sleep(0.1)
+            answer = _sqs(client)
+        assert answer.status_code == 502
+        assert answer.headers["x-credproxy-reason"] == "credentials-unavailable"
+        aws.state.sts_fails = False
+        deadline = time.monotonic() + 15
+        while _sqs(client).status_code != 200 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _sqs(client).status_code == 200
+    assert aws.state.expired_uses == 0
+    failures = [e for e in sandbox.proxy.audit() if e.get("event") == "credentials.renewal_failed"]
+    assert failures and failures[0]["credential"] == "role"
