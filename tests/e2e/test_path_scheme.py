@@ -6,6 +6,7 @@ answers with the path it received, so every answer is also an echo of the secret
 
 from __future__ import annotations
 
+import json
 import secrets
 
 import pytest
@@ -118,4 +119,5 @@ def test_a_misplaced_placeholder_or_the_secret_itself_is_refused(
     )
     assert upstream.log.requests == []
     assert TOKEN not in answer.text
-    assert TOKEN not in proxy.output()
+    (line,) = proxy.requests(bot[0])
+    assert line["reason"] == reason and TOKEN not in json.dumps(line)
