@@ -8,8 +8,10 @@ Secrets are only ever asserted with `not in`; nothing prints them.
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -449,3 +451,32 @@ def test_a_failed_renewal_denies_502_and_never_signs_with_expired_keys(
     assert aws.state.expired_uses == 0
     failures = [e for e in sandbox.proxy.audit() if e.get("event") == "credentials.renewal_failed"]
     assert failures and failures[0]["credential"] == "role"
+
+
+def test_the_aws_cli_through_the_proxy(sandbox: Sandbox, aws: FakeAws, tmp_path: Path):
+    """The AWS CLI (v1, from PyPI) as an agent runs it: HTTPS_PROXY, the proxy's CA, dummy
+    keys in the environment."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env |= {
+        "HTTPS_PROXY": sandbox.proxy.url("agent", sandbox.agent),
+        "AWS_CA_BUNDLE": str(sandbox.proxy.ca_file),
+        "AWS_ACCESS_KEY_ID": DUMMY.access_key_id,
+        "AWS_SECRET_ACCESS_KEY": DUMMY.secret_access_key,
+        "AWS_DEFAULT_REGION": "eu-west-1",
+        "AWS_CONFIG_FILE": str(tmp_path / "none"),
+        "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"),
+        "AWS_MAX_ATTEMPTS": "1",
+    }
+    cli = [str(Path(sys.executable).parent / "aws")]
+    source, copy = tmp_path / "in.txt", tmp_path / "out.txt"
+    source.write_bytes(b"from the aws cli")
+    for args in (
+        ["s3", "cp", str(source), "s3://mybucket/data/cli.txt"],
+        ["s3api", "get-object", "--bucket", "mybucket", "--key", "data/cli.txt", str(copy)],
+        ["sts", "get-caller-identity", "--endpoint-url", f"https://{STS}", "--region", "us-east-1"],
+    ):
+        done = subprocess.run(cli + args, env=env, capture_output=True, timeout=60)
+        assert done.returncode == 0, done.stderr.decode()[-2000:]
+    assert copy.read_bytes() == b"from the aws cli"
+    checked = _verified(aws.checked)
+    assert {c.host for c in checked} == {BUCKET_HOST, STS}
