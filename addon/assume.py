@@ -31,6 +31,9 @@ STS_HOST = "sts.amazonaws.com"
 DURATION = 3600
 MARGIN = 1.0
 RETRY = 2.0
+# A session nobody signed with for this long stops renewing (a removed credential, a quiet
+# agent): the next request fetches keys first.
+IDLE = 900.0
 TIMEOUT = 10.0
 MAX_ANSWER = 64 * 1024
 _NS = "{https://sts.amazonaws.com/doc/2011-06-15/}"
@@ -64,12 +67,17 @@ class RoleSession:
         self.current: Temporary | None = None
         self._task: asyncio.Task[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
+        self._used = time.monotonic()
 
     def __repr__(self) -> str:
         return f"RoleSession({self.name!r})"
 
     def now(self) -> Temporary | None:
-        """The keys to sign with, if they are valid for a while yet."""
+        """The keys to sign with, if they are valid for a while yet (a request is using them)."""
+        self._used = time.monotonic()
+        return self._valid()
+
+    def _valid(self) -> Temporary | None:
         current = self.current
         if current is None or time.time() >= current.expires - MARGIN:
             return None
@@ -105,7 +113,7 @@ class RoleSession:
                 "credentials.renewal_failed",
                 credential=self.name,
                 error_type=type(e).__name__,
-                valid=self.now() is not None,
+                valid=self._valid() is not None,
             )
             self._schedule(loop, RETRY)
             return
@@ -117,7 +125,9 @@ class RoleSession:
     def _schedule(self, loop: asyncio.AbstractEventLoop, delay: float) -> None:
         if self._timer is not None:
             self._timer.cancel()
-        self._timer = loop.call_later(delay, self._renewal)
+            self._timer = None
+        if time.monotonic() - self._used < IDLE:
+            self._timer = loop.call_later(delay, self._renewal)
 
     def _assume(self, address: tuple[str, int]) -> Temporary:
         """One AssumeRole call (in a thread). Raises on any failure."""
