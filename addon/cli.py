@@ -15,7 +15,7 @@ from typing import Any, NoReturn
 
 from addon import demo, policycmd, runner
 from addon.argtypes import count
-from store import validation
+from store import aws, validation
 from store.ca import PUBLIC_CERT, ensure_ca
 from store.crypto import KEY_ENV, MasterKey, Secret, write_key_file
 from store.errors import CredproxyError, InvalidInput, MasterKeyError
@@ -48,6 +48,13 @@ FLAGS = {
     "burst": "--burst",
     "once": "--once",
     "max_uses": "--max-uses",
+    "region": "--region",
+    "service": "--service",
+    "placeholder": "--placeholder",
+    "position": "--position",
+    "assume_role": "--assume-role",
+    "external_id": "--external-id",
+    "session_policy": "--session-policy",
 }
 
 Handler = Callable[[argparse.Namespace, Settings], int]
@@ -176,6 +183,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--header", help="header name, with --scheme header")
     p.add_argument("--param", help="query parameter name, with --scheme query")
+    p.add_argument("--region", help="AWS region, with --scheme sigv4 (default: from the host)")
+    p.add_argument(
+        "--service", help="AWS signing name, with --scheme sigv4 (default: from the host)"
+    )
+    p.add_argument("--assume-role", metavar="ARN", help="sign as this role (STS), with sigv4")
+    p.add_argument("--external-id", help="with --assume-role")
+    p.add_argument("--session-policy", metavar="FILE", help="JSON policy, with --assume-role")
+    p.add_argument("--placeholder", help="what the agent sends in its place, with --scheme path")
+    p.add_argument(
+        "--position",
+        action="append",
+        default=[],
+        help="path prefix where the placeholder goes, e.g. /bot{}, with --scheme path",
+    )
     p.set_defaults(func=cmd_credential_add)
     p = credential.add_parser("list", parents=[common], help="credentials (never secrets)")
     p.set_defaults(func=cmd_credential_list)
@@ -437,7 +458,18 @@ def cmd_principal_remove(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_credential_add(args: argparse.Namespace, settings: Settings) -> int:
     store = settings.store()
     secret = read_secret()
-    fp = store.add_credential(args.name, args.scheme, args.host, secret, args.header, args.param)
+    options = {
+        "region": args.region,
+        "service": args.service,
+        "assume_role": args.assume_role,
+        "external_id": args.external_id,
+        "session_policy": _policy_file(args.session_policy),
+        "placeholder": args.placeholder,
+        "position": args.position,
+    }
+    fp = store.add_credential(
+        args.name, args.scheme, args.host, secret, args.header, args.param, options
+    )
     _emit(
         settings,
         {"name": args.name, "scheme": args.scheme, "fingerprint": fp},
@@ -453,19 +485,50 @@ def _credential_row(c: CredentialEntry) -> dict[str, Any]:
         "header": c.header_name,
         "param": c.param_name,
         "hosts": c.hosts,
+        **_scheme_columns(c),
         "fingerprint": c.fingerprint,
         "created_at": c.created_at.isoformat(timespec="seconds"),
         "rotated_at": c.rotated_at.isoformat(timespec="seconds") if c.rotated_at else None,
     }
 
 
+def _policy_file(path: str | None) -> str | None:
+    if path is None:
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read(64 * 1024)
+    except (OSError, UnicodeDecodeError) as e:
+        raise InvalidInput(f"cannot read --session-policy {path!r}") from e
+
+
+def _scheme_columns(c: CredentialEntry) -> dict[str, Any]:
+    """A sigv4 credential's region, service and masked key id; a path one's placeholder."""
+    if c.scheme == "sigv4":
+        service, region = c.options.get("service"), c.options.get("region")
+        scopes = [aws.scope_of(aws.representative(h), service, region) for h in c.hosts]
+        return {
+            "region": ",".join(sorted({s.region for s in scopes if s})) or None,
+            "service": ",".join(sorted({s.service for s in scopes if s})) or None,
+            "access_key_id": c.options.get("access_key_id"),
+            "assume_role": c.options.get("assume_role"),
+        }
+    if c.scheme == "path":
+        return {
+            "placeholder": c.options.get("placeholder"),
+            "positions": c.options.get("positions"),
+        }
+    return {}
+
+
 def cmd_credential_list(args: argparse.Namespace, settings: Settings) -> int:
     rows = [_credential_row(c) for c in settings.reader().list_credentials()]
-    _emit(
-        settings,
-        rows,
-        _table(rows, ["name", "scheme", "header", "param", "hosts", "fingerprint", "rotated_at"]),
-    )
+    columns = ["name", "scheme", "header", "param", "hosts"]
+    for extra in ("region", "service", "access_key_id", "assume_role", "placeholder", "positions"):
+        if any(extra in row for row in rows):
+            columns.append(extra)
+    columns += ["fingerprint", "rotated_at"]
+    _emit(settings, rows, _table([{c: row.get(c) for c in columns} for row in rows], columns))
     return 0
 
 

@@ -49,6 +49,8 @@ class Reason(enum.StrEnum):
     # Answers of credproxy.internal, the access-request endpoint.
     NOT_FOUND = "not-found"
     TOO_MANY_ACCESS_REQUESTS = "too-many-access-requests"
+    SIGNING_UNSUPPORTED = "signing-unsupported"
+    CREDENTIALS_UNAVAILABLE = "credentials-unavailable"
 
 
 STATUS = {
@@ -69,6 +71,8 @@ STATUS = {
     Reason.TOO_MANY_CONNECTIONS: 429,
     Reason.NOT_FOUND: 404,
     Reason.TOO_MANY_ACCESS_REQUESTS: 429,
+    Reason.SIGNING_UNSUPPORTED: 400,
+    Reason.CREDENTIALS_UNAVAILABLE: 502,
 }
 # The grant allowed the request and the upstream failed it: never a denial.
 UPSTREAM_REASONS = frozenset(

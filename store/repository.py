@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import Engine
 
@@ -92,9 +93,12 @@ class Store:
         secret: Secret,
         header_name: str | None = None,
         param_name: str | None = None,
+        options: Mapping[str, Any] | None = None,
     ) -> str:
         key = keys.need(self.key)
-        return credentials.add(self.db, key, name, scheme, hosts, secret, header_name, param_name)
+        return credentials.add(
+            self.db, key, name, scheme, hosts, secret, header_name, param_name, options
+        )
 
     def list_credentials(self) -> list[CredentialEntry]:
         return credentials.listing(self.db)

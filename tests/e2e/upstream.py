@@ -52,19 +52,21 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         pass
 
-    def _handle(self) -> None:
+    def read_body(self) -> bytes:
         length = int(self.headers.get("content-length") or 0)
-        if self.headers.get("transfer-encoding", "").lower() == "chunked":
-            body = b""
-            while True:
-                size = int(self.rfile.readline().strip(), 16)
-                if size == 0:
-                    self.rfile.readline()
-                    break
-                body += self.rfile.read(size)
+        if self.headers.get("transfer-encoding", "").lower() != "chunked":
+            return self.rfile.read(length) if length else b""
+        parts = []
+        while True:
+            size = int(self.rfile.readline().strip(), 16)
+            if size == 0:
                 self.rfile.readline()
-        else:
-            body = self.rfile.read(length) if length else b""
+                return b"".join(parts)
+            parts.append(self.rfile.read(size))
+            self.rfile.readline()
+
+    def _handle(self) -> None:
+        body = self.read_body()
         sni = getattr(self.connection, "credproxy_sni", None)
         received = Received(self.command, self.path, list(self.headers.items()), body, sni)
         with self.server.log.lock:
@@ -144,6 +146,21 @@ class _Server(ThreadingHTTPServer):
         pass
 
 
+def context_for(ca: Any, names: list[str], on_sni: Callable[[str | None], None]) -> ssl.SSLContext:
+    """HTTP/1.1 over TLS for `names`; each connection's SNI goes to `on_sni` and is kept on
+    the socket (`credproxy_sni`)."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert(*names).configure_cert(context)
+    context.set_alpn_protocols(["http/1.1"])
+
+    def remember_sni(sslobj: ssl.SSLObject, name: str | None, _ctx: ssl.SSLContext) -> None:
+        on_sni(name)
+        sslobj.credproxy_sni = name  # type: ignore[attr-defined]
+
+    context.sni_callback = remember_sni  # type: ignore[assignment]
+    return context
+
+
 class Upstream:
     """Serves HTTPS for every name in `names` with a certificate from `ca` (trustme).
 
@@ -152,19 +169,14 @@ class Upstream:
 
     def __init__(self, ca: Any, names: list[str], app: App | None = None) -> None:
         self.log = Log()
-        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        ca.issue_cert(*names).configure_cert(context)
-        context.set_alpn_protocols(["http/1.1"])
 
-        def remember_sni(sslobj: ssl.SSLObject, name: str | None, _ctx: ssl.SSLContext) -> None:
+        def remember_sni(name: str | None) -> None:
             with self.log.lock:
                 self.log.snis.append(name)
-            sslobj.credproxy_sni = name  # type: ignore[attr-defined]
 
-        context.sni_callback = remember_sni  # type: ignore[assignment]
         self.server = _Server(("127.0.0.1", 0), _Handler)
         self.server.log = self.log
-        self.server.context = context
+        self.server.context = context_for(ca, names, remember_sni)
         self.server.app = app
         self.port = self.server.server_address[1]
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
