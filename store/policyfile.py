@@ -43,7 +43,11 @@ CREDENTIAL_KEYS = frozenset(
 )
 # Scheme settings kept in the credential's options, by key; schemes that have settings add
 # theirs here.
-CREDENTIAL_OPTION_KEYS: frozenset[str] = frozenset()
+CREDENTIAL_OPTION_KEYS = frozenset(
+    {"region", "service", "assume_role", "external_id", "session_policy", "placeholder", "position"}
+)
+# Options that take a list of strings; the others take one string.
+LIST_OPTIONS = frozenset({"position"})
 GRANT_KEYS = frozenset(
     {
         "id",
@@ -454,7 +458,9 @@ def _credential(t: _Table) -> CredentialSpec | None:
     elif file is not None:
         path = Path(file)
         source = SecretSource(file=path if path.is_absolute() else t.problems.path.parent / path)
-    options = {k: v for k, v in t.values.items() if k in CREDENTIAL_OPTION_KEYS}
+    options = {}
+    for option in CREDENTIAL_OPTION_KEYS & t.values.keys():
+        options[option] = t.texts(option) if option in LIST_OPTIONS else t.text(option)
     if name is None or scheme is None:
         return None
     source_line = t.at("secret_env" if env is not None else "secret_file")
