@@ -270,7 +270,7 @@ async def serve(config: RunConfig, started: asyncio.Event | None = None) -> int:
     from mitmproxy import options
     from mitmproxy.tools.dump import DumpMaster
 
-    from addon import bounds, connects, refusals, signing, wire, wsredact
+    from addon import bounds, connects, framing, refusals, signing, wire, wsredact
     from addon.chain import REQUIRED_OPTIONS
     from addon.forward import Forward
     from addon.live import LivePolicy
@@ -296,6 +296,7 @@ async def serve(config: RunConfig, started: asyncio.Event | None = None) -> int:
     # never open later.
     wire.install()
     connects.install()
+    framing.install()
     refusals.install()
     bounds.install()
     wsredact.install()

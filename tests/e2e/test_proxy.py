@@ -17,7 +17,7 @@ import pytest
 
 from store.crypto import Secret
 from tests.e2e.conftest import TWO_HOSTS, Proxy
-from tests.e2e.raw import absolute_form, connect, exchange, proxy_auth, tunnel
+from tests.e2e.raw import absolute_form, connect, exchange, h2_tunnel, proxy_auth, tunnel
 from tests.e2e.upstream import Upstream
 
 pytestmark = pytest.mark.e2e
@@ -467,3 +467,40 @@ def test_a_credential_never_rides_a_tls_connection_verified_for_another_host(
     # the certificate the proxy verified) names the request's own host.
     pairs = [(r.sni, r.header("host")) for r in upstream.log.requests]
     assert all([sni] == host for sni, host in pairs), pairs
+
+
+def test_an_h2_body_without_length_reaches_an_h1_upstream_as_one_chunked_request(
+    proxy: Proxy, upstream: Upstream, grant
+):
+    """HTTP/2 needs no Content-Length; HTTP/1 does. Unframed, the body would be read by the
+    upstream as a second request that no grant allowed and no audit line names."""
+    import h2.config
+    import h2.connection
+    import h2.events
+
+    g = grant(methods=("POST",), paths=("/v1/",))
+    smuggled = b"GET /not-granted HTTP/1.1\r\nHost: api.test\r\nContent-Length: 300\r\n\r\n"
+    tls = h2_tunnel(proxy, proxy_auth(g.agent, g.token), "api.test")
+    tls.settimeout(10)
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(validate_outbound_headers=False))
+    conn.initiate_connection()
+    fields = [(":method", "POST"), (":path", "/v1/upload"), (":scheme", "https")]
+    conn.send_headers(1, [*fields, (":authority", "api.test")])
+    conn.send_data(1, smuggled, end_stream=True)
+    tls.sendall(conn.data_to_send())
+    status = None
+    while status is None or not any(
+        isinstance(e, h2.events.StreamEnded) for e in events
+    ):
+        data = tls.recv(65536)
+        assert data, "the proxy closed the connection"
+        events = conn.receive_data(data)
+        for event in events:
+            if isinstance(event, h2.events.ResponseReceived):
+                status = dict(event.headers)[b":status"]
+        tls.sendall(conn.data_to_send())
+    tls.close()
+    assert status == b"200"
+    assert [(r.method, r.target, r.body) for r in upstream.log.requests] == [
+        ("POST", "/v1/upload", smuggled)
+    ]
