@@ -488,16 +488,14 @@ def test_an_h2_body_without_length_reaches_an_h1_upstream_as_one_chunked_request
     conn.send_headers(1, [*fields, (":authority", "api.test")])
     conn.send_data(1, smuggled, end_stream=True)
     tls.sendall(conn.data_to_send())
-    status = None
-    while status is None or not any(
-        isinstance(e, h2.events.StreamEnded) for e in events
-    ):
+    status, ended = None, False
+    while not ended:
         data = tls.recv(65536)
         assert data, "the proxy closed the connection"
-        events = conn.receive_data(data)
-        for event in events:
+        for event in conn.receive_data(data):
             if isinstance(event, h2.events.ResponseReceived):
                 status = dict(event.headers)[b":status"]
+            ended = ended or isinstance(event, h2.events.StreamEnded)
         tls.sendall(conn.data_to_send())
     tls.close()
     assert status == b"200"
