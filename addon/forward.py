@@ -22,7 +22,7 @@ from addon.policy import Reason, Rule
 from addon.ratelimit import Limiter, grant_limit
 from addon.redact import Redactor
 from addon.signing import ROLE_UNAVAILABLE, Signing
-from addon.sigv4 import Plan, signed_query
+from addon.sigv4 import MINTING_SERVICES, Plan, signed_query
 from addon.stamping import Stamp, slot, stamp_query
 from addon.state import KEY, STEPS, Clients, Record, Step
 from addon.trail import Trail
@@ -156,6 +156,7 @@ class Forward:
         rule = v.rule
         rec.allowed = True
         rec.grant_id = rule.grant_id
+        rec.minting = isinstance(plan, Plan) and plan.scope.service in MINTING_SERVICES
         if rule.credential is not None:
             rec.credential = rule.credential.name
             rec.credential_fp = rule.credential.fingerprint

@@ -38,7 +38,7 @@ def unframed(request: Any, end_stream: bool) -> bool:
 
 
 def _framed(original: Callable[..., Generator[Any, Any, None]]) -> Callable[..., Any]:
-    from mitmproxy.proxy.layers.http import RequestHeaders
+    from mitmproxy.proxy.layers.http._events import RequestHeaders
 
     def send(self: Any, event: Any) -> Generator[Any, Any, None]:
         if isinstance(event, RequestHeaders) and unframed(event.request, event.end_stream):

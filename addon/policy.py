@@ -50,6 +50,7 @@ class Reason(enum.StrEnum):
     NOT_FOUND = "not-found"
     TOO_MANY_ACCESS_REQUESTS = "too-many-access-requests"
     SIGNING_UNSUPPORTED = "signing-unsupported"
+    CREDENTIALS_IN_RESPONSE = "credentials-in-response"
     CREDENTIALS_UNAVAILABLE = "credentials-unavailable"
 
 
@@ -72,6 +73,7 @@ STATUS = {
     Reason.NOT_FOUND: 404,
     Reason.TOO_MANY_ACCESS_REQUESTS: 429,
     Reason.SIGNING_UNSUPPORTED: 400,
+    Reason.CREDENTIALS_IN_RESPONSE: 502,
     Reason.CREDENTIALS_UNAVAILABLE: 502,
 }
 # The grant allowed the request and the upstream failed it: never a denial.

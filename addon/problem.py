@@ -54,6 +54,7 @@ TITLES = {
     Reason.TOO_MANY_ACCESS_REQUESTS: "Too many pending access requests",
     Reason.RATE_LIMITED: "Rate limited",
     Reason.SIGNING_UNSUPPORTED: "Request cannot be signed",
+    Reason.CREDENTIALS_IN_RESPONSE: "Upstream answer carried credentials",
     Reason.CREDENTIALS_UNAVAILABLE: "Credentials unavailable",
 }
 

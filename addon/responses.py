@@ -7,6 +7,7 @@ re-framed. What cannot be decoded or redacted kills the flow: never passed on un
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 from mitmproxy import http
@@ -14,10 +15,14 @@ from mitmproxy import http
 from addon import audit, wire, wsredact
 from addon.failclosed import kill_on_error
 from addon.policy import Reason
+from addon.problem import problem
 from addon.redact import Decoder, Redactor
 from addon.state import Record, record
 
 BUFFER_LIMIT = 64 * 1024
+# Fields of AWS answers that hold keys (STS, IAM, Cognito and SSO spell them each their way).
+MINTED_KEYS = re.compile(rb"secret_?access_?key|session_?token|[\"<]secret_?key[\">]", re.I)
+MINTED = wire.Failure(Reason.CREDENTIALS_IN_RESPONSE, "minted-credentials")
 
 
 class Responses:
@@ -87,6 +92,11 @@ class Responses:
         if rec.buffered:
             body = response.raw_content or b""
             rec.bytes_in = len(body)
+            if rec.minting and MINTED_KEYS.search(body):
+                rec.failure, rec.replaced = MINTED, True
+                refused = problem(Reason.CREDENTIALS_IN_RESPONSE, MINTED.detail, request_id=flow.id)
+                flow.response = refused.response()
+                return
             if redactor is not None and body:
                 redacted = redactor.whole(body)
                 if redacted != body:
@@ -127,7 +137,10 @@ def _response_stream(
         rest = decoder.feed(b"")
         return (redactor.feed(rest) if rest else b"") + redactor.feed(b"")
 
+    seen = b""
+
     def stream(chunk: bytes) -> bytes | list[bytes]:
+        nonlocal seen
         rec.bytes_in += len(chunk)
         if redactor is None:
             return chunk
@@ -139,6 +152,13 @@ def _response_stream(
             audit.logger().error("hook.failed", hook="response_stream", error_type=type(e).__name__)
             rec.failure = wire.Failure(Reason.UPSTREAM_PROTOCOL_ERROR, "undecodable-body")
             return []
+        if rec.minting:
+            # Decoded text, with the tail of the last piece: a field name split over two
+            # chunks is found too.
+            seen = seen[-32:] + out
+            if MINTED_KEYS.search(seen):
+                rec.failure = MINTED
+                return []
         # b"" mid-stream would end a chunked HTTP/1 response: send nothing instead.
         return out if out or not chunk else []
 

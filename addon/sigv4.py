@@ -68,6 +68,12 @@ class Unsignable(Exception):
         self.detail = detail
 
 
+# Services whose answers can hold new AWS keys (AssumeRole, GetSessionToken, CreateAccessKey,
+# GetCredentialsForIdentity, ...): signed with the stored keys, they would mint keys for the
+# agent. Such an answer is refused (addon/responses.py).
+MINTING_SERVICES = frozenset({"sts", "iam", "cognito-identity", "sso", "awsssoportal"})
+
+
 class Plan(NamedTuple):
     """How one request is signed: its scope, how its payload is (or is not) hashed, and the
     role whose temporary keys sign it (None: the stored keys)."""

@@ -49,6 +49,10 @@ class Record:
     streamed: bool = False  # the response head has gone to the agent
     failure: wire.Failure | None = None
     dns_ms: float | None = None  # how long the request waited for a name lookup
+    # Signed for a service that issues AWS keys (STS, IAM, ...): an answer holding keys is
+    # refused, so that the agent never gets keys minted with the stored ones.
+    minting: bool = False
+    replaced: bool = False  # credproxy answered in the upstream's place
 
 
 def record(flow: http.HTTPFlow) -> Record | None:

@@ -120,12 +120,14 @@ class Trail:
         response = flow.response
         if rec is None or response is None:
             return
-        if rec.failure is not None and not rec.buffered:
+        if rec.failure is not None and (rec.replaced or not rec.buffered):
             # A streamed body that could not be decoded or redacted: cut, never completed.
             failure = rec.failure
             reason = failure.reason.value if failure.reason is not None else None
+            # Refused whole (credproxy answered instead): a denial of the upstream's answer.
+            decision = audit.DENY if rec.replaced else audit.ERROR
             self.finish(
-                flow, audit.ERROR, status=response.status_code, reason=reason, error=failure.error
+                flow, decision, status=response.status_code, reason=reason, error=failure.error
             )
         elif _killed(flow):
             # Killed by a failing hook: mitmproxy ends the flow without an error hook, so its

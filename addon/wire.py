@@ -171,6 +171,7 @@ DETAILS = {
     "tls-verify-failed": "the upstream's TLS certificate did not verify",
     "request-trailers": REQUEST_TRAILERS,
     "request-too-large": "the request body is too large",
+    "minted-credentials": "the upstream's answer held AWS keys, which no agent may receive",
 }
 
 

@@ -115,3 +115,20 @@ async def test_an_echoed_secret_in_a_response_header_is_redacted() -> None:
     values = [value for _, value in flow.response.headers.fields]
     assert not any(LONG_SECRET in value for value in values), "the secret reached a header"
     assert b"Bearer [REDACTED]" in values
+
+
+def test_a_streamed_answer_holding_minted_keys_is_cut_even_across_chunks() -> None:
+    """A credential-issuing service's answer (STS, IAM, ...) is cut where a key field shows,
+    however the upstream splits it; what came before it is all the agent gets."""
+    from addon import responses
+    from addon.redact import Redactor
+    from addon.state import Record
+
+    rec = Record(start=0.0, request_id="r", client="")
+    rec.minting = True
+    stream = responses._response_stream(rec, Redactor((b"real-secret-key",)), None)
+    stream(b"<Credentials><AccessKeyId>ASIA</AccessKeyId><Secret")
+    out = stream(b"AccessKey>temp/abc</SecretAccessKey>")
+    assert out == []
+    assert rec.failure is responses.MINTED
+    assert stream(b"<SessionToken>tok</SessionToken>") == []

@@ -222,6 +222,26 @@ def test_sts_get_caller_identity_on_the_global_endpoint(sandbox: Sandbox, aws: F
     assert checked.received.body == b"Action=GetCallerIdentity&Version=2011-06-15"
 
 
+def test_keys_minted_with_the_stored_ones_never_reach_the_agent(sandbox: Sandbox, aws: FakeAws):
+    """A grant on STS lets the agent's SDK call AssumeRole (or GetSessionToken) signed with
+    the real keys; the answer would hand the agent working keys. It is refused whole."""
+    sts = sandbox.client("sts", "us-east-1")
+    # botocore reads the problem document as an unparsable XML answer.
+    with pytest.raises(Exception, match="credentials-in-response") as refused:
+        sts.assume_role(RoleArn=ROLE_ARN, RoleSessionName="agent-mints")
+    minted = [keys for keys, _ in aws.state.temporary.values()]
+    assert minted, "the fake issued no keys: the test proves nothing"
+    seen = str(refused.value) + sandbox.proxy.output()
+    for keys in minted:
+        assert keys.secret_access_key not in seen and keys.session_token not in seen
+    (line,) = [r for r in sandbox.proxy.requests("agent") if r.get("status") == 502][-1:]
+    assert (line["decision"], line["reason"], line["error"]) == (
+        "deny",
+        "credentials-in-response",
+        "minted-credentials",
+    )
+
+
 # -- what is signed is what is forwarded ----------------------------------------------------
 
 
