@@ -27,6 +27,7 @@ from addon.stamping import Stamp, slot, stamp_query
 from addon.state import KEY, STEPS, Clients, Record, Step
 from addon.trail import Trail
 from store.errors import CredproxyError
+from store.grammar import BadPath, canonicalize
 
 
 class Forward:
@@ -103,6 +104,7 @@ class Forward:
             return None
         stamp = step.policy.stamp(credential)
         if stamp.signer is not None:
+            _check_s3_reach(v.rule, step.headers.index)
             return self.signing.plan(flow, stamp.signer, v.host)
         assert v.path is not None
         placed = stamp.placed(v.path, flow.request.data.path, step.headers.index)
@@ -240,6 +242,28 @@ def _refusal(e: LookupFailed, rec: Record, rule: Rule) -> Denied:
     reason = Reason.UPSTREAM_UNRESOLVABLE
     failure = wire.Failure(reason, "name-not-resolved")
     return Denied(reason, failure.detail, decision=audit.ERROR, error=failure.error)
+
+
+def _check_s3_reach(rule: Rule, index: dict[bytes, list[bytes]]) -> None:
+    """Headers by which a signed S3 request reaches past its grant's paths: a copy reads its
+    source with the stored keys (so the source must be one the grant lets it GET), and ACL
+    headers open objects to others.
+
+    Raises: Denied.
+    """
+    if b"x-amz-acl" in index or any(name.startswith(b"x-amz-grant-") for name in index):
+        raise Denied(Reason.BAD_REQUEST, "S3 ACL headers are not sent with a stored key")
+    for source in index.get(b"x-amz-copy-source", []):
+        target = source.split(b"?", 1)[0].strip()
+        target = target if target.startswith(b"/") else b"/" + target
+        try:
+            path, _ = canonicalize(target)
+        except BadPath as e:
+            raise Denied(Reason.BAD_REQUEST, "invalid x-amz-copy-source") from e
+        if not rule.allows_method("GET") or rule.longest_path(path) < 0:
+            raise Denied(
+                Reason.PATH_NOT_ALLOWED, "the copy source is outside what the grant may read"
+            )
 
 
 def _counter(rec: Record) -> Callable[[bytes], bytes]:

@@ -91,8 +91,10 @@ class Sandbox:
             **extra,
         )
 
-    def s3(self, style: str = "path", **config: Any) -> Any:
-        return self.client("s3", "eu-west-1", s3={"addressing_style": style}, **config)
+    def s3(self, style: str = "path", principal: str = "agent", **config: Any) -> Any:
+        return self.client(
+            "s3", "eu-west-1", principal, s3={"addressing_style": style}, **config
+        )
 
     def httpx(self, principal: str = "agent") -> httpx.Client:
         token = self.agent if principal == "agent" else self.narrow
@@ -240,6 +242,23 @@ def test_keys_minted_with_the_stored_ones_never_reach_the_agent(sandbox: Sandbox
         "credentials-in-response",
         "minted-credentials",
     )
+
+
+def test_a_copy_or_an_acl_never_reaches_past_the_grants_paths(sandbox: Sandbox, aws: FakeAws):
+    """A PUT inside the granted prefix whose x-amz-copy-source names an object outside it
+    would read that object with the stored keys; ACL headers would open objects to others."""
+    s3 = sandbox.s3(principal="narrow")
+    with pytest.raises(ClientError) as outside:
+        s3.copy_object(
+            Bucket="mybucket", Key="data/stolen", CopySource="mybucket/private/secret.txt"
+        )
+    assert outside.value.response["ResponseMetadata"]["HTTPStatusCode"] == 403
+    with pytest.raises(ClientError) as public:
+        s3.put_object(Bucket="mybucket", Key="data/open.txt", Body=b"x", ACL="public-read")
+    assert public.value.response["ResponseMetadata"]["HTTPStatusCode"] == 400
+    assert aws.checked == []
+    reasons = [r.get("reason") for r in sandbox.proxy.requests("narrow")][-2:]
+    assert reasons == ["path-not-allowed", "bad-request"]
 
 
 # -- what is signed is what is forwarded ----------------------------------------------------
