@@ -21,7 +21,7 @@ from addon.metrics import Metrics
 from addon.policy import Reason, Rule
 from addon.ratelimit import Limiter, grant_limit
 from addon.redact import Redactor
-from addon.signing import ROLE_UNAVAILABLE, Signing
+from addon.signing import Signing, role_unavailable
 from addon.sigv4 import MINTING_SERVICES, Plan, signed_query
 from addon.stamping import Stamp, slot, stamp_query
 from addon.state import KEY, STEPS, Clients, Record, Step
@@ -134,7 +134,7 @@ class Forward:
             try:
                 await role.ensure()
             except Unavailable as e:
-                raise Denied(Reason.CREDENTIALS_UNAVAILABLE, ROLE_UNAVAILABLE) from e
+                raise role_unavailable() from e
         if address is None:
             try:
                 address, waited = await self.resolver.resolve(v.host, v.port)

@@ -9,6 +9,7 @@ from mitmproxy import http
 
 from addon.access import HOW_TO_ASK, RECORDED_REASONS, AccessRequests
 from addon.failclosed import Denied, deny_on_error
+from addon.policy import Reason
 from addon.ratelimit import Limiter, principal_limit
 from addon.state import KEY, STEPS, Record
 from addon.trail import Trail
@@ -51,6 +52,12 @@ class Gate:
             rec.host, rec.port = v.host, v.port
         if v.path is not None:
             rec.path = v.path
+        if step.policy.path_secrets and step.policy.carries_path_secret(request.data.path):
+            # An agent that holds a path credential's secret sends it itself: refused, and it
+            # goes into no audit line and no access request.
+            del STEPS[flow]
+            rec.path = "[REDACTED]"
+            raise Denied(Reason.BAD_REQUEST, "the request carries a credential's secret")
         if v.allowed:
             step.verdict = v
             return None

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import NamedTuple
+from urllib.parse import unquote_to_bytes
 
 from addon.stamping import Stamp
 from store.crypto import token_matches
@@ -84,6 +85,7 @@ UPSTREAM_REASONS = frozenset(
         Reason.UPSTREAM_UNRESOLVABLE,
         Reason.UPSTREAM_TLS_ERROR,
         Reason.UPSTREAM_TIMEOUT,
+        Reason.CREDENTIALS_UNAVAILABLE,
     }
 )
 
@@ -212,6 +214,11 @@ class Policy:
         self.unreadable = snapshot.unreadable
         self._tokens = dict(snapshot.token_hashes)
         self._limits = dict(snapshot.principal_limits)
+        # Secrets that go in a path (--scheme path): a target carrying one is refused by the
+        # gate, in any encoding, before its path is written anywhere.
+        self.path_secrets = tuple(
+            c.secret for c in snapshot.credentials.values() if c.scheme == "path"
+        )
         self._principals: dict[str, PrincipalPolicy] = {}
         for grant in snapshot.grants:
             rules = self._principals.get(grant.principal)
@@ -299,6 +306,10 @@ class Policy:
     def _granted_on_https(rules: PrincipalPolicy, request: Request) -> bool:
         port = 443 if request.port == 80 else request.port
         return bool(rules.candidates(request.host, port, "https"))
+
+    def carries_path_secret(self, target: bytes) -> bool:
+        decoded = unquote_to_bytes(target)
+        return any(s.reveal() in target or s.reveal() in decoded for s in self.path_secrets)
 
     def principal_limit(self, principal: str) -> tuple[Rate, int | None] | None:
         """The principal's own rate and burst, if it has one."""

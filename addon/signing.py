@@ -96,7 +96,7 @@ def sign(flow: http.HTTPFlow, signer: Signer, plan: Plan, body: bytes | None) ->
     if plan.role is not None:
         temporary = plan.role.now()
         if temporary is None:  # expired while the body arrived: never sign with it
-            raise Denied(Reason.CREDENTIALS_UNAVAILABLE, ROLE_UNAVAILABLE)
+            raise role_unavailable()
         credentials = temporary.credentials
     fields = request.headers.fields
     method = request.data.method.decode("ascii")
@@ -138,3 +138,13 @@ def install() -> None:
 
     setattr(state_consume_request_body, _MARK, True)
     HttpStream.state_consume_request_body = state_consume_request_body  # type: ignore[method-assign]
+
+
+def role_unavailable() -> Denied:
+    """STS did not give usable keys: a failure of the allowed request, not a denial."""
+    return Denied(
+        Reason.CREDENTIALS_UNAVAILABLE,
+        ROLE_UNAVAILABLE,
+        decision=audit.ERROR,
+        error="role-keys-unavailable",
+    )

@@ -106,6 +106,18 @@ def test_the_placeholder_is_replaced_only_as_the_request_leaves(
         pytest.param(
             "/botCREDPROXY_OTHER/sendMessage", {}, "path-not-allowed", id="another placeholder"
         ),
+        pytest.param(
+            f"/bot{TOKEN}/sendMessage",
+            {},
+            "bad-request",
+            id="the real secret where no grant reaches: refused before its path is written",
+        ),
+        pytest.param(
+            f"/bot{TOKEN.replace(':', '%3A')}/getMe",
+            {},
+            "bad-request",
+            id="the real secret percent-encoded",
+        ),
     ],
 )
 def test_a_misplaced_placeholder_or_the_secret_itself_is_refused(

@@ -482,6 +482,9 @@ def test_a_failed_renewal_denies_502_and_never_signs_with_expired_keys(
             answer = _sqs(client)
         assert answer.status_code == 502
         assert answer.headers["x-credproxy-reason"] == "credentials-unavailable"
+        # A failure of the allowed request (STS did not answer usably), not a denial.
+        refused = [r for r in sandbox.proxy.requests("agent") if r.get("status") == 502][-1]
+        assert (refused["decision"], refused["error"]) == ("error", "role-keys-unavailable")
         aws.state.sts_fails = False
         deadline = time.monotonic() + 15
         while _sqs(client).status_code != 200 and time.monotonic() < deadline:
