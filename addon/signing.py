@@ -27,15 +27,45 @@ _MARK = "_credproxy_signing"
 ROLE_UNAVAILABLE = "the role's temporary credentials could not be renewed"
 
 
+# All the bodies held for signing at once, at most this many times --max-signed-body: one
+# HTTP/2 connection may carry 100 streams, and a principal 256 tunnels.
+HELD_BUDGET_FACTOR = 8
+
+
+class Budget:
+    """The bytes held for signing in this process, against one ceiling."""
+
+    def __init__(self) -> None:
+        self.held = 0
+        self.ceiling = HELD_BUDGET_FACTOR * DEFAULT_BODY_LIMIT
+
+    def take(self, n: int) -> bool:
+        if self.held + n > self.ceiling:
+            return False
+        self.held += n
+        return True
+
+    def give(self, n: int) -> None:
+        self.held = max(0, self.held - n)
+
+
+BUDGET = Budget()
+
+
 class _Held:
     """A request waiting for its body: who signs it, how, and how much may be held."""
 
-    __slots__ = ("signer", "plan", "limit", "refuse")
+    __slots__ = ("signer", "plan", "limit", "refuse", "counted")
 
     def __init__(
         self, signer: Signer, plan: Plan, limit: int, refuse: Callable[[http.HTTPFlow], None]
     ) -> None:
         self.signer, self.plan, self.limit, self.refuse = signer, plan, limit, refuse
+        self.counted = 0  # of BUDGET.held
+
+    def __del__(self) -> None:
+        # Signed, refused or abandoned (the flow gone): its bytes go back to the budget.
+        BUDGET.give(self.counted)
 
 
 # Beside the flow, keyed weakly: a Signer holds keys, which flow.metadata must never hold.
@@ -46,6 +76,7 @@ class Signing:
     def __init__(self, trail: Trail, limit: int = DEFAULT_BODY_LIMIT) -> None:
         self.trail = trail
         self.limit = limit
+        BUDGET.ceiling = HELD_BUDGET_FACTOR * limit
 
     def plan(self, flow: http.HTTPFlow, signer: Signer, host: str) -> Plan:
         """How this request will be signed; decided from its head before anything is spent.
@@ -122,7 +153,13 @@ def install() -> None:
     def state_consume_request_body(self: Any, event: Any) -> Generator[Any, Any, None]:
         if isinstance(event, RequestData):
             held = PENDING.get(self.flow)
-            if held is not None and len(self.request_body_buf) + len(event.data) > held.limit:
+            over = held is not None and (
+                len(self.request_body_buf) + len(event.data) > held.limit
+                or not BUDGET.take(len(event.data))
+            )
+            if held is not None and not over:
+                held.counted += len(event.data)
+            if held is not None and over:
                 del PENDING[self.flow]
                 self.request_body_buf.clear()
                 try:

@@ -99,3 +99,22 @@ def test_the_held_body_bound_is_installed() -> None:
 
 def _boom(*args: Any, **kwargs: Any) -> Any:
     raise RuntimeError("injected fault")
+
+
+def test_bodies_held_for_signing_share_one_ceiling_and_give_their_bytes_back() -> None:
+    import gc
+
+    from addon import signing
+
+    budget = signing.Budget()
+    budget.ceiling = 100
+    assert budget.take(60) and not budget.take(41) and budget.take(40)
+    budget.give(100)
+    assert budget.held == 0
+    before = signing.BUDGET.held
+    held = signing._Held(None, None, 10, lambda flow: None)  # type: ignore[arg-type]
+    assert signing.BUDGET.take(5)
+    held.counted = 5
+    del held
+    gc.collect()
+    assert signing.BUDGET.held == before
