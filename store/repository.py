@@ -7,7 +7,16 @@ from datetime import datetime
 
 from sqlalchemy import Engine
 
-from store import access_requests, credentials, grants, keys, principals, schema, snapshot
+from store import (
+    access_requests,
+    credentials,
+    grants,
+    keys,
+    principals,
+    schema,
+    snapshot,
+    tokens,
+)
 from store.crypto import MasterKey, Secret
 from store.engine import Database
 from store.records import (
@@ -16,6 +25,7 @@ from store.records import (
     GrantEntry,
     PrincipalEntry,
     Snapshot,
+    TokenEntry,
 )
 
 
@@ -80,6 +90,17 @@ class Store:
     def remove_principal(self, name: str) -> int:
         return principals.remove(self.db, name)
 
+    def add_token(
+        self, principal: str, expires_at: datetime | None, note: str | None = None
+    ) -> tuple[int, str]:
+        return tokens.add(self.db, principal, expires_at, note)
+
+    def list_tokens(self, principal: str | None = None) -> list[TokenEntry]:
+        return tokens.listing(self.db, principal)
+
+    def revoke_token(self, token_id: int) -> None:
+        tokens.revoke(self.db, token_id)
+
     def add_credential(
         self,
         name: str,
@@ -88,9 +109,12 @@ class Store:
         secret: Secret,
         header_name: str | None = None,
         param_name: str | None = None,
+        placeholder_env: str | None = None,
     ) -> str:
         key = keys.need(self.key)
-        return credentials.add(self.db, key, name, scheme, hosts, secret, header_name, param_name)
+        return credentials.add(
+            self.db, key, name, scheme, hosts, secret, header_name, param_name, placeholder_env
+        )
 
     def list_credentials(self) -> list[CredentialEntry]:
         return credentials.listing(self.db)
