@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from addon import runner
+from addon import launch, runner
 from addon.argtypes import count
 from store.ca import PUBLIC_CERT, ensure_ca
 from store.crypto import KEY_ENV, MasterKey, Secret, write_key_file
@@ -40,6 +40,7 @@ FLAGS = {
     "param": "--param NAME",
     "scheme": "--scheme",
     "expires": "--expires",
+    "placeholder_env": "--placeholder-env",
 }
 
 Handler = Callable[[argparse.Namespace, Settings], int]
@@ -93,6 +94,22 @@ def build_parser() -> argparse.ArgumentParser:
     p = principal.add_parser("remove", parents=[common], help="disable and revoke its grants")
     p.add_argument("name")
     p.set_defaults(func=cmd_principal_remove)
+    token = principal.add_parser("token", help="further tokens: sessions").add_subparsers(
+        dest="token_action", required=True, parser_class=_Parser
+    )
+    p = token.add_parser("add", parents=[common], help="prints the token once")
+    p.add_argument("name")
+    p.add_argument("--expires", help="30s, 10m, 2h, 7d or an ISO-8601 time (default: never)")
+    p.add_argument("--note", help="what the token is for")
+    _json_flag(p)
+    p.set_defaults(func=cmd_token_add)
+    p = token.add_parser("list", parents=[common], help="in every state; never the tokens")
+    p.add_argument("name", nargs="?")
+    _json_flag(p)
+    p.set_defaults(func=cmd_token_list)
+    p = token.add_parser("revoke", parents=[common])
+    p.add_argument("id", type=identifier)
+    p.set_defaults(func=cmd_token_revoke)
 
     credential = sub.add_parser("credential", help="secrets and their hosts").add_subparsers(
         dest="action", required=True, parser_class=_Parser
@@ -103,6 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", action="append", required=True, help="HOST[:PORT], repeatable")
     p.add_argument("--header", help="header name, with --scheme header")
     p.add_argument("--param", help="query parameter name, with --scheme query")
+    p.add_argument("--placeholder-env", help="a variable `credproxy exec` sets to a placeholder")
     _json_flag(p)
     p.set_defaults(func=cmd_credential_add)
     p = credential.add_parser("list", parents=[common])
@@ -167,6 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = key.add_parser("rotate", parents=[common], help="re-seal every secret under a new key")
     _json_flag(p)
     p.set_defaults(func=cmd_key_rotate)
+    launch.add_commands(sub, common)
     runner.add_command(sub, common)  # mitmproxy is imported only when `run` runs
     return parser
 
@@ -324,10 +343,61 @@ def cmd_principal_remove(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def cmd_token_add(args: argparse.Namespace, settings: Settings) -> int:
+    expires = parse_expiry(args.expires) if args.expires else None
+    token_id, token = settings.store().add_token(args.name, expires, args.note)
+    url = f"http://{args.name}:{token}@{settings.advertise}"
+    _emit(
+        settings,
+        {
+            "id": token_id,
+            "name": args.name,
+            "token": token,
+            "proxy_url": url,
+            "expires_at": expires.isoformat() if expires else None,
+        },
+        [
+            f"principal  {args.name}",
+            f"id         {token_id}",
+            f"token      {token}",
+            f"proxy_url  {url}",
+            "The token is shown once; it is stored only as a hash.",
+        ],
+    )
+    return 0
+
+
+def cmd_token_list(args: argparse.Namespace, settings: Settings) -> int:
+    rows = [
+        {
+            "id": t.id,
+            "principal": t.principal,
+            "note": t.note,
+            "created_at": t.created_at.isoformat(timespec="seconds"),
+            "expires_at": t.expires_at.isoformat() if t.expires_at else None,
+            "revoked_at": t.revoked_at.isoformat() if t.revoked_at else None,
+            "state": t.state,
+        }
+        for t in settings.store().list_tokens(args.name)
+    ]
+    columns = ["id", "principal", "created_at", "expires_at", "state", "note"]
+    _emit(settings, rows, _table(rows, columns))
+    return 0
+
+
+def cmd_token_revoke(args: argparse.Namespace, settings: Settings) -> int:
+    settings.store().revoke_token(args.id)
+    print(f"revoked token {args.id}")
+    return 0
+
+
 def cmd_credential_add(args: argparse.Namespace, settings: Settings) -> int:
     store = settings.store()
     secret = read_secret()
-    fp = store.add_credential(args.name, args.scheme, args.host, secret, args.header, args.param)
+    fp = store.add_credential(
+        args.name, args.scheme, args.host, secret, args.header, args.param,
+        placeholder_env=args.placeholder_env,
+    )
     _emit(
         settings,
         {"name": args.name, "scheme": args.scheme, "fingerprint": fp},
@@ -346,6 +416,7 @@ def _credential_row(c: CredentialEntry) -> dict[str, Any]:
         "fingerprint": c.fingerprint,
         "created_at": c.created_at.isoformat(timespec="seconds"),
         "rotated_at": c.rotated_at.isoformat(timespec="seconds") if c.rotated_at else None,
+        "placeholder_env": c.options.get("placeholder_env"),
     }
 
 

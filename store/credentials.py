@@ -38,12 +38,16 @@ def add(
     secret: Secret,
     header_name: str | None = None,
     param_name: str | None = None,
+    placeholder_env: str | None = None,
 ) -> str:
     """Seal and store a credential; returns its fingerprint."""
     validate_name("credential", name)
     patterns = validation.credential_hosts(hosts)
     header_name, param_name = validation.scheme_options(scheme, header_name, param_name)
     validation.secret(scheme, secret)
+    options = {}
+    if placeholder_env is not None:
+        options["placeholder_env"] = validation.env_name(placeholder_env)
     with db.change() as session:
         if find(session, name) is not None:
             raise Conflict(f"credential {name!r} already exists")
@@ -61,6 +65,7 @@ def add(
                 ciphertext=ciphertext,
                 fingerprint=fingerprint,
                 created_at=utcnow(),
+                options=options or None,
             )
         )
     return fingerprint
@@ -81,6 +86,7 @@ def listing(db: Database) -> list[CredentialEntry]:
                 fingerprint=c.fingerprint,
                 created_at=c.created_at,
                 rotated_at=c.rotated_at,
+                options=c.options or {},
             )
             for c in rows
         ]

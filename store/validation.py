@@ -6,6 +6,7 @@ credential, path, header, param, scheme), which the CLI words as its own flags.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -61,6 +62,18 @@ def scheme_options(
     if param_name is not None:
         validate_param_name(param_name)
     return header_name, param_name
+
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+
+
+def env_name(name: str) -> str:
+    """A variable name for a placeholder: letters, digits and `_`, not starting with a digit."""
+    if not _ENV_NAME.fullmatch(name):
+        raise InvalidInput(
+            "invalid {placeholder_env} {name!r}", placeholder_env="variable name", name=name
+        )
+    return name
 
 
 def secret(scheme: str, value: Secret) -> None:
