@@ -30,6 +30,8 @@ from addon import launchenv
 from store.errors import CredproxyError
 
 MAX_HEAD = 64 * 1024  # a proxy request's head, as read by the forwarder
+MAX_CONNECTIONS = 256  # open through the forwarder at once; more are answered 503
+HEAD_TIMEOUT = 30.0  # seconds for a proxy request's head to arrive
 PR_SET_DUMPABLE = 4
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
 
@@ -109,21 +111,22 @@ def _read_head(sock: socket.socket) -> tuple[bytes, bytes] | None:
 
 def _forward(client: socket.socket, proxy: tuple[str, int], authorization: str) -> None:
     with client:
-        read = _read_head(client)
+        client.settimeout(HEAD_TIMEOUT)
+        try:
+            read = _read_head(client)
+        except OSError:
+            return
         head = with_credentials(read[0], authorization) if read else None
         if read is None or head is None:
-            client.sendall(
-                b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-            )
+            _answer(client, b"400 Bad Request")
             return
         try:
             upstream = socket.create_connection(proxy, timeout=30)
         except OSError:
-            client.sendall(
-                b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-            )
+            _answer(client, b"502 Bad Gateway")
             return
         with upstream:
+            client.settimeout(None)
             upstream.settimeout(None)
             upstream.sendall(head + read[1])
             back = threading.Thread(target=_pump, args=(upstream, client), daemon=True)
@@ -132,13 +135,34 @@ def _forward(client: socket.socket, proxy: tuple[str, int], authorization: str) 
             back.join()
 
 
+def _answer(client: socket.socket, status: bytes) -> None:
+    try:
+        client.sendall(
+            b"HTTP/1.1 " + status + b"\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        )
+    except OSError:
+        pass
+
+
 def _serve(listener: socket.socket, proxy: tuple[str, int], authorization: str) -> None:
+    slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+
+    def forward(client: socket.socket) -> None:
+        try:
+            _forward(client, proxy, authorization)
+        finally:
+            slots.release()
+
     while True:
         try:
             client, _ = listener.accept()
         except OSError:
             return
-        threading.Thread(target=_forward, args=(client, proxy, authorization), daemon=True).start()
+        if not slots.acquire(blocking=False):
+            with client:
+                _answer(client, b"503 Service Unavailable")
+            continue
+        threading.Thread(target=forward, args=(client,), daemon=True).start()
 
 
 def run(

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import socket
+import threading
+
 import pytest
 
 from addon.isolate import with_credentials
@@ -44,3 +47,88 @@ def test_a_plain_request_is_stamped_and_closed_after_its_answer() -> None:
 )
 def test_anything_else_is_refused(head: bytes) -> None:
     assert with_credentials(head, AUTH) is None
+
+
+@pytest.fixture
+def forwarder(tmp_path, monkeypatch):
+    """The forwarder on a Unix socket, in front of a TCP server that records what it gets."""
+    from addon import isolate
+
+    monkeypatch.setattr(isolate, "MAX_CONNECTIONS", 2)
+    received: list[bytes] = []
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            with conn:
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        break
+                    data += chunk
+                received.append(data)
+                conn.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
+
+    threading.Thread(target=serve, daemon=True).start()
+    path = str(tmp_path / "s")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(8)
+    threading.Thread(
+        target=isolate._serve, args=(listener, server.getsockname(), AUTH), daemon=True
+    ).start()
+
+    def connect() -> socket.socket:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(10)
+        sock.connect(path)
+        return sock
+
+    yield connect, received
+    listener.close()
+    server.close()
+
+
+def _status(sock: socket.socket) -> bytes:
+    data = b""
+    while b"\r\n" not in data:
+        chunk = sock.recv(4096)
+        if not chunk:
+            break
+        data += chunk
+    return data.split(b"\r\n")[0]
+
+
+def test_the_forwarder_stamps_what_it_passes_on(forwarder) -> None:
+    connect, received = forwarder
+    with connect() as sock:
+        sock.sendall(b"CONNECT api.test:443 HTTP/1.1\r\nHost: api.test:443\r\n\r\n")
+        assert _status(sock) == b"HTTP/1.1 200 Connection established"
+    assert received == [
+        b"CONNECT api.test:443 HTTP/1.1\r\nHost: api.test:443\r\n"
+        b"Proxy-Authorization: Basic YWdlbnQ6dG9r\r\n\r\n"
+    ]
+
+
+def test_a_head_past_64_kib_is_refused_unread(forwarder) -> None:
+    connect, received = forwarder
+    with connect() as sock:
+        sock.sendall(b"CONNECT api.test:443 HTTP/1.1\r\nX: " + b"a" * (70 * 1024))
+        assert _status(sock) == b"HTTP/1.1 400 Bad Request"
+    assert received == []
+
+
+def test_connections_past_the_cap_are_refused(forwarder) -> None:
+    connect, _ = forwarder
+    held = [connect(), connect()]  # each waits for its head: both slots taken
+    try:
+        with connect() as third:
+            assert _status(third) == b"HTTP/1.1 503 Service Unavailable"
+    finally:
+        for sock in held:
+            sock.close()
