@@ -337,11 +337,15 @@ def test_signals_to_exec_reach_the_command_and_the_session_is_revoked(
 ):
     ready = tmp_path / "ready"
     process = _spawn_exec(proxy, agent, sys.executable, "-c", TRAP, str(ready))
-    _started(ready, process)
-    token = session_token(ready.read_text())
-    assert get(proxy, (agent.name, token)).status != 407
-    os.kill(process.pid, sig)
-    process.communicate(timeout=60)
+    try:
+        _started(ready, process)
+        token = session_token(ready.read_text())
+        assert get(proxy, (agent.name, token)).status != 407
+        os.kill(process.pid, sig)
+        process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
     assert process.returncode == 40 + sig
     assert (tmp_path / "ready.got").read_text() == str(int(sig))
     assert tokens(proxy, agent) == ["revoked"]
