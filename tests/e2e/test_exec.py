@@ -4,13 +4,16 @@ session token that ends with the command."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import pty
 import shutil
 import signal
 import ssl
 import subprocess
 import sys
+import termios
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -485,3 +488,40 @@ def test_principal_token_commands_print_the_token_once_and_list_only_hashes(
     assert tokens(proxy, agent) == ["revoked"]
     missing = credproxy(proxy, "principal", "token", "revoke", "999999")
     assert missing.returncode == 2 and missing.stderr.count("\n") == 1
+
+
+COUNT = """
+import os, signal, sys, time
+got = []
+signal.signal(signal.SIGINT, lambda n, f: got.append(n))
+open(sys.argv[1], "w").write(os.environ["HTTPS_PROXY"])
+while not got:
+    time.sleep(0.05)
+time.sleep(1)  # room for a second, forwarded copy, which must not come
+open(sys.argv[1] + ".count", "w").write(str(len(got)))
+"""
+
+
+def test_a_terminals_ctrl_c_reaches_the_command_once(proxy: Proxy, agent: Agent, tmp_path: Path):
+    ready = tmp_path / "ready"
+    controller, terminal = pty.openpty()
+    process = subprocess.Popen(
+        [
+            *CREDPROXY, "exec", "--principal", agent.name,
+            "--proxy", f"127.0.0.1:{proxy.port}", "--", sys.executable, "-c", COUNT, str(ready),
+        ],
+        env=proxy.env, cwd=proxy.home, stdin=terminal, stdout=terminal,
+        stderr=subprocess.DEVNULL, start_new_session=True,
+        preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0),
+    )  # fmt: skip
+    os.close(terminal)
+    try:
+        _started(ready, process)
+        os.write(controller, b"\x03")  # the terminal sends SIGINT to its foreground group
+        assert process.wait(timeout=30) == 0
+        assert (tmp_path / "ready.count").read_text() == "1"
+        assert tokens(proxy, agent) == ["revoked"]
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+        os.close(controller)
