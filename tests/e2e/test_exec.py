@@ -525,3 +525,22 @@ def test_a_terminals_ctrl_c_reaches_the_command_once(proxy: Proxy, agent: Agent,
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
         os.close(controller)
+
+
+def test_credential_add_takes_a_placeholder_variable_name(proxy: Proxy, names):
+    name = names("cred")
+    bad = subprocess.run(
+        [*CREDPROXY, "credential", "add", name, "--scheme", "bearer", "--host", "api.test",
+         "--placeholder-env", "NOT-A-NAME"],
+        input="s3cr3t", env=proxy.env, cwd=proxy.home, capture_output=True, text=True,
+    )  # fmt: skip
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1
+    assert "--placeholder-env" in bad.stderr and "s3cr3t" not in bad.stderr
+    good = subprocess.run(
+        [*CREDPROXY, "credential", "add", name, "--scheme", "bearer", "--host", "api.test",
+         "--placeholder-env", "ANTHROPIC_API_KEY"],
+        input="s3cr3t", env=proxy.env, cwd=proxy.home, capture_output=True, text=True,
+    )  # fmt: skip
+    assert good.returncode == 0, good.stderr
+    listed = json.loads(credproxy(proxy, "credential", "list", "--json").stdout)
+    assert {c["name"]: c["placeholder_env"] for c in listed}[name] == "ANTHROPIC_API_KEY"
