@@ -265,8 +265,8 @@ def spawn(command: Sequence[str], env: dict[str, str], mask: set[int | signal.Si
         )
     except FileNotFoundError as e:
         raise CommandFailed(127, f"cannot run {command[0]!r}: command not found") from e
-    except PermissionError as e:
-        raise CommandFailed(126, f"cannot run {command[0]!r}: permission denied") from e
+    except OSError as e:
+        raise CommandFailed(126, f"cannot run {command[0]!r}: {e.strerror}") from e
 
 
 class CommandFailed(CredproxyError):

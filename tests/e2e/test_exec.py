@@ -544,3 +544,10 @@ def test_credential_add_takes_a_placeholder_variable_name(proxy: Proxy, names):
     assert good.returncode == 0, good.stderr
     listed = json.loads(credproxy(proxy, "credential", "list", "--json").stdout)
     assert {c["name"]: c["placeholder_env"] for c in listed}[name] == "ANTHROPIC_API_KEY"
+
+
+def test_the_command_inherits_no_descriptor_of_the_store(proxy: Proxy, agent: Agent):
+    done = exec_(proxy, agent, "sh", "-c", 'ls -l /proc/$$/fd | sed "s/.*-> //"')
+    assert done.returncode == 0, done.stderr
+    opened = done.stdout.split()
+    assert not [f for f in opened if "credproxy" in f or f.startswith("socket:")], opened
