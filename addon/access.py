@@ -13,9 +13,11 @@ from typing import Any
 
 from mitmproxy import http
 
+from addon import audit
 from addon.failclosed import deny_on_error
 from addon.live import LivePolicy
 from addon.policy import Reason
+from addon.problem import problem
 from addon.state import Record, record
 from addon.trail import Trail
 from addon.verdict import INTERNAL_HOST, MAX_BODY
@@ -31,6 +33,8 @@ HOW_TO_ASK = (
 # One store write per (principal, host, port, method, path) per window, for denials and for
 # explicit asks alike: a looping agent cannot turn either into a write load under its row lock.
 RECORD_WINDOW = 10.0
+STORE_DOWN = "the store did not answer"
+TOO_MANY_PENDING = "too many pending access requests: wait for an owner's decision"
 CACHE_SIZE = 10_000
 
 
@@ -95,7 +99,7 @@ class AccessRequests:
         """The agent's own endpoint: POST /access-requests, GET /access-requests/ID."""
         method = flow.request.method
         if not self.live.store_up:
-            return _unavailable()
+            return _refused(flow, Reason.STORE_UNAVAILABLE, STORE_DOWN)
         if path == "/access-requests" and method == "POST":
             return await self._create(flow, principal)
         prefix = "/access-requests/"
@@ -107,11 +111,11 @@ class AccessRequests:
             except InvalidInput:
                 found = None
             except CredproxyError:
-                return _unavailable()
+                return _refused(flow, Reason.STORE_UNAVAILABLE, STORE_DOWN)
             if found is None:
-                return _reply(404, {"error": "not found"})
+                return _refused(flow, Reason.NOT_FOUND, "no such access request of yours")
             return _reply(200, _public(found))
-        return _reply(404, {"error": "not found", "detail": HOW_TO_ASK})
+        return _refused(flow, Reason.NOT_FOUND, HOW_TO_ASK)
 
     async def _create(self, flow: http.HTTPFlow, principal: str) -> http.Response:
         raw = flow.request.raw_content or b""  # never decoded: the gate refused codings
@@ -129,7 +133,7 @@ class AccessRequests:
             port = port_or_none or 443
             path, _ = canonicalize(fields["path"].encode("ascii"))
         except (ValueError, KeyError, TypeError, UnicodeEncodeError):
-            return _reply(400, {"error": "bad request", "detail": HOW_TO_ASK})
+            return _refused(flow, Reason.BAD_REQUEST, HOW_TO_ASK)
         key = (principal, host, port, fields["method"], path, True)
         recent = self._within_window(key)
         if recent is not None:
@@ -147,11 +151,11 @@ class AccessRequests:
                 True,
             )
         except InvalidInput as e:  # our own one-line message, nothing from the store
-            return _reply(400, {"error": "bad request", "detail": str(e)})
+            return _refused(flow, Reason.BAD_REQUEST, str(e))
         except CredproxyError:
-            return _unavailable()
+            return _refused(flow, Reason.STORE_UNAVAILABLE, STORE_DOWN)
         if recorded is None:
-            return _reply(429, {"error": "too many pending access requests"})
+            return _refused(flow, Reason.TOO_MANY_ACCESS_REQUESTS, TOO_MANY_PENDING)
         request_id, state = recorded
         self._written(key, request_id)
         self.log.info(
@@ -183,8 +187,10 @@ class AccessEndpoint:
 
     async def _answer(self, flow: http.HTTPFlow, rec: Record) -> None:
         assert rec.principal is not None and rec.path is not None
-        flow.response = await self.requests.handle(flow, rec.principal, rec.path)
-        self.trail.finish(flow, "internal", status=flow.response.status_code)
+        flow.response = response = await self.requests.handle(flow, rec.principal, rec.path)
+        reason = response.headers.get("x-credproxy-reason")
+        fields = {"status": response.status_code} | ({"reason": reason} if reason else {})
+        self.trail.finish(flow, audit.INTERNAL, **fields)
 
 
 def _public(found: AccessRequestEntry) -> dict[str, Any]:
@@ -203,12 +209,8 @@ def _public(found: AccessRequestEntry) -> dict[str, Any]:
     return {k: getattr(found, k) for k in keys}
 
 
-def _unavailable() -> http.Response:
-    reason = Reason.STORE_UNAVAILABLE.value
-    body = {"error": "denied", "reason": reason, "detail": "the store did not answer"}
-    response = _reply(503, body)
-    response.headers["x-credproxy-reason"] = reason
-    return response
+def _refused(flow: http.HTTPFlow, reason: Reason, detail: str) -> http.Response:
+    return problem(reason, detail, request_id=flow.id).response()
 
 
 def _reply(status: int, body: dict[str, Any]) -> http.Response:

@@ -40,6 +40,14 @@ DNS_MS = "dns_ms"
 
 REQUEST_EVENT = "request"
 
+# Values of DECISION. ERROR: the grant allowed the request but it did not complete (the
+# upstream failed, credproxy failed, or the agent left); REASON and the `error` class say which.
+ALLOW = "allow"
+DENY = "deny"
+CHALLENGE = "challenge"  # a 407 to a request that offered no credentials: not a denial
+ERROR = "error"
+INTERNAL = "internal"  # credproxy.internal answered it
+
 # Bytes waiting for stdout beyond which requests are refused (the reader has stalled).
 QUEUE_LIMIT = 1024 * 1024
 # Beyond this, lines are dropped and counted (an audit.lines_lost line once writes work).

@@ -111,11 +111,17 @@ class Auth:
     def _authenticate(self, flow: http.HTTPFlow, values: list[bytes]) -> tuple[str, int]:
         """The principal and its token's id from Proxy-Authorization, which is removed and
         never forwarded."""
-        if values:
-            flow.request.headers.pop("proxy-authorization", None)
+        if not values:
+            # What git, Java and curl --proxy-anyauth send first, to learn the scheme: the
+            # 407 is a challenge, audited and counted as one, never a denial.
+            self._policy()  # a proxy that cannot audit or decide answers that first
+            raise Denied(
+                Reason.AUTH_REQUIRED, "proxy authentication required", decision=audit.CHALLENGE
+            )
+        flow.request.headers.pop("proxy-authorization", None)
         found = self._principal(values)
         if found is None:
-            raise Denied(Reason.AUTH_REQUIRED, "proxy authentication required")
+            raise Denied(Reason.AUTH_REQUIRED, "the proxy credentials are not valid")
         return found
 
     def _principal(self, values: list[bytes]) -> tuple[str, int] | None:

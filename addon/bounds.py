@@ -8,13 +8,13 @@ much is held for it. It checks h2's own limits and raises at start if they chang
 
 from __future__ import annotations
 
-import json
 import weakref
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from addon import audit
 from addon.policy import STATUS, Reason
+from addon.problem import problem
 
 if TYPE_CHECKING:
     from mitmproxy import connection
@@ -130,16 +130,7 @@ def _refuse_response_head(self: Any) -> Iterator[Any]:
 
 def _deny_bytes(reason: Reason, detail: str) -> bytes:
     """A whole HTTP/1 deny response, closing the connection, as the proxy's hooks write it."""
-    from mitmproxy import http
-    from mitmproxy.net.http import http1
-
-    body = json.dumps({"error": "denied", "reason": reason.value, "detail": detail})
-    headers = {
-        "content-type": "application/json",
-        "x-credproxy-reason": reason.value,
-        "connection": "close",
-    }
-    return bytes(http1.assemble_response(http.Response.make(STATUS[reason], body, headers)))
+    return problem(reason, detail, close=True).http1()
 
 
 def _timeout_answer(handle: Any) -> Any:
@@ -216,7 +207,7 @@ def audit_refusal(client: connection.Client, reason: Reason, detail: str) -> Non
             audit.REQUEST_ID: None,
             audit.PRINCIPAL: None,
             audit.CLIENT: f"{peer[0]}:{peer[1]}" if peer else "",
-            audit.DECISION: "deny",
+            audit.DECISION: audit.DENY,
             audit.REASON: reason.value,
             audit.DETAIL: detail,
             audit.STATUS: STATUS[reason] if reason is Reason.REQUEST_TOO_LARGE else None,

@@ -11,8 +11,9 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from addon import launch, runner
+from addon import launch, policycmd, runner
 from addon.argtypes import count
+from store import validation
 from store.ca import PUBLIC_CERT, ensure_ca
 from store.crypto import KEY_ENV, MasterKey, Secret, write_key_file
 from store.errors import CredproxyError, InvalidInput, MasterKeyError
@@ -40,6 +41,10 @@ FLAGS = {
     "param": "--param NAME",
     "scheme": "--scheme",
     "expires": "--expires",
+    "rate": "--rate",
+    "burst": "--burst",
+    "once": "--once",
+    "max_uses": "--max-uses",
     "placeholder_env": "--placeholder-env",
 }
 
@@ -65,6 +70,16 @@ def _common() -> _Parser:
     return common
 
 
+def _rate_flags(parser: argparse.ArgumentParser, scope: str) -> None:
+    parser.add_argument("--rate", metavar="N/UNIT", help=f"N/s, N/m, N/h or N/d, {scope}")
+    parser.add_argument(
+        "--burst",
+        type=count(1, validation.MAX_BURST),
+        metavar="N",
+        help="requests allowed at once, with --rate (default: the rate's N)",
+    )
+
+
 def _json_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="machine-readable output")
 
@@ -86,8 +101,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p = principal.add_parser("add", parents=[common], help="create; prints the token once")
     p.add_argument("name")
+    _rate_flags(p, "over all of this principal's requests")
     _json_flag(p)
     p.set_defaults(func=cmd_principal_add)
+    p = principal.add_parser("update", parents=[common], help="change its rate limit")
+    p.add_argument("name")
+    _rate_flags(p, "over all of this principal's requests")
+    p.add_argument("--no-rate", action="store_true", help="remove its rate limit")
+    p.set_defaults(func=cmd_principal_update)
     p = principal.add_parser("list", parents=[common])
     _json_flag(p)
     p.set_defaults(func=cmd_principal_list)
@@ -147,6 +168,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--websocket", action="store_true", help="allow Upgrade requests")
     p.add_argument("--expires", help="30s, 10m, 2h, 7d or an ISO-8601 time")
     p.add_argument("--purpose")
+    _rate_flags(p, "for requests this grant lets through, per proxy replica")
+    p.add_argument(
+        "--max-uses",
+        type=count(1, validation.MAX_BURST),
+        metavar="N",
+        help="usable by exactly N requests across replicas (--once is --max-uses 1)",
+    )
     _json_flag(p)
     p.set_defaults(func=cmd_grant_add)
     p = grant.add_parser("list", parents=[common])
@@ -185,6 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = key.add_parser("rotate", parents=[common], help="re-seal every secret under a new key")
     _json_flag(p)
     p.set_defaults(func=cmd_key_rotate)
+    policycmd.add_commands(sub, common)
     launch.add_commands(sub, common)
     runner.add_command(sub, common)  # mitmproxy is imported only when `run` runs
     return parser
@@ -312,8 +341,9 @@ def cmd_init(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_principal_add(args: argparse.Namespace, settings: Settings) -> int:
+    limits = validation.limits(args.rate, args.burst)
     store = settings.store()
-    token = store.add_principal(args.name)
+    token = store.add_principal(args.name, limits)
     url = f"http://{args.name}:{token}@{settings.advertise}"
     _emit(
         settings,
@@ -328,12 +358,26 @@ def cmd_principal_add(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def cmd_principal_update(args: argparse.Namespace, settings: Settings) -> int:
+    if args.no_rate == (args.rate is not None):
+        raise InvalidInput("give --rate N/UNIT [--burst N] or --no-rate")
+    limits = validation.limits(args.rate, args.burst)
+    settings.store().set_principal_limits(args.name, limits)
+    print(f"principal {args.name}: rate {args.rate or 'none'}")
+    return 0
+
+
 def cmd_principal_list(args: argparse.Namespace, settings: Settings) -> int:
     rows = [
-        {"name": p.name, "created_at": p.created_at.isoformat(timespec="seconds")}
+        {
+            "name": p.name,
+            "created_at": p.created_at.isoformat(timespec="seconds"),
+            "rate": p.rate,
+            "burst": p.burst,
+        }
         for p in settings.store().list_principals()
     ]
-    _emit(settings, rows, _table(rows, ["name", "created_at"]))
+    _emit(settings, rows, _table(rows, ["name", "created_at", "rate", "burst"]))
     return 0
 
 
@@ -445,6 +489,7 @@ def cmd_credential_rotate(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_grant_add(args: argparse.Namespace, settings: Settings) -> int:
     expires = parse_expiry(args.expires) if args.expires else None
+    limits = validation.limits(args.rate, args.burst, args.max_uses, args.once)
     store = settings.store()
     grant_id = store.add_grant(
         args.principal,
@@ -456,6 +501,7 @@ def cmd_grant_add(args: argparse.Namespace, settings: Settings) -> int:
         websocket=args.websocket,
         expires_at=expires,
         purpose=args.purpose,
+        limits=limits,
     )
     _emit(
         settings,
@@ -484,6 +530,11 @@ def _grant_row(g: GrantEntry) -> dict[str, Any]:
         "purpose": g.purpose,
         "created_at": g.created_at.isoformat(),
         "state": g.state,
+        "key": g.key,
+        "rate": g.rate,
+        "burst": g.burst,
+        "max_uses": g.max_uses,
+        "uses": g.uses,
     }
 
 

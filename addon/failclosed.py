@@ -2,7 +2,9 @@
 
 Every hook of every credproxy addon is wrapped: on the request side an exception denies
 (internal-error), on the response side it kills the flow. `Denied` ends a hook with a
-deny of a fixed reason.
+deny of a fixed reason; its `decision` says what the audit line calls it: a `deny`, a
+`challenge` (407 to a request that offered no credentials) or an `error` (an upstream failure
+found before forwarding, with its fixed `error` class).
 """
 
 from __future__ import annotations
@@ -21,13 +23,23 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 class Denied(Exception):
-    """Raised inside a hook to end it with a deny; carries a fixed reason and detail."""
+    """Raised inside a hook to answer the request from the proxy with a fixed reason and detail."""
 
-    def __init__(self, reason: Reason, detail: str, extra: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        reason: Reason,
+        detail: str,
+        extra: dict[str, Any] | None = None,
+        *,
+        decision: str = audit.DENY,
+        error: str | None = None,
+    ) -> None:
         super().__init__(reason.value)
         self.reason = reason
         self.detail = detail
         self.extra = extra or {}
+        self.decision = decision
+        self.error = error
 
 
 class _Denies(Protocol):
@@ -37,6 +49,9 @@ class _Denies(Protocol):
         reason: Reason,
         detail: str,
         extra: dict[str, Any] | None = None,
+        *,
+        decision: str = audit.DENY,
+        error: str | None = None,
     ) -> None: ...
 
 
@@ -77,7 +92,7 @@ async def _awaited(self: _HasTrail, flow: http.HTTPFlow, hook: Any, result: Any)
 def _refuse(self: _HasTrail, flow: http.HTTPFlow, hook: Any, e: Exception) -> None:
     if isinstance(e, Denied):
         try:
-            self.trail.deny(flow, e.reason, e.detail, e.extra)
+            self.trail.deny(flow, e.reason, e.detail, e.extra, decision=e.decision, error=e.error)
             return
         except Exception as again:  # noqa: BLE001 - handled as any other failure below
             e = again

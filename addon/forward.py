@@ -10,14 +10,15 @@ from collections.abc import Awaitable, Callable
 
 from mitmproxy import http
 
-from addon import wire, wsredact
-from addon.dns import DEFAULT_TTL, LookupFailed, Resolver
+from addon import audit, wire, wsredact
+from addon.dns import DEFAULT_TTL, FORBIDDEN, LookupFailed, Resolver
 from addon.failclosed import Denied, deny_on_error
 from addon.guard import DestinationGuard
 from addon.hosts import ResolveMap
 from addon.live import LivePolicy
 from addon.metrics import Metrics
 from addon.policy import Reason, Rule
+from addon.ratelimit import Limiter, grant_limit
 from addon.redact import Redactor
 from addon.stamping import slot, stamp_query
 from addon.state import KEY, STEPS, Clients, Record, Step
@@ -35,7 +36,9 @@ class Forward:
         trail: Trail,
         metrics: Metrics,
         dns_ttl: float = DEFAULT_TTL,
+        limiter: Limiter | None = None,
     ) -> None:
+        self.limiter = limiter or Limiter()
         self.live = live
         self.resolve = resolve
         self.resolver = Resolver(guard, ttl=dns_ttl)
@@ -64,13 +67,16 @@ class Forward:
             return None
         v = step.verdict
         assert v.host is not None and v.port is not None and v.rule is not None
+        limit = grant_limit(v.rule)
+        if limit is not None:
+            self.limiter.check((limit,))
         address = self.resolve.lookup(v.host, v.port)
         if address is None:
             try:
                 address = self.resolver.cached(v.host, v.port)
             except LookupFailed as e:
-                raise Denied(Reason.DESTINATION_FORBIDDEN, e.detail) from e
-        if address is None or v.rule.once:
+                raise _refusal(e, rec, v.rule) from e
+        if address is None or v.rule.once or v.rule.max_uses is not None:
             return self._vet_then_forward(flow, step, rec, address)
         self._forward(flow, step, rec, address)
         return None
@@ -84,7 +90,7 @@ class Forward:
             try:
                 address, waited = await self.resolver.resolve(v.host, v.port)
             except LookupFailed as e:
-                raise Denied(Reason.DESTINATION_FORBIDDEN, e.detail) from e
+                raise _refusal(e, rec, v.rule) from e
             rec.dns_ms = round(waited * 1000, 2)
         await self._consume(v.rule)
         self._forward(flow, step, rec, address)
@@ -131,18 +137,36 @@ class Forward:
         request.stream = _counter(rec)
 
     async def _consume(self, rule: Rule) -> None:
-        """A once-grant is used as the last step before forwarding; losing the race denies."""
-        if not rule.once:
+        """A once- or use-counted grant is used as the last step before forwarding; losing
+        the race denies."""
+        if not rule.once and rule.max_uses is None:
             return
         if not self.live.store_up:
-            raise Denied(Reason.STORE_UNAVAILABLE, "once-grants need the store")
+            raise Denied(Reason.STORE_UNAVAILABLE, "once- and use-counted grants need the store")
         try:
-            won = await self.live.consume_once(rule.grant_id)
+            if rule.once:
+                won = await self.live.consume_once(rule.grant_id)
+            else:
+                won = await self.live.use_grant(rule.grant_id)
         except CredproxyError as e:
             raise Denied(Reason.STORE_UNAVAILABLE, "the store did not answer") from e
         if not won:
-            raise Denied(Reason.GRANT_CONSUMED, "this once-grant was already used")
-        self.metrics.once_consumed.inc()
+            raise Denied(Reason.GRANT_CONSUMED, "this grant was already used up")
+        if rule.once:
+            self.metrics.once_consumed.inc()
+        else:
+            self.metrics.grant_uses.inc()
+
+
+def _refusal(e: LookupFailed, rec: Record, rule: Rule) -> Denied:
+    """A forbidden address is a policy denial; a name that does not resolve is a network
+    failure of a granted request, and must never read as a denial."""
+    if e.detail == FORBIDDEN:
+        return Denied(Reason.DESTINATION_FORBIDDEN, e.detail)
+    rec.grant_id = rule.grant_id
+    reason = Reason.UPSTREAM_UNRESOLVABLE
+    failure = wire.Failure(reason, "name-not-resolved")
+    return Denied(reason, failure.detail, decision=audit.ERROR, error=failure.error)
 
 
 def _counter(rec: Record) -> Callable[[bytes], bytes]:

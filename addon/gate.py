@@ -9,15 +9,17 @@ from mitmproxy import http
 
 from addon.access import HOW_TO_ASK, RECORDED_REASONS, AccessRequests
 from addon.failclosed import Denied, deny_on_error
+from addon.ratelimit import Limiter, principal_limit
 from addon.state import KEY, STEPS, Record
 from addon.trail import Trail
 from addon.verdict import Facts, Verdict, verdict
 
 
 class Gate:
-    def __init__(self, access: AccessRequests, trail: Trail) -> None:
+    def __init__(self, access: AccessRequests, trail: Trail, limiter: Limiter) -> None:
         self.access = access
         self.trail = trail
+        self.limiter = limiter
 
     @deny_on_error
     def requestheaders(self, flow: http.HTTPFlow) -> Awaitable[None] | None:
@@ -25,6 +27,10 @@ class Gate:
         rec: Record | None = flow.metadata.get(KEY)
         if step is None or rec is None:
             return None  # refused (or never seen) by authentication
+        limit = step.policy.principal_limit(step.principal)
+        if limit is not None:
+            # Before anything else: a looping agent's refused requests cost little too.
+            self.limiter.check((principal_limit(step.principal, *limit),))
         request, client = flow.request, flow.client_conn
         facts = Facts(
             request.scheme,

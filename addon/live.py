@@ -93,6 +93,14 @@ class LivePolicy:
             self._down(e)
             raise
 
+    async def use_grant(self, grant_id: int) -> bool:
+        """Raises StoreUnavailable when the store cannot say."""
+        try:
+            return await self.call(self.store.use_grant, grant_id)
+        except CredproxyError as e:
+            self._down(e)
+            raise
+
     async def run(self) -> None:
         while True:
             try:

@@ -44,6 +44,9 @@ class Metrics:
         self.once_consumed = Counter(
             "credproxy_once_grants_consumed", "Once-grants used", registry=self.registry
         )
+        self.grant_uses = Counter(
+            "credproxy_grant_uses", "Uses of grants with --max-uses", registry=self.registry
+        )
         age = Gauge(
             "credproxy_store_snapshot_age_seconds",
             "Seconds since the last good store snapshot",
@@ -143,7 +146,12 @@ class Metrics:
 
 class StreakAlerts:
     """One alert when a principal collects `threshold` denials in a row, then quiet until an
-    allow breaks the streak; the same for internal failures across every principal."""
+    allow breaks the streak; the same for internal failures across every principal.
+
+    A challenge (a 407 to a request that offered no credentials, as git and Java send first)
+    and credproxy.internal's answers neither extend nor break either streak. A request the
+    grant allowed and the upstream failed (`error`) is no denial: it breaks the denial streak.
+    """
 
     def __init__(self, threshold: int, log: Any) -> None:
         self.threshold = threshold
@@ -154,8 +162,8 @@ class StreakAlerts:
         self._failure_reasons: deque[str] = deque(maxlen=5)
 
     def observe(self, principal: str | None, decision: str, reason: str | None) -> None:
-        if decision not in ("allow", "deny"):
-            return  # the proxy's own endpoints neither break nor extend a streak
+        if decision not in (audit.ALLOW, audit.DENY, audit.ERROR):
+            return
         if reason in FAILURE_REASONS:
             self._failures += 1
             self._failure_reasons.append(reason or "")
@@ -169,7 +177,7 @@ class StreakAlerts:
             self._failures = 0
         if principal is None or reason == "auth-required":
             return
-        if decision == "allow":
+        if decision != audit.DENY:
             self._counts.pop(principal, None)
             self._streaks.pop(principal, None)
             return

@@ -15,7 +15,7 @@ from typing import NamedTuple
 
 from addon.stamping import Stamp
 from store.crypto import hash_token, token_matches
-from store.grammar import HostPattern, path_matches
+from store.grammar import HostPattern, Rate, path_matches
 from store.records import (
     TOMBSTONE_RETENTION,
     CredentialRecord,
@@ -42,15 +42,20 @@ class Reason(enum.StrEnum):
     STORE_UNAVAILABLE = "store-unavailable"
     INTERNAL_ERROR = "internal-error"
     BODY_TOO_LARGE = "body-too-large"
+    RATE_LIMITED = "rate-limited"
     # Upstream failures: the grant allowed the request, the upstream did not answer usably.
     UPSTREAM_PROTOCOL_ERROR = "upstream-protocol-error"
     UPSTREAM_UNREACHABLE = "upstream-unreachable"
+    UPSTREAM_UNRESOLVABLE = "upstream-unresolvable"
     UPSTREAM_TLS_ERROR = "upstream-tls-error"
     UPSTREAM_TIMEOUT = "upstream-timeout"
     AUDIT_UNAVAILABLE = "audit-unavailable"
     REQUEST_TOO_LARGE = "request-too-large"
     REQUEST_TIMEOUT = "request-timeout"
     TOO_MANY_CONNECTIONS = "too-many-connections"
+    # Answers of credproxy.internal, the access-request endpoint.
+    NOT_FOUND = "not-found"
+    TOO_MANY_ACCESS_REQUESTS = "too-many-access-requests"
 
 
 STATUS = {
@@ -59,15 +64,29 @@ STATUS = {
     Reason.STORE_UNAVAILABLE: 503,
     Reason.INTERNAL_ERROR: 500,
     Reason.BODY_TOO_LARGE: 413,
+    Reason.RATE_LIMITED: 429,
     Reason.UPSTREAM_PROTOCOL_ERROR: 502,
     Reason.UPSTREAM_UNREACHABLE: 502,
+    Reason.UPSTREAM_UNRESOLVABLE: 502,
     Reason.UPSTREAM_TLS_ERROR: 502,
     Reason.UPSTREAM_TIMEOUT: 504,
     Reason.AUDIT_UNAVAILABLE: 503,
     Reason.REQUEST_TOO_LARGE: 431,
     Reason.REQUEST_TIMEOUT: 408,
     Reason.TOO_MANY_CONNECTIONS: 429,
+    Reason.NOT_FOUND: 404,
+    Reason.TOO_MANY_ACCESS_REQUESTS: 429,
 }
+# The grant allowed the request and the upstream failed it: never a denial.
+UPSTREAM_REASONS = frozenset(
+    {
+        Reason.UPSTREAM_PROTOCOL_ERROR,
+        Reason.UPSTREAM_UNREACHABLE,
+        Reason.UPSTREAM_UNRESOLVABLE,
+        Reason.UPSTREAM_TLS_ERROR,
+        Reason.UPSTREAM_TIMEOUT,
+    }
+)
 
 DEFAULT_PORTS = {"https": 443, "http": 80}
 LONG_LIVED = 0  # the token made by `principal add`; session tokens have ids from 1
@@ -87,6 +106,9 @@ class Rule:
     websocket: bool
     expires_at: datetime | None
     consumed: bool = False
+    rate: Rate | None = None
+    burst: int | None = None
+    max_uses: int | None = None
 
     def allows_host(self, host: str, port: int, scheme: str) -> bool:
         default = DEFAULT_PORTS.get(scheme, 443)
@@ -137,7 +159,7 @@ _STAGE_DENIALS = (
     Decision.deny(Reason.UPGRADE_NOT_ALLOWED, "no grant allows protocol upgrades here"),
     Decision.deny(Reason.INSECURE_SCHEME, "credentials are only sent over https"),
     Decision.deny(Reason.GRANT_EXPIRED, "the grant for this request has expired"),
-    Decision.deny(Reason.GRANT_CONSUMED, "this once-grant was already used"),
+    Decision.deny(Reason.GRANT_CONSUMED, "this grant was already used up"),
 )
 
 
@@ -192,6 +214,7 @@ class Policy:
         self._sessions = {
             name: {t.id: t for t in found} for name, found in snapshot.sessions.items()
         }
+        self._limits = dict(snapshot.principal_limits)
         self._principals: dict[str, PrincipalPolicy] = {}
         for grant in snapshot.grants:
             rules = self._principals.get(grant.principal)
@@ -283,9 +306,10 @@ class Policy:
             furthest = max(furthest, 6)
             if r.consumed:
                 continue
-            # Standing grants before once-grants (never burn one needlessly), then the most
-            # specific path, then a credential over none, then the oldest grant.
-            key = (r.once, -n, r.credential is None, r.grant_id)
+            # Standing grants before once- and use-counted grants (never burn a use
+            # needlessly), then the most specific path, then a credential over none, then the
+            # oldest grant.
+            key = (r.once or r.max_uses is not None, -n, r.credential is None, r.grant_id)
             if best_key is None or key < best_key:
                 best, best_key = r, key
         if best is None:
@@ -299,6 +323,10 @@ class Policy:
     def _granted_on_https(rules: PrincipalPolicy, request: Request) -> bool:
         port = 443 if request.port == 80 else request.port
         return bool(rules.candidates(request.host, port, "https"))
+
+    def principal_limit(self, principal: str) -> tuple[Rate, int | None] | None:
+        """The principal's own rate and burst, if it has one."""
+        return self._limits.get(principal)
 
     def principals(self) -> Iterable[str]:
         return self._tokens.keys()
@@ -319,4 +347,7 @@ def _compile(grant: GrantRecord, snapshot: Snapshot) -> Rule:
         websocket=grant.websocket,
         expires_at=grant.expires_at,
         consumed=grant.consumed,
+        rate=grant.rate,
+        burst=grant.burst,
+        max_uses=grant.max_uses,
     )

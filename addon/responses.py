@@ -33,7 +33,7 @@ class Responses:
             response.headers.pop("sec-websocket-extensions")
         fields = response.headers.fields
         if wire.foreign_coding(fields):
-            # addon.wire refuses these first (a JSON 502); never pass one undecoded.
+            # addon.wire refuses these first (a 502 problem); never pass one undecoded.
             rec.failure = wire.Failure(Reason.UPSTREAM_PROTOCOL_ERROR, "bad-transfer-coding")
             flow.kill()
             return

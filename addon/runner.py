@@ -200,6 +200,7 @@ def build_chain(
     from addon.limits import Limits
     from addon.metrics import Metrics, StreakAlerts
     from addon.pinning import Pinning
+    from addon.ratelimit import Limiter
     from addon.responses import Responses
     from addon.state import Clients
     from addon.trail import Trail
@@ -213,14 +214,15 @@ def build_chain(
     trail = Trail(metrics, StreakAlerts(alert_streak, log))
     clients = Clients()
     access = AccessRequests(live, log)
+    limiter = Limiter()
     return Chain(
         [
             Lifecycle(live),  # configure, running, done: the options and the policy poller
             Auth(live, clients, trail),  # http_connect, requestheaders: who, and the tunnel
             Pinning(clients),  # tls_clienthello, tls_start_client, server_connect
-            Gate(access, trail),  # requestheaders: the verdict
-            # requestheaders: vet the address, use a once-grant, stamp
-            Forward(live, resolve, guard, clients, trail, metrics, dns_ttl),
+            Gate(access, trail, limiter),  # requestheaders: the principal's rate, the verdict
+            # requestheaders: the grant's rate, vet the address, use a once-grant, stamp
+            Forward(live, resolve, guard, clients, trail, metrics, dns_ttl, limiter),
             AccessEndpoint(access, trail),  # request: credproxy.internal
             Responses(),  # responseheaders, response, websocket_message: redaction
             trail,  # response, error: the audit line
@@ -235,7 +237,7 @@ async def serve(config: RunConfig, started: asyncio.Event | None = None) -> int:
     from mitmproxy import options
     from mitmproxy.tools.dump import DumpMaster
 
-    from addon import bounds, refusals, wire, wsredact
+    from addon import bounds, connects, refusals, wire, wsredact
     from addon.chain import REQUIRED_OPTIONS
     from addon.forward import Forward
     from addon.live import LivePolicy
@@ -257,8 +259,10 @@ async def serve(config: RunConfig, started: asyncio.Event | None = None) -> int:
         store.close()
         raise
     # Where mitmproxy has no hook: its error pages, head limits, refused bodies, WebSocket
-    # control frames. Each raises here if mitmproxy changed shape: never open later.
+    # control frames, a connect reset mid-setup. Each raises here if mitmproxy changed shape:
+    # never open later.
     wire.install()
+    connects.install()
     refusals.install()
     bounds.install()
     wsredact.install()

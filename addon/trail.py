@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
@@ -12,7 +11,8 @@ from mitmproxy import http
 from addon import audit, wire
 from addon.failclosed import kill_on_error
 from addon.metrics import Metrics, StreakAlerts
-from addon.policy import STATUS, Reason
+from addon.policy import Reason
+from addon.problem import CHALLENGED, problem
 from addon.state import KEY, Record
 
 
@@ -49,29 +49,38 @@ class Trail:
         reason: Reason,
         detail: str,
         extra: dict[str, Any] | None = None,
+        *,
+        decision: str = audit.DENY,
+        error: str | None = None,
     ) -> None:
-        status = STATUS.get(reason, 403)
-        headers = {"content-type": "application/json", "x-credproxy-reason": reason.value}
-        if reason is Reason.AUTH_REQUIRED:
-            headers["proxy-authenticate"] = 'Basic realm="credproxy"'
-        body = json.dumps(
-            {"error": "denied", "reason": reason.value, "detail": detail, **(extra or {})}
-        )
+        """Answer the flow from the proxy and write its line: a deny, a challenge or an error."""
         request = flow.request
-        if "content-length" in request.headers or "transfer-encoding" in request.headers:
-            # The body is dropped unread (addon/refusals.py): this connection cannot go on.
-            headers["connection"] = "close"
+        # The body is dropped unread (addon/refusals.py): this connection cannot go on.
+        close = "content-length" in request.headers or "transfer-encoding" in request.headers
+        answer = problem(
+            reason,
+            detail,
+            error=CHALLENGED if decision == audit.CHALLENGE else None,
+            request_id=flow.id,
+            extra=extra,
+            close=close,
+        )
         # No "100 Continue": the client need not send a body that is refused.
         request.headers.pop("expect", None)
         request.stream = False
-        flow.response = http.Response.make(status, body, headers)
+        flow.response = answer.response()
         rec = self.forget(flow)
         if rec is None:
             rec = self.begin(flow)
             self.forget(flow)
         rec.allowed = False
-        rec.grant_id = rec.credential = rec.credential_fp = None
-        self.write(rec, "deny", status=status, reason=reason.value, detail=detail)
+        if decision != audit.ERROR:  # an upstream failure keeps the grant that allowed it
+            rec.grant_id = None
+        rec.credential = rec.credential_fp = None
+        fields: dict[str, Any] = {"status": answer.status, "reason": reason.value, "detail": detail}
+        if error is not None:
+            fields["error"] = error
+        self.write(rec, decision, **fields)
 
     def finish(self, flow: http.HTTPFlow, decision: str, **fields: Any) -> None:
         """Close the flow's record with its audit line."""
@@ -116,16 +125,16 @@ class Trail:
             failure = rec.failure
             reason = failure.reason.value if failure.reason is not None else None
             self.finish(
-                flow, "allow", status=response.status_code, reason=reason, error=failure.error
+                flow, audit.ERROR, status=response.status_code, reason=reason, error=failure.error
             )
         elif _killed(flow):
             # Killed by a failing hook: mitmproxy ends the flow without an error hook, so its
             # line is written here. Nothing of the response reached the agent.
-            decision = "allow" if rec.allowed else "deny"
+            decision = audit.ERROR if rec.allowed else audit.DENY
             fields = {"status": None, "reason": Reason.INTERNAL_ERROR.value, "error": "killed"}
             self.finish(flow, decision, **fields)
         else:
-            self.finish(flow, "allow", status=response.status_code, redactions=rec.redactions)
+            self.finish(flow, audit.ALLOW, status=response.status_code, redactions=rec.redactions)
 
     def error(self, flow: http.HTTPFlow) -> None:
         """Audit a failed flow with a fixed error class: mitmproxy's text quotes the peer."""
@@ -146,7 +155,7 @@ class Trail:
         if failure.reason is not None:
             fields["reason"] = failure.reason.value
         try:
-            self.write(rec, "allow" if rec.allowed else "deny", **fields)
+            self.write(rec, audit.ERROR if rec.allowed else audit.DENY, **fields)
         except Exception as e:  # noqa: BLE001 - the parts after this one (Limits) still run
             audit.logger().error("hook.failed", hook="error", error_type=type(e).__name__)
 

@@ -5,12 +5,12 @@ patches below replace a few of its internals. `install()` checks the shape of ev
 replaces and raises at start-up if mitmproxy changed: fail closed at start, never open later.
 
 Every protocol error is classified into a `Failure`: a reason code, the status the agent is
-answered with, and a fixed error class for the audit line. Upstream text goes no further.
+answered with, and a fixed error class for the audit line. Upstream text goes no further. The
+agent's answer is addon/problem.py's, with the flow's request id where the stream knows it.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
@@ -19,14 +19,19 @@ from typing import Any
 from mitmproxy import http
 from mitmproxy.proxy.layers.http._events import HttpEvent
 
+from addon.bounds import TIMEOUT_PREFIX
 from addon.policy import STATUS, Reason
+from addon.problem import Problem, problem
 
 MARK = "[credproxy] "
 REQUEST_TRAILERS = "request trailers are not supported"
 RESPONSE_TRAILERS = "response trailers over HTTP/1 are not supported"
 FOREIGN_CODING = "transfer coding other than chunked"
 _TRAILERS_RAISED = "HTTP trailers are not implemented yet"
-_MARKED_RE = re.compile(r"\[credproxy\] ([a-z-]+)/([a-z0-9-]+)")
+# The fixed message every protocol error carries, and the flow's id once its stream saw it.
+_ID = r"[0-9a-f-]{1,64}"
+_MARKED_RE = re.compile(rf"\[credproxy\] ([a-z-]+)/([a-z0-9-]+)(?: #({_ID}))?")
+_ID_RE = re.compile(_ID)
 _INFORMATIONAL_RE = re.compile(rb"HTTP/1\.[01][ \t]+1(?!01)[0-9][0-9](?![0-9])")
 NO_RESPONSE = 444  # mitmproxy's "send nothing"
 CLIENT_CLOSED = 499
@@ -63,12 +68,18 @@ class Failure:
 
 
 _P, _U, _T = Reason.UPSTREAM_PROTOCOL_ERROR, Reason.UPSTREAM_UNREACHABLE, Reason.UPSTREAM_TLS_ERROR
-_B = Reason.BAD_REQUEST
+_B, _N = Reason.BAD_REQUEST, Reason.UPSTREAM_UNRESOLVABLE
 Rule = tuple[str, Reason | None, str]  # (lower-case text, reason, error class)
 
 # Messages that quote the peer's bytes, matched by their fixed start only: the quoted part
 # is the peer's to choose. First match wins.
+_TO = Reason.UPSTREAM_TIMEOUT
 UPSTREAM_PREFIXES: tuple[Rule, ...] = (
+    # addon/limits.py's deadlines, by phase (its own text: no peer bytes in it).
+    (f"{TIMEOUT_PREFIX}: no connection", _TO, "connect-timeout"),
+    (f"{TIMEOUT_PREFIX}: no response", _TO, "response-timeout"),
+    (f"{TIMEOUT_PREFIX}: the response stalled", _TO, "response-stalled"),
+    (f"{TIMEOUT_PREFIX}: the request body stalled", _TO, "request-body-stalled"),
     ("cannot parse http response: bad http response line", _P, "bad-status-line"),
     ("cannot parse http response: invalid header", _P, "bad-header-line"),
     ("cannot parse http response: invalid content-length", _P, "bad-content-length"),
@@ -89,6 +100,8 @@ UPSTREAM_PREFIXES: tuple[Rule, ...] = (
     ("received unexpected http/2 response", _P, "h2-protocol-error"),
     (f"received {FOREIGN_CODING}", _P, "bad-transfer-coding"),
     ("received ", _P, "invalid-headers"),  # validate_inbound_headers: "Received ... from server"
+    # mitmproxy's words for a close or reset before the upstream TLS handshake completed.
+    ("connection closed", _U, "connection-closed"),
     ("connection killed: credproxy:", Reason.INTERNAL_ERROR, "no-allowed-request"),
     ("connection killed.", Reason.INTERNAL_ERROR, "killed"),
 )
@@ -100,12 +113,14 @@ UPSTREAM_WORDS: tuple[Rule, ...] = (
     ("tls", _T, "tls-handshake-failed"),
     ("ssl", _T, "tls-handshake-failed"),
     ("alert", _T, "tls-handshake-failed"),
+    # asyncio words every failed connect "Connect call failed": the errno tells them apart.
+    ("[errno 104]", _U, "connection-reset"),
     ("connect call failed", _U, "connection-refused"),
     ("connection refused", _U, "connection-refused"),
-    ("name or service not known", _U, "name-not-resolved"),
-    ("name resolution", _U, "name-not-resolved"),
-    ("nodename nor servname", _U, "name-not-resolved"),
-    ("no address associated", _U, "name-not-resolved"),
+    ("name or service not known", _N, "name-not-resolved"),
+    ("name resolution", _N, "name-not-resolved"),
+    ("nodename nor servname", _N, "name-not-resolved"),
+    ("no address associated", _N, "name-not-resolved"),
     ("no route to host", _U, "no-route"),
     ("network is unreachable", _U, "no-route"),
     ("connection reset", _U, "connection-reset"),
@@ -143,12 +158,17 @@ _UNANSWERED = frozenset({"killed", "bad-request-body", "bad-request-h2"})
 DETAILS = {
     _P.value: "the upstream's answer could not be parsed",
     _U.value: "the upstream could not be reached",
+    _N.value: "the host does not resolve",
     _T.value: "the upstream's TLS certificate or handshake failed verification",
     Reason.UPSTREAM_TIMEOUT.value: "the upstream did not answer in time",
     Reason.INTERNAL_ERROR.value: "internal error",
     _B.value: "the request could not be parsed",
     "none": "the client went away",
     "bad-transfer-coding": "the upstream used a transfer coding other than chunked",
+    "connection-refused": "the upstream refused the connection",
+    "connection-reset": "the upstream reset the connection",
+    "connection-closed": "the upstream closed or reset the connection before TLS completed",
+    "tls-verify-failed": "the upstream's TLS certificate did not verify",
     "request-trailers": REQUEST_TRAILERS,
     "request-too-large": "the request body is too large",
 }
@@ -157,8 +177,8 @@ DETAILS = {
 def classify(message: str, client: bool = False) -> Failure:
     """Map mitmproxy's error text (upstream bytes inside, maybe) to a fixed Failure."""
     marked = _MARKED_RE.fullmatch(message)
-    if marked is not None and marked.groups() in _KNOWN:
-        reason, error = marked.groups()
+    if marked is not None and marked.groups()[:2] in _KNOWN:
+        reason, error, _ = marked.groups()
         return Failure(None if reason == "none" else Reason(reason), error)
     text = message.lower()
     if (
@@ -178,19 +198,26 @@ def answers_agent(failure: Failure) -> bool:
     return failure.reason is not None and failure.error not in _UNANSWERED
 
 
-def page(code: int, message: str) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
-    """credproxy's JSON answer in place of mitmproxy's HTML error page."""
+def page(code: int, message: str) -> Problem:
+    """credproxy's answer in place of mitmproxy's HTML error page."""
     failure = classify(message, client=code < 500)
-    reason = failure.reason or _B
-    status = failure.status or code
-    kind = "denied" if reason is _B or reason is Reason.INTERNAL_ERROR else "upstream-failed"
-    body = json.dumps({"error": kind, "reason": reason.value, "detail": failure.detail}).encode()
-    headers = [
-        (b"content-type", b"application/json"),
-        (b"x-credproxy-reason", reason.value.encode()),
-        (b"content-length", str(len(body)).encode()),
-    ]
-    return status, headers, body
+    marked = _MARKED_RE.fullmatch(message)
+    request_id = marked.group(3) if marked is not None else None
+    return problem(
+        failure.reason or _B,
+        failure.detail,
+        status=failure.status or code,
+        request_id=request_id,
+        close=True,
+    )
+
+
+def tag(message: str, flow_id: str) -> str:
+    """A fixed message with the flow's id, for the page the agent gets."""
+    marked = _MARKED_RE.fullmatch(message)
+    if marked is None or marked.group(3) is not None or not _ID_RE.fullmatch(flow_id):
+        return message
+    return f"{message} #{flow_id}"
 
 
 def only_trailers(fields: tuple[tuple[bytes, bytes], ...]) -> tuple[tuple[bytes, bytes], ...]:
@@ -261,6 +288,9 @@ def install() -> None:
         (_http1, "make_error_response", lambda _: _h1_error_response),
         # HTTP/2 agents: the same page, which h2 sends from Http2Connection._handle_event.
         (_http2.Http2Server, "_handle_event", _h2_error_page),
+        # The stream knows its flow: the page names the request id of the audit line.
+        (layers.HttpStream, "handle_protocol_error", _tag_errors),
+        (layers.HttpStream, "check_invalid", _tag_sent_errors),
         # A response transfer coding other than chunked would reach the agent unredacted.
         (layers, "validate_headers", _refuse_codings),
         # mitmproxy takes a 1xx as the final response: pass each on (redacted) to the agent,
@@ -298,12 +328,35 @@ def _fixed_error(client: bool) -> Callable[[Callable[..., None]], Callable[..., 
 
 
 def _h1_error_response(status_code: int, message: str = "") -> bytes:
-    from mitmproxy import http
-    from mitmproxy.net.http import http1
+    return page(status_code, message).http1()
 
-    status, headers, body = page(status_code, message)
-    response = http.Response.make(status, body, [*headers, (b"connection", b"close")])
-    return bytes(http1.assemble_response(response))
+
+def _tag_errors(original: Callable[..., Any]) -> Callable[..., Any]:
+    def handle_protocol_error(self: Any, event: Any) -> Generator[Any, Any, None]:
+        event.message = tag(event.message, self.flow.id)
+        yield from original(self, event)
+
+    return handle_protocol_error
+
+
+def _tag_sent_errors(original: Callable[..., Any]) -> Callable[..., Any]:
+    """The same for a method that sends its error to the agent itself (invalid headers)."""
+    from mitmproxy.proxy.layers.http import SendHttp
+    from mitmproxy.proxy.layers.http._events import ResponseProtocolError
+
+    def wrapper(self: Any, *args: Any) -> Generator[Any, Any, Any]:
+        commands = original(self, *args)
+        sent = None
+        while True:
+            try:
+                command = commands.send(sent)
+            except StopIteration as stop:
+                return stop.value
+            if isinstance(command, SendHttp) and isinstance(command.event, ResponseProtocolError):
+                command.event.message = tag(command.event.message, self.flow.id)
+            sent = yield command
+
+    return wrapper
 
 
 def _h2_error_page(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -319,9 +372,10 @@ def _h2_error_page(original: Callable[..., Any]) -> Callable[..., Any]:
             and self.is_open_for_us(sid)
             and not self.h2_conn.streams[sid].state_machine.headers_sent
         ):
-            status, headers, body = page(event.code, event.message)
-            self.h2_conn.send_headers(sid, [(b":status", b"%d" % status), *headers])
-            self.h2_conn.send_data(sid, body, end_stream=True)
+            answer = page(event.code, event.message)
+            fields = [f for f in answer.headers if f[0] != b"connection"]  # h2 has none
+            self.h2_conn.send_headers(sid, [(b":status", b"%d" % answer.status), *fields])
+            self.h2_conn.send_data(sid, answer.body, end_stream=True)
             yield commands.SendData(self.conn, self.h2_conn.data_to_send())
             return
         yield from original(self, event)

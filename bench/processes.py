@@ -161,7 +161,12 @@ def credproxy_init(env: dict[str, str]) -> None:
 
 
 def start_credproxy(
-    name: str, workdir: Path, env: dict[str, str], upstream_ca: Path, resolve: str | None
+    name: str,
+    workdir: Path,
+    env: dict[str, str],
+    upstream_ca: Path,
+    resolve: str | None,
+    flags: tuple[str, ...] = (),
 ) -> Running:
     """credproxy dialling the upstream by `--resolve`, or (resolve None) by the system
     resolver, with loopback opened to the destination guard."""
@@ -170,4 +175,5 @@ def start_credproxy(
         args += ["--resolve", resolve]
     else:
         args += ["--allow-private", "127.0.0.0/8", "--allow-private", "::1/128"]
+    args += flags
     return start(name, args, env, workdir / f"{name}.out", '"proxy.started"')

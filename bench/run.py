@@ -43,10 +43,16 @@ POPULATIONS = {
     # The upstream named `localhost` and found through the system resolver, as in production:
     # no --resolve.
     "credproxy-10-dns": Population(principals=10, credentials=10, grants_per_principal=1),
+    # The same with `--dns-ttl 0`: every request misses the cache and waits for a lookup.
+    "credproxy-10-dns-miss": Population(principals=10, credentials=10, grants_per_principal=1),
 }
-DNS_CONFIGS = frozenset({"credproxy-10-dns"})
+DNS_CONFIGS = frozenset({"credproxy-10-dns", "credproxy-10-dns-miss"})
+# Extra `credproxy run` flags per configuration.
+RUN_FLAGS = {"credproxy-10-dns-miss": ("--dns-ttl", "0")}
 DNS_HOST = "localhost"
 CONFIGS = ("direct", "mitmproxy", *POPULATIONS)
+# What runs without --configs: every configuration with a target (not the cache-miss one).
+DEFAULT_CONFIGS = tuple(c for c in CONFIGS if c != "credproxy-10-dns-miss")
 RSS_CONFIG = "credproxy-10k"
 RSS_CONCURRENCY = 10
 RSS_PER_CONNECTION = 100
@@ -109,7 +115,15 @@ class Bench:
                 population = replace(POPULATIONS[config], host=f"{DNS_HOST}:{port}")
                 tokens = self._store(config, population)
                 env = credproxy_env(self.workdir, self.workdir / f"{config}.db")
-                launch = partial(start_credproxy, config, self.workdir, env, upstream_ca, None)
+                launch = partial(
+                    start_credproxy,
+                    config,
+                    self.workdir,
+                    env,
+                    upstream_ca,
+                    None,
+                    RUN_FLAGS.get(config, ()),
+                )
                 target = Target(DNS_HOST, port, PATH, proxy_context, credentials=tuple(tokens))
             elif config in POPULATIONS:
                 tokens = self._store(config, POPULATIONS[config])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
@@ -106,13 +107,16 @@ def rotate(db: Database, key: MasterKey, name: str, secret: Secret) -> str:
 def remove(db: Database, name: str) -> int:
     """Destroy the sealed secret and revoke the credential's grants; returns how many."""
     with db.change() as session:
-        row = need(session, name)
-        now = utcnow()
-        row.removed_at = now
-        row.key_id = row.nonce = row.ciphertext = None
-        revoked = session.execute(
-            update(Grant)
-            .where(Grant.credential_id == row.id, Grant.revoked_at.is_(None))
-            .values(revoked_at=now)
-        )
-        return rowcount(revoked)
+        return destroy(session, need(session, name), utcnow())
+
+
+def destroy(session: Session, row: Credential, now: datetime) -> int:
+    """`remove` inside the caller's transaction; returns how many grants were revoked."""
+    row.removed_at = now
+    row.key_id = row.nonce = row.ciphertext = None
+    revoked = session.execute(
+        update(Grant)
+        .where(Grant.credential_id == row.id, Grant.revoked_at.is_(None))
+        .values(revoked_at=now)
+    )
+    return rowcount(revoked)

@@ -523,3 +523,29 @@ def parse_expiry(text: str, now: datetime | None = None) -> datetime:
         raise InvalidInput(
             "invalid {expires} {text!r}: too far away", expires="expiry", text=text
         ) from e
+
+
+_RATE_RE = re.compile(r"([1-9][0-9]{0,8})/([smhd])")
+_PERIODS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+@dataclass(frozen=True)
+class Rate:
+    """`count` requests per `period` seconds, as written (`60/m`)."""
+
+    count: int
+    period: float
+    text: str
+
+    @property
+    def per_second(self) -> float:
+        return self.count / self.period
+
+
+def parse_rate(text: str) -> Rate:
+    m = _RATE_RE.fullmatch(text)
+    if not m:
+        raise InvalidInput(
+            "invalid {rate} {text!r}: use N/s, N/m, N/h or N/d, e.g. 60/m", rate="rate", text=text
+        )
+    return Rate(int(m.group(1)), _PERIODS[m.group(2)], text)

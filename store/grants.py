@@ -5,13 +5,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
-from sqlalchemy import select, update
+from sqlalchemy import case, select, update
 from sqlalchemy.orm import Session
 
 from store import credentials, principals, validation
 from store.engine import Database, rowcount
 from store.errors import NotFound
-from store.models import Credential, Grant, Principal, utcnow
+from store.models import Credential, Grant, Principal, StoreState, utcnow
 from store.records import GrantEntry
 
 
@@ -26,13 +26,19 @@ def add(
     websocket: bool = False,
     expires_at: datetime | None = None,
     purpose: str | None = None,
+    limits: validation.Limits = validation.NO_LIMITS,
 ) -> int:
     spec = validation.grant_spec(methods, hosts, paths, expires_at)
     with db.change() as session:
         owner = principals.need(session, principal)
-        return insert(
+        grant_id = insert(
             session, owner.id, spec, credential, once=once, websocket=websocket, purpose=purpose
         )
+        if limits != validation.NO_LIMITS:
+            row = session.get(Grant, grant_id)
+            assert row is not None
+            row.rate, row.burst, row.max_uses = limits.rate, limits.burst, limits.max_uses
+        return grant_id
 
 
 def insert(
@@ -104,6 +110,12 @@ def listing(db: Database, principal: str | None = None) -> list[GrantEntry]:
                 purpose=g.purpose,
                 created_at=g.created_at,
                 state=_state(g, now),
+                encoded_slash=g.encoded_slash,
+                key=g.key,
+                rate=g.rate,
+                burst=g.burst,
+                max_uses=g.max_uses,
+                uses=g.uses,
             )
             for g, p_name, c_name in session.execute(query).all()
         ]
@@ -134,3 +146,36 @@ def consume_once(db: Database, grant_id: int) -> bool:
             .values(consumed_at=now)
         )
         return rowcount(result) == 1
+
+
+def use(db: Database, grant_id: int) -> bool:
+    """Spend one of a use-counted grant's uses: True for exactly max_uses callers, across
+    every replica. Only the last use moves the change counter (every proxy then reloads and
+    answers grant-consumed); the others cost one conditional UPDATE."""
+    now = utcnow()
+    with db.session() as session, session.begin():
+        spent = session.execute(
+            update(Grant)
+            .where(
+                Grant.id == grant_id,
+                Grant.max_uses.is_not(None),
+                Grant.uses < Grant.max_uses,
+                Grant.consumed_at.is_(None),
+                Grant.revoked_at.is_(None),
+                (Grant.expires_at.is_(None)) | (Grant.expires_at > now),
+            )
+            .values(
+                uses=Grant.uses + 1,
+                consumed_at=case((Grant.uses + 1 >= Grant.max_uses, now), else_=None),
+            )
+            .returning(Grant.consumed_at)
+        ).all()
+        if not spent:
+            return False
+        if spent[0][0] is not None:
+            session.execute(
+                update(StoreState)
+                .where(StoreState.id == 1)
+                .values(change_counter=StoreState.change_counter + 1)
+            )
+        return True

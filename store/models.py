@@ -67,6 +67,9 @@ class Principal(Base):
     token_hash: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     disabled_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # The principal's own limit over all its grants, as written (`600/m`), and its burst.
+    rate: Mapped[str | None] = mapped_column(String(16))
+    burst: Mapped[int | None] = mapped_column(Integer)
 
     __table_args__ = (
         Index(
@@ -124,6 +127,8 @@ class Credential(Base):
 class Grant(Base):
     __tablename__ = "grants"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    # The id a policy file gives the grant (`[[grant]] id = ...`); NULL for the CLI's grants.
+    key: Mapped[str | None] = mapped_column(String(63))
     principal_id: Mapped[int] = mapped_column(ForeignKey("principals.id"), index=True)
     credential_id: Mapped[int | None] = mapped_column(ForeignKey("credentials.id"), index=True)
     # NULL: the credential's hosts.
@@ -139,6 +144,21 @@ class Grant(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     consumed_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    rate: Mapped[str | None] = mapped_column(String(16))  # as written: `60/m`
+    burst: Mapped[int | None] = mapped_column(Integer)
+    # With max_uses, `uses` counts the requests let through; the last one marks it consumed.
+    max_uses: Mapped[int | None] = mapped_column(Integer)
+    uses: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+
+    __table_args__ = (
+        Index(
+            "uq_grants_live_key",
+            "key",
+            unique=True,
+            sqlite_where=text("revoked_at IS NULL AND key IS NOT NULL"),
+            postgresql_where=text("revoked_at IS NULL AND key IS NOT NULL"),
+        ),
+    )
 
 
 class AccessRequest(Base):

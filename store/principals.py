@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
+from store import validation
 from store.crypto import hash_token, new_token
 from store.engine import Database, rowcount
 from store.errors import Conflict, NotFound
@@ -26,25 +29,40 @@ def need(session: Session, name: str, *, lock: bool = False) -> Principal:
     return principal
 
 
-def add(db: Database, name: str) -> str:
+def add(db: Database, name: str, limits: validation.Limits = validation.NO_LIMITS) -> str:
     """Create a principal; returns its token, which is stored only as a hash."""
     validate_name("principal", name)
     token = new_token()
     with db.change() as session:
         if find(session, name) is not None:
             raise Conflict(f"principal {name!r} already exists")
-        session.add(Principal(name=name, token_hash=hash_token(token), created_at=utcnow()))
+        session.add(
+            Principal(
+                name=name,
+                token_hash=hash_token(token),
+                created_at=utcnow(),
+                rate=limits.rate,
+                burst=limits.burst,
+            )
+        )
     return token
+
+
+def set_limits(db: Database, name: str, limits: validation.Limits) -> None:
+    """Set (or with an empty Limits, clear) the principal's own rate."""
+    with db.change() as session:
+        principal = need(session, name)
+        principal.rate, principal.burst = limits.rate, limits.burst
 
 
 def listing(db: Database) -> list[PrincipalEntry]:
     with db.session() as session:
         rows = session.execute(
-            select(Principal.name, Principal.created_at)
+            select(Principal.name, Principal.created_at, Principal.rate, Principal.burst)
             .where(Principal.disabled_at.is_(None))
             .order_by(Principal.name)
         ).all()
-    return [PrincipalEntry(name, created_at) for name, created_at in rows]
+    return [PrincipalEntry(*row) for row in rows]
 
 
 def remove(db: Database, name: str) -> int:
@@ -53,17 +71,20 @@ def remove(db: Database, name: str) -> int:
     Returns how many grants were revoked.
     """
     with db.change() as session:
-        principal = need(session, name)
-        now = utcnow()
-        principal.disabled_at = now
-        session.execute(
-            update(AccessRequest)
-            .where(AccessRequest.principal_id == principal.id, AccessRequest.state == PENDING)
-            .values(state=DENIED, decided_at=now, decision_reason="principal removed")
-        )
-        revoked = session.execute(
-            update(Grant)
-            .where(Grant.principal_id == principal.id, Grant.revoked_at.is_(None))
-            .values(revoked_at=now)
-        )
-        return rowcount(revoked)
+        return disable(session, need(session, name), utcnow())
+
+
+def disable(session: Session, principal: Principal, now: datetime) -> int:
+    """`remove` inside the caller's transaction; returns how many grants were revoked."""
+    principal.disabled_at = now
+    session.execute(
+        update(AccessRequest)
+        .where(AccessRequest.principal_id == principal.id, AccessRequest.state == PENDING)
+        .values(state=DENIED, decided_at=now, decision_reason="principal removed")
+    )
+    revoked = session.execute(
+        update(Grant)
+        .where(Grant.principal_id == principal.id, Grant.revoked_at.is_(None))
+        .values(revoked_at=now)
+    )
+    return rowcount(revoked)

@@ -11,7 +11,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from store.crypto import Secret
-from store.grammar import HostPattern
+from store.grammar import HostPattern, Rate
 
 # An expired grant stays in the snapshot this long, so that it answers grant-expired rather
 # than reading as never granted; then every replica forgets it alike.
@@ -46,6 +46,9 @@ class GrantRecord:
     expires_at: datetime | None
     consumed: bool = False
     encoded_slash: bool = False  # a `*` in paths may match a segment holding %2F
+    rate: Rate | None = None
+    burst: int | None = None
+    max_uses: int | None = None
 
 
 @dataclass(frozen=True)
@@ -69,12 +72,16 @@ class Snapshot:
     unreadable: tuple[str, ...]
     # principal -> its live further tokens, beside the long-lived one in token_hashes
     sessions: dict[str, tuple[SessionToken, ...]] = field(default_factory=dict)
+    # Principals with a rate of their own: name -> (rate, burst).
+    principal_limits: dict[str, tuple[Rate, int | None]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class PrincipalEntry:
     name: str
     created_at: datetime
+    rate: str | None = None
+    burst: int | None = None
 
 
 @dataclass(frozen=True)
@@ -122,6 +129,11 @@ class GrantEntry:
     created_at: datetime
     state: str  # active, expired, consumed or revoked
     encoded_slash: bool = False
+    key: str | None = None  # the policy file's id for it
+    rate: str | None = None
+    burst: int | None = None
+    max_uses: int | None = None
+    uses: int = 0
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from store.records import (
     Snapshot,
     TokenEntry,
 )
+from store.validation import NO_LIMITS, Limits
 
 
 class Store:
@@ -81,8 +82,11 @@ class Store:
 
     # -- principals, credentials, grants ---------------------------------------------
 
-    def add_principal(self, name: str) -> str:
-        return principals.add(self.db, name)
+    def add_principal(self, name: str, limits: Limits = NO_LIMITS) -> str:
+        return principals.add(self.db, name, limits)
+
+    def set_principal_limits(self, name: str, limits: Limits) -> None:
+        principals.set_limits(self.db, name, limits)
 
     def list_principals(self) -> list[PrincipalEntry]:
         return principals.listing(self.db)
@@ -136,6 +140,7 @@ class Store:
         websocket: bool = False,
         expires_at: datetime | None = None,
         purpose: str | None = None,
+        limits: Limits = NO_LIMITS,
     ) -> int:
         return grants.add(
             self.db,
@@ -148,6 +153,7 @@ class Store:
             websocket,
             expires_at,
             purpose,
+            limits,
         )
 
     def list_grants(self, principal: str | None = None) -> list[GrantEntry]:
@@ -158,6 +164,9 @@ class Store:
 
     def consume_once(self, grant_id: int) -> bool:
         return grants.consume_once(self.db, grant_id)
+
+    def use_grant(self, grant_id: int) -> bool:
+        return grants.use(self.db, grant_id)
 
     # -- access requests -------------------------------------------------------------
 

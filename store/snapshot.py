@@ -13,7 +13,7 @@ from store import keys
 from store.crypto import MasterKey
 from store.engine import Database
 from store.errors import SealError
-from store.grammar import parse_host
+from store.grammar import parse_host, parse_rate
 from store.models import Credential, Grant, Principal, PrincipalToken, StoreState, utcnow
 from store.records import (
     TOMBSTONE_RETENTION,
@@ -51,6 +51,11 @@ def read(db: Database, key: MasterKey) -> Snapshot:
                 (PrincipalToken.expires_at.is_(None)) | (PrincipalToken.expires_at > now),
             )
         ).all()
+        limited = connection.execute(
+            select(Principal.name, Principal.rate, Principal.burst).where(
+                Principal.disabled_at.is_(None), Principal.rate.is_not(None)
+            )
+        ).all()
         creds = connection.execute(
             select(
                 Credential.id,
@@ -82,6 +87,9 @@ def read(db: Database, key: MasterKey) -> Snapshot:
                 Grant.expires_at,
                 Grant.consumed_at.is_not(None).label("consumed"),
                 Grant.encoded_slash,
+                Grant.rate,
+                Grant.burst,
+                Grant.max_uses,
             ).where(
                 Grant.revoked_at.is_(None),
                 (Grant.expires_at.is_(None)) | (Grant.expires_at > now - TOMBSTONE_RETENTION),
@@ -120,8 +128,12 @@ def read(db: Database, key: MasterKey) -> Snapshot:
         )
         records[name] = by_id[cid] = rec
     compiled = []
-    for gid, pid, cred_id, hosts, methods, paths, once, ws, expires, consumed, slash in grants:
-        if pid not in names or (consumed and not once):
+    rate_of = cache(parse_rate)
+    for row in grants:
+        gid, pid, cred_id, hosts, methods, paths, once, ws, expires, consumed, slash = row[:11]
+        rate, burst, max_uses = row[11:]
+        # A spent once- or use-counted grant stays, as a tombstone (grant-consumed).
+        if pid not in names or (consumed and not once and max_uses is None):
             continue
         cred = None
         if cred_id is not None:
@@ -144,6 +156,9 @@ def read(db: Database, key: MasterKey) -> Snapshot:
                 expires_at=expires,
                 consumed=consumed,
                 encoded_slash=slash,
+                rate=rate_of(rate) if rate is not None else None,
+                burst=burst,
+                max_uses=max_uses,
             )
         )
     return Snapshot(
@@ -154,6 +169,7 @@ def read(db: Database, key: MasterKey) -> Snapshot:
         grants=tuple(compiled),
         unreadable=tuple(sorted(unreadable)),
         sessions={name: tuple(found) for name, found in live_sessions.items()},
+        principal_limits={name: (rate_of(rate), burst) for name, rate, burst in limited},
     )
 
 

@@ -16,6 +16,7 @@ from store.errors import InvalidInput
 from store.grammar import (
     HostPattern,
     parse_host,
+    parse_rate,
     validate_header_name,
     validate_method,
     validate_param_name,
@@ -95,6 +96,43 @@ class GrantSpec:
     paths: list[str]
     hosts: list[HostPattern]
     expires_at: datetime | None
+
+
+MAX_BURST = 1_000_000_000
+
+
+@dataclass(frozen=True)
+class Limits:
+    """A rate (as written) with its burst, and a use count; each None when not set."""
+
+    rate: str | None = None
+    burst: int | None = None
+    max_uses: int | None = None
+
+
+NO_LIMITS = Limits()
+
+
+def limits(
+    rate: str | None, burst: int | None, max_uses: int | None = None, once: bool = False
+) -> Limits:
+    if rate is not None:
+        parse_rate(rate)
+    if burst is not None:
+        if rate is None:
+            raise InvalidInput("{burst} goes with {rate}", burst="a burst", rate="a rate")
+        if not 1 <= burst <= MAX_BURST:
+            raise InvalidInput(f"invalid {{burst}} {burst}: 1 to {MAX_BURST}", burst="burst")
+    if max_uses is not None:
+        if once:
+            raise InvalidInput(
+                "{once} is {max_uses} 1: give one of them", once="once", max_uses="max-uses"
+            )
+        if not 1 <= max_uses <= MAX_BURST:
+            raise InvalidInput(
+                f"invalid {{max_uses}} {max_uses}: 1 to {MAX_BURST}", max_uses="max-uses"
+            )
+    return Limits(rate, burst, max_uses)
 
 
 def grant_spec(

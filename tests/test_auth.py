@@ -66,3 +66,51 @@ async def test_a_removed_principal_is_refused_inside_its_open_tunnel() -> None:
         flow = https_flow(addon)
         await addon.requestheaders(flow)
     assert_refused_unstamped(flow, "auth-required")
+
+
+def _lines(addon: Any, monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, dict[str, Any]]]:
+    lines: list[tuple[str, dict[str, Any]]] = []
+    monkeypatch.setattr(addon.trail, "write", lambda _, d, **f: lines.append((d, f)))
+    return lines
+
+
+@pytest.mark.parametrize("kind", ["CONNECT", "plain-http"])
+async def test_no_credentials_at_all_is_a_challenge_not_a_denial(
+    kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    addon = make_addon(StaticLive(snapshot_policy(grant(1))))
+    lines = _lines(addon, monkeypatch)
+    with taddons.context(addon):
+        if kind == "CONNECT":
+            flow = connect_flow()
+            await addon.http_connect(flow)  # type: ignore[misc]
+        else:
+            flow = plain_flow()
+            flow.request.headers.pop("proxy-authorization")
+            await addon.requestheaders(flow)
+    assert flow.response.status_code == 407
+    assert flow.response.headers["proxy-authenticate"] == 'Basic realm="credproxy"'
+    assert flow.response.json()["error"] == "challenge"
+    assert [(d, f["reason"]) for d, f in lines] == [("challenge", "auth-required")]
+
+
+@pytest.mark.parametrize(
+    "auth",
+    [
+        pytest.param(basic("a", "wrong"), id="a wrong token"),
+        pytest.param(basic("nobody", "tok-a"), id="an unknown principal"),
+        pytest.param("Basic !!!", id="a value that is not base64"),
+    ],
+)
+async def test_wrong_credentials_remain_a_denial(
+    auth: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    addon = make_addon(StaticLive(snapshot_policy(grant(1))))
+    lines = _lines(addon, monkeypatch)
+    with taddons.context(addon):
+        flow = connect_flow(auth)
+        await addon.http_connect(flow)  # type: ignore[misc]
+    assert flow.response.status_code == 407
+    assert flow.response.headers["proxy-authenticate"] == 'Basic realm="credproxy"'
+    assert flow.response.json()["error"] == "denied"
+    assert [(d, f["reason"]) for d, f in lines] == [("deny", "auth-required")]

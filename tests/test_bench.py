@@ -56,6 +56,13 @@ def _rows(results: dict[str, Any]) -> dict[tuple[str, int], dict[str, Any]]:
             ("--new-connection",),
             id="a new connection per request gives the same rows",
         ),
+        pytest.param(
+            "keep-alive",
+            ("mitmproxy", "credproxy-10-dns", "credproxy-10-dns-miss"),
+            6,
+            (),
+            id="the system resolver's path, cached and missing every time, gives rows too",
+        ),
     ],
 )
 def test_smoke_run(
@@ -76,16 +83,18 @@ def test_smoke_run(
         else:
             assert row["rss_mb"] > 0
             assert row["cpu_ms"] is not None
-    for c in CONCURRENCY:
-        assert rows[("credproxy-10", c)]["rps_ratio"] > 0
+    ours = [config for config in configs if config.startswith("credproxy")]
+    for config in ours:
+        for c in CONCURRENCY:
+            assert rows[(config, c)]["rps_ratio"] > 0
 
     proxies = {config for config in configs if config != "direct"}
     assert set(results["startup_s"]) == proxies
-    assert results["grants"] == {"credproxy-10": 10}
+    assert results["grants"] == dict.fromkeys(ours, 10)
     assert results["rss_growth"] is None
     markdown = out.with_suffix(".md").read_text()
     assert markdown.startswith("# credproxy benchmark")
-    assert "| credproxy-10 | 1 |" in markdown
+    assert all(f"| {config} | 1 |" in markdown for config in ours)
 
 
 def test_the_comparison_pairs_each_repetition_with_mitmproxys() -> None:

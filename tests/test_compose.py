@@ -283,3 +283,30 @@ def test_the_build_context_is_an_allow_list() -> None:
     ]
     assert rules[0] == "*"
     assert not any(rule.startswith("!") and ("cert" in rule or "key" in rule) for rule in rules)
+
+
+def test_the_proxy_starts_after_the_policy_is_applied_from_a_compose_secret(
+    compose: dict[str, Any], services: dict[str, Any]
+) -> None:
+    apply = services["credproxy-apply"]
+    script = apply["command"][-1]
+    assert "credproxy init" in script
+    assert "credproxy apply /etc/credproxy/policy.toml --yes" in script
+    assert apply["network_mode"] == "none"  # it needs the store, not the network
+    policy = [m for m in mounts(apply) if m.target == "/etc/credproxy/policy.toml"]
+    assert [(Path(m.source).name, m.read_only) for m in policy] == [("policy.example.toml", True)]
+    assert [s if isinstance(s, str) else s["source"] for s in apply["secrets"]] == ["github_token"]
+    assert Path(compose["secrets"]["github_token"]["file"]).name == "github_token"
+    assert services["credproxy"]["depends_on"] == {
+        "credproxy-apply": {"condition": "service_completed_successfully"}
+    }
+    assert "github_token" not in str(services["agent"])
+
+
+def test_the_example_policy_reads_its_secret_from_the_compose_secret() -> None:
+    from store.policyfile import SecretSource, load
+
+    policy = load(ROOT / "docs" / "policy.example.toml")
+    assert policy.problems == ()
+    (credential,) = policy.credentials
+    assert credential.source == SecretSource(file=Path("/run/secrets/github_token"))

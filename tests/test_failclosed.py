@@ -212,7 +212,7 @@ async def test_trail_error_still_writes_a_fixed_line(
         monkeypatch.setattr(chain.trail, "write", lambda _, d, **f: lines.append({"d": d, **f}))
         chain.error(flow)
     assert lines == [
-        {"d": "allow", "status": 500, "error": "unclassified", "reason": "internal-error"}
+        {"d": "error", "status": 500, "error": "unclassified", "reason": "internal-error"}
     ]
 
 
@@ -329,7 +329,7 @@ async def test_a_flow_killed_in_the_response_hook_still_gets_its_audit_line(
         monkeypatch.setattr(wsredact.REDACTORS[flow], "whole", boom)
         chain.response(flow)
     assert_killed(flow)
-    assert lines == [("allow", {"status": None, "reason": "internal-error", "error": "killed"})]
+    assert lines == [("error", {"status": None, "reason": "internal-error", "error": "killed"})]
 
 
 async def test_an_exception_in_the_error_line_still_lets_limits_see_the_error(

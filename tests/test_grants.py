@@ -7,6 +7,7 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import update
 
+from store import validation
 from store.crypto import MasterKey
 from store.errors import InvalidInput, NotFound
 from store.grammar import HostPattern
@@ -37,15 +38,21 @@ def test_grant_hosts_may_narrow_a_wildcard_credential(store: Store) -> None:
     ("kwargs", "error", "reason"),
     [
         pytest.param(
-            {"credential": "gh", "hosts": ["evil.example"]}, InvalidInput, "outside",
+            {"credential": "gh", "hosts": ["evil.example"]},
+            InvalidInput,
+            "outside",
             id="host outside the credential's hosts",
         ),
         pytest.param(
-            {"credential": "gh", "hosts": ["api.github.com:8443"]}, InvalidInput, "outside",
+            {"credential": "gh", "hosts": ["api.github.com:8443"]},
+            InvalidInput,
+            "outside",
             id="credential host on another port",
         ),
         pytest.param(
-            {"credential": "gh", "hosts": ["*.github.com"]}, InvalidInput, "outside",
+            {"credential": "gh", "hosts": ["*.github.com"]},
+            InvalidInput,
+            "outside",
             id="wildcard wider than the credential's host",
         ),
         pytest.param({}, InvalidInput, "needs at least one host", id="no credential and no host"),
@@ -54,18 +61,25 @@ def test_grant_hosts_may_narrow_a_wildcard_credential(store: Store) -> None:
         ),
         pytest.param({"credential": "nope"}, NotFound, "nope", id="unknown credential"),
         pytest.param(
-            {"credential": "gh", "expires_at": utcnow() - timedelta(seconds=1)}, InvalidInput,
-            "past", id="expiry in the past",
+            {"credential": "gh", "expires_at": utcnow() - timedelta(seconds=1)},
+            InvalidInput,
+            "past",
+            id="expiry in the past",
         ),
         pytest.param(
             {"credential": "gh", "methods": []}, InvalidInput, "at least one method", id="no method"
         ),
         pytest.param(
-            {"credential": "gh", "methods": ["*", "GET"]}, InvalidInput, "every method",
+            {"credential": "gh", "methods": ["*", "GET"]},
+            InvalidInput,
+            "every method",
             id="star with another method",
         ),
         pytest.param(
-            {"hosts": ["*.com"]}, InvalidInput, "public suffix", id="host-only grant over *.com",
+            {"hosts": ["*.com"]},
+            InvalidInput,
+            "public suffix",
+            id="host-only grant over *.com",
         ),
     ],
 )
@@ -83,6 +97,7 @@ def test_bad_grant_is_refused_and_changes_nothing(
 def test_revoking_an_unknown_grant_is_not_found(store: Store) -> None:
     with pytest.raises(NotFound, match="no grant with id 999"):
         store.revoke_grant(999)
+
 
 # -- once-grants -----------------------------------------------------------------------
 
@@ -148,3 +163,79 @@ def test_concurrent_replicas_consume_a_once_grant_exactly_once(
         t.join(timeout=30)
     assert errors == []
     assert sorted(results) == [False] * 15 + [True]
+
+
+# -- use counts and rates ------------------------------------------------------------------
+
+
+def _counted_grant(store: Store, uses: int) -> int:
+    store.add_principal("agent")
+    store.add_credential("gh", "bearer", ["api.github.com"], SECRET)
+    return store.add_grant(
+        "agent", ["GET"], credential="gh", limits=validation.limits("60/m", 5, uses)
+    )
+
+
+def test_a_use_counted_grant_lets_exactly_its_uses_through_then_reads_consumed(
+    store: Store,
+) -> None:
+    grant_id = _counted_grant(store, 3)
+    counter = store.change_counter()
+    assert [store.use_grant(grant_id) for _ in range(5)] == [True, True, True, False, False]
+    # Only the last use is a change every proxy must see.
+    assert store.change_counter() == counter + 1
+    (entry,) = store.list_grants()
+    assert (entry.uses, entry.max_uses, entry.state) == (3, 3, "consumed")
+    assert (entry.rate, entry.burst) == ("60/m", 5)
+    (record,) = store.snapshot().grants
+    assert (record.consumed, record.max_uses, record.rate and record.rate.text) == (
+        True,
+        3,
+        "60/m",
+    )
+
+
+def test_concurrent_replicas_spend_exactly_max_uses(
+    store: Store, key: MasterKey, open_store: Callable[[MasterKey | None], Store]
+) -> None:
+    grant_id = _counted_grant(store, 5)
+    replicas = [open_store(key) for _ in range(4)]
+    start = threading.Barrier(32)
+
+    def use(i: int) -> bool:
+        start.wait()
+        return replicas[i % 4].use_grant(grant_id)
+
+    threads_results: list[bool] = []
+    threads = [
+        threading.Thread(target=lambda i=i: threads_results.append(use(i))) for i in range(32)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert threads_results.count(True) == 5
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        pytest.param(("10/w", None, None, False), "invalid rate '10/w'", id="an unknown unit"),
+        pytest.param(("0/s", None, None, False), "invalid rate '0/s'", id="a zero rate"),
+        pytest.param((None, 5, None, False), "a burst goes with a rate", id="burst alone"),
+        pytest.param((None, None, 2, True), "once is max-uses 1", id="once and max-uses"),
+    ],
+)
+def test_bad_limits_are_refused(args: tuple, message: str) -> None:  # type: ignore[type-arg]
+    with pytest.raises(InvalidInput, match=message):
+        validation.limits(*args)
+
+
+def test_a_principal_limit_reaches_the_snapshot_and_can_be_cleared(store: Store) -> None:
+    store.add_principal("agent", validation.limits("600/m", 20))
+    (entry,) = store.list_principals()
+    assert (entry.rate, entry.burst) == ("600/m", 20)
+    rate, burst = store.snapshot().principal_limits["agent"]
+    assert (rate.count, rate.period, burst) == (600, 60.0, 20)
+    store.set_principal_limits("agent", validation.NO_LIMITS)
+    assert store.snapshot().principal_limits == {}

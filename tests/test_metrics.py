@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-from addon.metrics import DURATION_BUCKETS, Metrics
+from addon.metrics import DURATION_BUCKETS, Metrics, StreakAlerts
 
 
 def samples(text: bytes, prefix: str) -> list[str]:
@@ -57,3 +57,58 @@ def test_requests_are_counted_by_decision_reason_and_principal() -> None:
         'credproxy_principal_requests_total{decision="deny",principal="b"} 1.0',
     ]
     assert samples(text, "credproxy_redactions_total") == ["credproxy_redactions_total 2.0"]
+
+
+def test_challenges_and_upstream_failures_are_counted_apart_from_denials() -> None:
+    metrics = Metrics(lambda: 0.0, lambda: True)
+    for line in [
+        {"decision": "challenge", "reason": "auth-required", "principal": None, "duration_ms": 1},
+        {"decision": "error", "reason": "upstream-tls-error", "principal": "a", "duration_ms": 1},
+        {"decision": "deny", "reason": "no-grant", "principal": "a", "duration_ms": 1},
+    ]:
+        metrics.observe(line)
+    text = metrics.render()
+    assert samples(text, "credproxy_requests_total") == [
+        'credproxy_requests_total{decision="challenge",reason="auth-required"} 1.0',
+        'credproxy_requests_total{decision="error",reason="upstream-tls-error"} 1.0',
+        'credproxy_requests_total{decision="deny",reason="no-grant"} 1.0',
+    ]
+    assert samples(text, "credproxy_principal_requests_total") == [
+        'credproxy_principal_requests_total{decision="error",principal="a"} 1.0',
+        'credproxy_principal_requests_total{decision="deny",principal="a"} 1.0',
+    ]
+
+
+class Log:
+    def __init__(self) -> None:
+        self.events: list[tuple[str, dict[str, object]]] = []
+
+    def warning(self, event: str, **fields: object) -> None:
+        self.events.append((event, fields))
+
+    error = warning
+
+
+def test_a_challenge_neither_extends_nor_breaks_a_streak() -> None:
+    log = Log()
+    alerts = StreakAlerts(3, log)
+    for _ in range(3):
+        alerts.observe(None, "challenge", "auth-required")  # git's first CONNECT, each time
+        alerts.observe("a", "deny", "path-not-allowed")
+    for _ in range(3):
+        alerts.observe(None, "challenge", "auth-required")
+        alerts.observe(None, "deny", "store-unavailable")
+    assert [e for e, _ in log.events] == ["alert.denial_streak", "alert.failure_streak"]
+    assert log.events[0][1]["last_reasons"] == ["path-not-allowed"] * 3
+
+
+def test_an_upstream_failure_is_no_denial_and_breaks_the_streak() -> None:
+    log = Log()
+    alerts = StreakAlerts(2, log)
+    alerts.observe("a", "deny", "no-grant")
+    alerts.observe("a", "error", "upstream-timeout")
+    alerts.observe("a", "deny", "no-grant")
+    assert log.events == []
+    alerts.observe("a", "error", "internal-error")
+    alerts.observe("a", "error", "internal-error")
+    assert [e for e, _ in log.events] == ["alert.failure_streak"]

@@ -141,10 +141,10 @@ def test_upgrade_from_0001_keeps_the_data(bare: Store, key: MasterKey) -> None:
     assert snap.token_hashes == {"agent": hash_token("tok")}
 
 
-def test_upgrade_from_0004_keeps_each_principals_token_working(
+def test_upgrade_from_0006_keeps_each_principals_token_working(
     bare: Store, key: MasterKey
 ) -> None:
-    bare.migrate("0004")
+    bare.migrate("0006")
     assert "principal_tokens" not in sa.inspect(bare.engine).get_table_names()
     principals = sa.table(
         "principals",

@@ -110,9 +110,9 @@ UPSTREAM = [
     ),
     pytest.param(
         "[Errno -2] Name or service not known",
-        U,
+        "upstream-unresolvable",
         "name-not-resolved",
-        id="a name that does not resolve at connect is unreachable",
+        id="a name that does not resolve at connect has its own reason",
     ),
     pytest.param(
         "[Errno 104] Connection reset by peer",
@@ -121,7 +121,37 @@ UPSTREAM = [
         id="a reset connection is unreachable",
     ),
     pytest.param(
+        "[Errno 104] Connect call failed ('127.0.0.1', 1)",
+        U,
+        "connection-reset",
+        id="a connect reset before it completed is a reset, not a refusal",
+    ),
+    pytest.param(
+        "connection closed",
+        U,
+        "connection-closed",
+        id="a close or reset during the upstream TLS handshake is unreachable",
+    ),
+    pytest.param(
         "[Errno 113] No route to host", U, "no-route", id="no route to the host is unreachable"
+    ),
+    pytest.param(
+        "upstream timeout: no connection in 10 s",
+        "upstream-timeout",
+        "connect-timeout",
+        id="the connect deadline names its phase",
+    ),
+    pytest.param(
+        "upstream timeout: no response in 30 s",
+        "upstream-timeout",
+        "response-timeout",
+        id="the response deadline names its phase",
+    ),
+    pytest.param(
+        "upstream timeout: the response stalled for 30 s",
+        "upstream-timeout",
+        "response-stalled",
+        id="a stalled response names its phase",
     ),
     pytest.param(
         "upstream read timed out",
@@ -201,6 +231,7 @@ def test_received_from_client_is_a_client_failure_even_without_the_flag():
     [
         pytest.param(P, 502, id="a protocol error answers 502"),
         pytest.param(U, 502, id="an unreachable upstream answers 502"),
+        pytest.param("upstream-unresolvable", 502, id="a name that does not resolve answers 502"),
         pytest.param(T, 502, id="a TLS failure answers 502"),
         pytest.param("upstream-timeout", 504, id="a timeout answers 504"),
     ],
@@ -221,23 +252,41 @@ def test_a_forged_fixed_message_is_not_trusted():
     assert wire.classify("[credproxy] internal-error/made-up").error == "unknown"
 
 
-def test_the_page_is_credproxys_json_without_the_message():
-    status, headers, body = wire.page(502, f"Cannot parse HTTP response: Bad HTTP line {SECRET}")
-    assert status == 502
-    assert dict(headers)[b"content-type"] == b"application/json"
-    assert dict(headers)[b"x-credproxy-reason"] == P.encode()
-    assert json.loads(body) == {
+def test_the_page_is_credproxys_problem_document_without_the_message():
+    answer = wire.page(502, f"Cannot parse HTTP response: Bad HTTP line {SECRET}")
+    assert answer.status == 502
+    assert dict(answer.headers)[b"content-type"] == b"application/problem+json"
+    assert dict(answer.headers)[b"x-credproxy-reason"] == P.encode()
+    assert json.loads(answer.body) == {
+        "type": "urn:credproxy:reason:" + P,
+        "title": "Upstream answer unusable",
+        "status": 502,
+        "detail": "the upstream's answer could not be parsed",
         "error": "upstream-failed",
         "reason": P,
-        "detail": "the upstream's answer could not be parsed",
     }
-    assert SECRET.encode() not in body
+    assert SECRET.encode() not in answer.body
 
 
 def test_a_client_parse_error_page_is_a_400_bad_request():
-    status, headers, body = wire.page(400, f"Invalid header line: b'{SECRET}'")
-    assert (status, json.loads(body)["reason"]) == (400, "bad-request")
-    assert SECRET.encode() not in body
+    answer = wire.page(400, f"Invalid header line: b'{SECRET}'")
+    body = json.loads(answer.body)
+    assert (answer.status, body["status"], body["reason"]) == (400, 400, "bad-request")
+    assert body["error"] == "denied"
+    assert SECRET.encode() not in answer.body
+
+
+def test_a_tagged_message_names_the_request_and_keeps_its_class():
+    failure = wire.Failure(Reason.UPSTREAM_TLS_ERROR, "tls-verify-failed")
+    tagged = wire.tag(failure.message, "0b9c1d2e-aaaa-4bbb-8ccc-0123456789ab")
+    assert wire.classify(tagged) == failure
+    assert wire.tag(tagged, "ffff") == tagged, "tagged once"
+    assert json.loads(wire.page(502, tagged).body)["request_id"] == (
+        "0b9c1d2e-aaaa-4bbb-8ccc-0123456789ab"
+    )
+    # Only credproxy's fixed text is tagged, and only with an id's characters.
+    assert wire.tag(f"Bad line {SECRET}", "0b9c") == f"Bad line {SECRET}"
+    assert wire.tag(failure.message, "x y") == failure.message
 
 
 @pytest.mark.parametrize(
@@ -280,13 +329,15 @@ def test_install_replaces_what_it_says():
         f"{layers.__name__}.validate_headers": (layers, "validate_headers"),
         "Http1Client.read_headers": (_http1.Http1Client, "read_headers"),
         "HttpStream._handle_event": (layers.HttpStream, "_handle_event"),
+        "HttpStream.handle_protocol_error": (layers.HttpStream, "handle_protocol_error"),
+        "HttpStream.check_invalid": (layers.HttpStream, "check_invalid"),
         "Http1Connection.read_body": (_http1.Http1Connection, "read_body"),
     }
     replaced = wire.installed()
     assert set(replaced) == set(owners)
     for key, (owner, name) in owners.items():
         assert getattr(owner, name) is not replaced[key], key
-    assert b"application/json" in _http1.make_error_response(502, f"Bad HTTP line {SECRET}")
+    assert b"application/problem+json" in _http1.make_error_response(502, f"Bad HTTP {SECRET}")
     wire.install()  # a second call changes nothing
     assert wire.installed() == replaced
 
@@ -326,8 +377,23 @@ def test_the_error_hook_audits_a_fixed_class_never_the_upstream_text():
         addon.trail.begin(flow).allowed = True
         addon.error(flow)
     [line] = lines
-    assert line == {"decision": "allow", "status": 502, "reason": P, "error": "bad-status-line"}
+    assert line == {"decision": "error", "status": 502, "reason": P, "error": "bad-status-line"}
     assert SECRET not in json.dumps(logs, default=str)
+
+
+def test_a_streamed_body_cut_by_a_failure_is_audited_as_an_error_not_an_allow():
+    addon = Chain(StaticLive(make_policy()))
+    lines: list[dict[str, Any]] = []
+    addon.trail.write = lambda _, decision, **f: lines.append({"decision": decision, **f})  # type: ignore[method-assign]
+    with taddons.context(addon):
+        flow = tflow.tflow(resp=True)
+        rec = addon.trail.begin(flow)
+        rec.allowed = True
+        rec.failure = wire.Failure(Reason.UPSTREAM_PROTOCOL_ERROR, "undecodable-body")
+        addon.trail.response(flow)
+    assert lines == [
+        {"decision": "error", "status": 200, "reason": P, "error": "undecodable-body"}
+    ]
 
 
 def test_responseheaders_kills_a_response_with_a_foreign_transfer_coding():

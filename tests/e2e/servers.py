@@ -1,4 +1,5 @@
-"""Test servers on 127.0.0.1: the accept loop they share, tarpits and a WebSocket upstream.
+"""Test servers on 127.0.0.1: the accept loop they share, tarpits, a resetter and a WebSocket
+upstream.
 
 `Server` hands each accepted connection to `handle` in a thread of its own; `TlsServer`
 completes the TLS handshake first and calls `serve`. Used as context managers, or closed
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import socket
 import ssl
+import struct
 import threading
 from collections.abc import Callable
 from typing import Any, Self
@@ -112,6 +114,14 @@ class Tarpit(Server):
         super().close()
         for conn in self.held:
             conn.close()
+
+
+class Resetter(Server):
+    """Accepts each TCP connection and resets it (RST, not FIN) at once."""
+
+    def handle(self, sock: socket.socket) -> None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        sock.close()
 
 
 Upgrade = Callable[[ssl.SSLSocket, WSConnection, ev.Request], None]

@@ -21,6 +21,7 @@ import httpx
 import pytest
 import trustme
 
+from store import validation
 from store.crypto import Secret
 from tests.e2e.conftest import CREDPROXY, NAMES, Proxy, start_proxy, stop_proxy
 from tests.e2e.raw import connect, proxy_auth
@@ -140,6 +141,23 @@ def test_a_once_grant_is_used_once_across_replicas(replicas, upstream: Upstream,
     assert statuses.count(403) == 31
     assert len(upstream.log.requests) == 1
 
+
+def test_max_uses_is_exact_across_replicas(replicas, upstream: Upstream, grant):
+    agent, token, _, grant_id = grant(limits=validation.limits(None, None, 5))
+    barrier = threading.Barrier(32)
+
+    def one(i: int) -> int:
+        proxy = replicas[i % 2]
+        with proxy.client(agent, token, timeout=15) as client:
+            barrier.wait()
+            return client.get("https://api.test/v1/counted").status_code
+
+    with ThreadPoolExecutor(32) as pool:
+        statuses = list(pool.map(one, range(32)))
+    assert statuses.count(200) == 5
+    assert statuses.count(403) == 27
+    (entry,) = [g for g in replicas[0].store.list_grants() if g.id == grant_id]
+    assert (entry.uses, entry.state) == (5, "consumed")
 
 def test_changes_reach_every_replica_within_a_second(replicas, upstream: Upstream, grant, names):
     store = replicas[0].store

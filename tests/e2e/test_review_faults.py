@@ -841,7 +841,7 @@ def test_a_slow_h2_reader_is_audited_with_a_reason_that_says_so(proxy_b: Proxy, 
     with tls:
         assert _wait_for(lambda: bool(proxy_b.requests(name)), 8)
     [line] = proxy_b.requests(name)
-    assert line["decision"] == "allow" and line.get("error")
+    assert line["decision"] == "error" and line.get("error")
     # The request head was fine: the client stopped reading.
     assert line.get("reason") != "bad-request"
     assert "request-head" not in line["error"]

@@ -1,7 +1,10 @@
 """Misbehaving upstreams: what the agent and the audit stream get when an answer is broken.
 
 Each upstream echoes the stamped secret inside a broken answer. The agent must get
-credproxy's JSON with a reason, never mitmproxy's page; the audit line a fixed error class.
+credproxy's problem document with a reason, never mitmproxy's page; the audit line a fixed
+error class and the decision `error`, never a denial. Upstreams that cannot be used at all
+(an untrusted certificate, a name that does not resolve, a refused or reset connection, a
+tarpit) get their own reasons the same way.
 """
 
 from __future__ import annotations
@@ -24,11 +27,18 @@ from store.crypto import Secret
 from tests.e2e.conftest import Proxy, start_proxy, stop_proxy
 from tests.e2e.misbehaving import H2Upstream, RawUpstream, chunked, head
 from tests.e2e.raw import Answer, exchange, fetch, proxy_auth, read_reply, recv_until, tunnel
+from tests.e2e.servers import Resetter, Tarpit
 
 pytestmark = pytest.mark.e2e
 
 SECRET = ("sk-wire+" + os.urandom(8).hex()).encode()
 HOSTS = ["h1.test", "h2.test", "badtls.test", "down.test"]
+# Reached by name through the resolver, not --resolve: one that does not resolve, one that
+# resolves to loopback (forbidden without --allow-private).
+UNRESOLVABLE, LOOPBACK = "nowhere.invalid", "localhost"
+OTHER_HOSTS = ["reset.test", "tarpit.test", "tlspit.test", UNRESOLVABLE, LOOPBACK]
+TIMEOUTS = ["--connect-timeout", "1", "--upstream-timeout", "2"]
+PROBLEM_FIELDS = {"type", "title", "status", "detail", "error", "reason", "request_id"}
 
 
 OK_BODY = b'{"ok": true}'
@@ -96,8 +106,19 @@ def servers(upstream_ca: trustme.CA) -> Iterator[dict[str, int]]:
         RawUpstream(upstream_ca, HOSTS, SCRIPTS) as h1,
         H2Upstream(upstream_ca, HOSTS, H2_SCRIPTS) as h2,
         RawUpstream(untrusted, HOSTS, SCRIPTS) as badtls,
+        Resetter() as reset,
+        Tarpit() as tarpit,
+        Tarpit(upstream_ca) as tlspit,
     ):
-        yield {"h1": h1, "h2": h2, "badtls": badtls, "down": down_port}  # type: ignore[misc]
+        yield {  # type: ignore[misc]
+            "h1": h1,
+            "h2": h2,
+            "badtls": badtls,
+            "down": down_port,
+            "reset": reset.port,
+            "tarpit": tarpit.port,
+            "tlspit": tlspit.port,
+        }
 
 
 @pytest.fixture(scope="module")
@@ -112,10 +133,13 @@ def wire_proxy(
         "h2.test": servers["h2"].port,
         "badtls.test": servers["badtls"].port,
         "down.test": servers["down"],
+        "reset.test": servers["reset"],
+        "tarpit.test": servers["tarpit"],
+        "tlspit.test": servers["tlspit"],
     }
     resolve = [f"{name}=127.0.0.1:{port}" for name, port in ports.items()]
     home = tmp_path_factory.mktemp("wire")
-    running = start_proxy(home, upstream_ca, resolve, template=initialised_home)
+    running = start_proxy(home, upstream_ca, resolve, TIMEOUTS, template=initialised_home)
     yield running
     stop_proxy(running)
 
@@ -124,7 +148,8 @@ def wire_proxy(
 def agent(wire_proxy: Proxy) -> tuple[str, str]:
     name = "wire-" + os.urandom(3).hex()
     token = wire_proxy.store.add_principal(name)
-    wire_proxy.store.add_credential(name + "-cred", "bearer", HOSTS, Secret(SECRET))
+    hosts = HOSTS + OTHER_HOSTS
+    wire_proxy.store.add_credential(name + "-cred", "bearer", hosts, Secret(SECRET))
     wire_proxy.store.add_grant(name, ["GET", "POST"], credential=name + "-cred", paths=["/v1/"])
     wire_proxy.wait_reload()
     return name, token
@@ -139,20 +164,44 @@ def leaks(data: bytes | str) -> list[str]:
     return found
 
 
+def agent_grant(proxy: Proxy, agent: tuple[str, str]) -> int:
+    [found] = [g.id for g in proxy.store.list_grants() if g.principal == agent[0]]
+    return found
+
+
 def audit_line(proxy: Proxy, agent: tuple[str, str], path: str) -> dict[str, Any]:
     lines = [line for line in proxy.requests(agent[0]) if line["path"] == path]
     assert lines, "no audit line for this request"
     return lines[-1]
 
 
-def assert_json_answer(reply: Answer, status: int, reason: str) -> None:
+def assert_problem(
+    reply: Answer, status: int, reason: str, error: str = "upstream-failed"
+) -> dict[str, Any]:
+    """credproxy's RFC 9457 answer with this status and reason, never mitmproxy's page."""
     assert reply.status == status
-    assert reply.headers["content-type"] == "application/json"
+    assert reply.headers["content-type"] == "application/problem+json"
     assert reply.headers["x-credproxy-reason"] == reason
-    body = reply.json()
-    assert set(body) == {"error", "reason", "detail"}
-    assert body["reason"] == reason and body["detail"]
-    assert b"mitmproxy" not in reply.raw.lower()
+    body: dict[str, Any] = reply.json()
+    assert set(body) <= PROBLEM_FIELDS
+    assert (body["type"], body["status"], body["reason"], body["error"]) == (
+        "urn:credproxy:reason:" + reason,
+        status,
+        reason,
+        error,
+    )
+    assert body["title"] and body["detail"]
+    assert b"mitmproxy" not in reply.raw.lower() and b"<html" not in reply.raw.lower()
+    return body
+
+
+def assert_failure_line(
+    proxy: Proxy, agent: tuple[str, str], path: str, body: dict[str, Any], expected: tuple
+) -> None:
+    """The audit line says `error` (never allow, never deny), and names the agent's request."""
+    line = audit_line(proxy, agent, path)
+    assert (line["decision"], line["status"], line["reason"], line["error"]) == expected
+    assert body.get("request_id") == line["request_id"]
 
 
 def assert_no_leak(proxy: Proxy, *received: bytes | str) -> None:
@@ -179,14 +228,9 @@ def test_a_broken_head_echoing_the_secret_gets_credproxys_json(
     wire_proxy: Proxy, agent, path: str, error: str, http2: bool
 ):
     reply = fetch(wire_proxy, agent, "h1.test", path, http2)
-    assert_json_answer(reply, 502, "upstream-protocol-error")
-    line = audit_line(wire_proxy, agent, path)
-    assert (line["decision"], line["status"], line["reason"], line["error"]) == (
-        "allow",
-        502,
-        "upstream-protocol-error",
-        error,
-    )
+    body = assert_problem(reply, 502, "upstream-protocol-error")
+    expected = ("error", 502, "upstream-protocol-error", error)
+    assert_failure_line(wire_proxy, agent, path, body, expected)
     assert_no_leak(wire_proxy, reply.raw)
 
 
@@ -201,13 +245,9 @@ def test_an_h2_protocol_error_built_from_the_secret_gets_credproxys_json(
     wire_proxy: Proxy, agent, path: str
 ):
     reply = fetch(wire_proxy, agent, "h2.test", path, http2=True)
-    assert_json_answer(reply, 502, "upstream-protocol-error")
-    line = audit_line(wire_proxy, agent, path)
-    assert (line["status"], line["reason"], line["error"]) == (
-        502,
-        "upstream-protocol-error",
-        "h2-protocol-error",
-    )
+    body = assert_problem(reply, 502, "upstream-protocol-error")
+    expected = ("error", 502, "upstream-protocol-error", "h2-protocol-error")
+    assert_failure_line(wire_proxy, agent, path, body, expected)
     assert_no_leak(wire_proxy, reply.raw)
 
 
@@ -219,7 +259,8 @@ def test_a_chunk_size_line_made_of_the_secret_stays_out_of_the_audit(
     # The head went out before the body broke: the stream can only end, cut short.
     assert (reply.status, reply.broken) == (200, True)
     line = audit_line(wire_proxy, agent, "/v1/chunk-secret")
-    assert (line["status"], line["reason"], line["error"]) == (
+    assert (line["decision"], line["status"], line["reason"], line["error"]) == (
+        "error",
         200,
         "upstream-protocol-error",
         "bad-chunk",
@@ -228,35 +269,90 @@ def test_a_chunk_size_line_made_of_the_secret_stays_out_of_the_audit(
 
 
 @pytest.mark.parametrize(
-    ("host", "reason", "error"),
+    ("host", "status", "reason", "error"),
     [
         pytest.param(
             "badtls.test",
+            502,
             "upstream-tls-error",
             "tls-verify-failed",
             id="a certificate from an untrusted CA",
         ),
         pytest.param(
             "down.test",
+            502,
             "upstream-unreachable",
             "connection-refused",
             id="nothing listening on the upstream port",
+        ),
+        pytest.param(
+            "reset.test",
+            502,
+            "upstream-unreachable",
+            # Which one depends on whether the reset arrives before asyncio sees the connect
+            # complete or during the TLS handshake.
+            ("connection-reset", "connection-closed"),
+            id="an upstream that resets the connection",
+        ),
+        pytest.param(
+            UNRESOLVABLE,
+            502,
+            "upstream-unresolvable",
+            "name-not-resolved",
+            id="a name that does not resolve",
+        ),
+        pytest.param(
+            "tarpit.test",
+            504,
+            "upstream-timeout",
+            "connect-timeout",
+            id="an upstream that never completes TLS",
+        ),
+        pytest.param(
+            "tlspit.test",
+            504,
+            "upstream-timeout",
+            "response-timeout",
+            id="an upstream that never answers",
         ),
     ],
 )
 @pytest.mark.parametrize("http2", [False, True], ids=["agent over HTTP/1", "agent over HTTP/2"])
 def test_an_upstream_that_cannot_be_used_gets_its_own_reason(
-    wire_proxy: Proxy, agent, host: str, reason: str, error: str, http2: bool
+    wire_proxy: Proxy,
+    agent,
+    host: str,
+    status: int,
+    reason: str,
+    error: str | tuple[str, ...],
+    http2: bool,
 ):
     reply = fetch(wire_proxy, agent, host, "/v1/bad-status", http2)
-    assert_json_answer(reply, 502, reason)
+    body = assert_problem(reply, status, reason)
     line = audit_line(wire_proxy, agent, "/v1/bad-status")
-    assert (line["decision"], line["status"], line["reason"], line["error"]) == (
-        "allow",
-        502,
-        reason,
-        error,
+    if isinstance(error, tuple):
+        assert line["error"] in error
+        error = line["error"]
+    expected = ("error", status, reason, error)
+    assert_failure_line(wire_proxy, agent, "/v1/bad-status", body, expected)
+    assert (line["host"], line["grant_id"]) == (host, agent_grant(wire_proxy, agent))
+    assert "detail" not in line or line["detail"] == body["detail"]
+    assert_no_leak(wire_proxy, reply.raw)
+
+
+@pytest.mark.parametrize("http2", [False, True], ids=["agent over HTTP/1", "agent over HTTP/2"])
+def test_a_name_that_resolves_to_a_forbidden_address_stays_a_denial(
+    wire_proxy: Proxy, agent, http2: bool
+):
+    reply = fetch(wire_proxy, agent, LOOPBACK, "/v1/bad-status", http2)
+    body = assert_problem(reply, 403, "destination-forbidden", error="denied")
+    line = [r for r in wire_proxy.requests(agent[0]) if r["host"] == LOOPBACK][-1]
+    assert (line["decision"], line["status"], line["reason"]) == (
+        "deny",
+        403,
+        "destination-forbidden",
     )
+    assert (body["request_id"], line["grant_id"]) == (line["request_id"], None)
     assert_no_leak(wire_proxy, reply.raw)
 
 
@@ -272,13 +368,9 @@ def test_a_transfer_coding_other_than_chunked_is_refused(
     wire_proxy: Proxy, agent, path: str, http2: bool
 ):
     reply = fetch(wire_proxy, agent, "h1.test", path, http2)
-    assert_json_answer(reply, 502, "upstream-protocol-error")
-    line = audit_line(wire_proxy, agent, path)
-    assert (line["status"], line["reason"], line["error"]) == (
-        502,
-        "upstream-protocol-error",
-        "bad-transfer-coding",
-    )
+    body = assert_problem(reply, 502, "upstream-protocol-error")
+    expected = ("error", 502, "upstream-protocol-error", "bad-transfer-coding")
+    assert_failure_line(wire_proxy, agent, path, body, expected)
     assert_no_leak(wire_proxy, reply.raw)
 
 
@@ -339,7 +431,7 @@ def test_request_trailers_are_refused_with_a_reason(wire_proxy: Proxy, agent):
     with sock:
         reply = exchange(sock, request)
     assert (reply.status, reply.reason) == (400, "bad-request")
-    assert reply.headers["content-type"] == "application/json"
+    assert reply.headers["content-type"] == "application/problem+json"
     assert json.loads(reply.body)["detail"] == "request trailers are not supported"
     line = audit_line(wire_proxy, agent, "/v1/trailers")
     assert (line["status"], line["reason"], line["error"]) == (
@@ -356,7 +448,8 @@ def test_http1_response_trailers_end_the_stream_cleanly(wire_proxy: Proxy, agent
     reply = fetch(wire_proxy, agent, "h1.test", "/v1/response-trailers", http2)
     assert (reply.status, reply.broken) == (200, True)
     line = audit_line(wire_proxy, agent, "/v1/response-trailers")
-    assert (line["status"], line["reason"], line["error"]) == (
+    assert (line["decision"], line["status"], line["reason"], line["error"]) == (
+        "error",
         200,
         "upstream-protocol-error",
         "response-trailers",
@@ -386,5 +479,5 @@ def test_a_malformed_request_head_gets_a_json_400_without_its_bytes(
         sock.sendall(raw)
         reply = read_reply(sock)
     assert (reply.status, reply.reason) == (400, "bad-request")
-    assert reply.headers["content-type"] == "application/json"
+    assert reply.headers["content-type"] == "application/problem+json"
     assert b"token-ECHO" not in reply.body and "token-ECHO" not in str(reply.headers)
