@@ -1,11 +1,12 @@
-# Two commands: `make run` (set up and run the proxy) and `make test` (the whole suite).
+# Three commands: `make demo` (a trial, offline), `make run` (set up and run the proxy) and
+# `make test` (the whole suite).
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.credproxy-installed
 LISTEN ?= 127.0.0.1:8080
 
-.PHONY: venv run test lint bench clean
+.PHONY: venv demo run test lint bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -14,6 +15,9 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 venv: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/credproxy demo
 
 run: $(STAMP)
 	$(BIN)/credproxy init

@@ -7,11 +7,13 @@ import gc
 import getpass
 import json
 import os
+import platform
 import sys
 from collections.abc import Callable, Sequence
+from importlib import metadata
 from typing import Any, NoReturn
 
-from addon import launch, policycmd, runner
+from addon import demo, launch, policycmd, runner
 from addon.argtypes import count
 from store import validation
 from store.ca import PUBLIC_CERT, ensure_ca
@@ -27,7 +29,7 @@ from store.records import (
     GrantEntry,
 )
 from store.repository import Store
-from store.settings import Settings
+from store.settings import DEFAULT_CERTS, DEFAULT_DB, DEFAULT_KEY_FILE, Settings
 from store.validation import SCHEMES
 
 MAX_SECRET = 64 * 1024
@@ -59,15 +61,53 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
-def _common() -> _Parser:
-    """--db/--key-file/--certs on every command; SUPPRESS keeps a top-level value."""
-    common = _Parser(add_help=False)
-    common.add_argument("--db", default=argparse.SUPPRESS, help="database URL [CREDPROXY_DB]")
-    common.add_argument(
-        "--key-file", default=argparse.SUPPRESS, help="master key file [CREDPROXY_KEY_FILE]"
+def _global_options(parser: argparse.ArgumentParser, default: Any) -> None:
+    """The options every command takes, before or after its name.
+
+    The top level gives the defaults; a subcommand's SUPPRESS keeps a value given before it.
+    """
+    group = parser.add_argument_group("global options (before or after the command)")
+    group.add_argument(
+        "--db",
+        metavar="URL",
+        default=default,
+        help=f"database URL: sqlite:///PATH or postgresql://USER:PASSWORD@HOST/DB "
+        f"[CREDPROXY_DB, default {DEFAULT_DB}]",
     )
-    common.add_argument("--certs", default=argparse.SUPPRESS, help="CA directory [CREDPROXY_CERTS]")
+    group.add_argument(
+        "--key-file",
+        metavar="FILE",
+        default=default,
+        help=f"master key file [CREDPROXY_KEY_FILE, default {DEFAULT_KEY_FILE}]",
+    )
+    group.add_argument(
+        "--certs",
+        metavar="DIR",
+        default=default,
+        help=f"CA directory [CREDPROXY_CERTS, default {DEFAULT_CERTS}]",
+    )
+    group.add_argument(
+        "--json",
+        action="store_true",
+        default=False if default is None else default,
+        help="machine-readable output (`run` writes JSON lines either way)",
+    )
+
+
+def _common() -> _Parser:
+    common = _Parser(add_help=False)
+    _global_options(common, argparse.SUPPRESS)
     return common
+
+
+def _version() -> str:
+    try:
+        return (
+            f"credproxy {metadata.version('credproxy')} (mitmproxy "
+            f"{metadata.version('mitmproxy')}, Python {platform.python_version()})"
+        )
+    except metadata.PackageNotFoundError:
+        return "credproxy (not installed: no version)"
 
 
 def _rate_flags(parser: argparse.ArgumentParser, scope: str) -> None:
@@ -80,40 +120,47 @@ def _rate_flags(parser: argparse.ArgumentParser, scope: str) -> None:
     )
 
 
-def _json_flag(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", action="store_true", help="machine-readable output")
-
-
 def build_parser() -> argparse.ArgumentParser:
     common = _common()
-    parser = _Parser(prog="credproxy", description=__doc__.splitlines()[0])
-    parser.add_argument("--db", default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--key-file", default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--certs", default=None, help=argparse.SUPPRESS)
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser = _Parser(
+        prog="credproxy",
+        description="credproxy: an egress proxy that stamps granted credentials onto the "
+        "requests of AI-agent sandboxes. Start with `credproxy init`, then `credproxy run`; "
+        "`credproxy demo` shows it all on this machine.",
+        epilog="`credproxy COMMAND --help` describes each command.",
+    )
+    parser.add_argument("--version", action="version", version=_version())
+    _global_options(parser, None)
+    sub = parser.add_subparsers(
+        dest="command",
+        required=True,
+        parser_class=_Parser,
+        metavar="COMMAND",
+        title="commands",
+        help="one of:",
+    )
 
     p = sub.add_parser("init", parents=[common], help="create or upgrade the store, key and CA")
-    _json_flag(p)
     p.set_defaults(func=cmd_init)
 
-    principal = sub.add_parser("principal", help="sandboxes and agents").add_subparsers(
-        dest="action", required=True, parser_class=_Parser
+    principal = sub.add_parser(
+        "principal", help="sandboxes and agents (who connects)"
+    ).add_subparsers(
+        dest="action", required=True, parser_class=_Parser, metavar="ACTION", help="one of:"
     )
     p = principal.add_parser("add", parents=[common], help="create; prints the token once")
-    p.add_argument("name")
+    p.add_argument("name", help="[a-z0-9][a-z0-9._-]{0,62}")
     _rate_flags(p, "over all of this principal's requests")
-    _json_flag(p)
     p.set_defaults(func=cmd_principal_add)
     p = principal.add_parser("update", parents=[common], help="change its rate limit")
-    p.add_argument("name")
+    p.add_argument("name", help="the principal")
     _rate_flags(p, "over all of this principal's requests")
     p.add_argument("--no-rate", action="store_true", help="remove its rate limit")
     p.set_defaults(func=cmd_principal_update)
-    p = principal.add_parser("list", parents=[common])
-    _json_flag(p)
+    p = principal.add_parser("list", parents=[common], help="live principals")
     p.set_defaults(func=cmd_principal_list)
     p = principal.add_parser("remove", parents=[common], help="disable and revoke its grants")
-    p.add_argument("name")
+    p.add_argument("name", help="the principal")
     p.set_defaults(func=cmd_principal_remove)
     token = principal.add_parser("token", help="further tokens: sessions").add_subparsers(
         dest="token_action", required=True, parser_class=_Parser
@@ -122,52 +169,56 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name")
     p.add_argument("--expires", help="30s, 10m, 2h, 7d or an ISO-8601 time (default: never)")
     p.add_argument("--note", help="what the token is for")
-    _json_flag(p)
     p.set_defaults(func=cmd_token_add)
     p = token.add_parser("list", parents=[common], help="in every state; never the tokens")
     p.add_argument("name", nargs="?")
-    _json_flag(p)
     p.set_defaults(func=cmd_token_list)
     p = token.add_parser("revoke", parents=[common])
     p.add_argument("id", type=identifier)
     p.set_defaults(func=cmd_token_revoke)
 
-    credential = sub.add_parser("credential", help="secrets and their hosts").add_subparsers(
-        dest="action", required=True, parser_class=_Parser
+    credential = sub.add_parser(
+        "credential", help="secrets and the hosts they may go to"
+    ).add_subparsers(
+        dest="action", required=True, parser_class=_Parser, metavar="ACTION", help="one of:"
     )
     p = credential.add_parser("add", parents=[common], help="the secret is read from stdin")
-    p.add_argument("name")
-    p.add_argument("--scheme", required=True, choices=SCHEMES)
-    p.add_argument("--host", action="append", required=True, help="HOST[:PORT], repeatable")
+    p.add_argument("name", help="[a-z0-9][a-z0-9._-]{0,62}")
+    p.add_argument("--scheme", required=True, choices=SCHEMES, help="how the secret is stamped")
+    p.add_argument(
+        "--host", action="append", required=True, help="HOST[:PORT] it may be sent to, repeatable"
+    )
     p.add_argument("--header", help="header name, with --scheme header")
     p.add_argument("--param", help="query parameter name, with --scheme query")
     p.add_argument("--placeholder-env", help="a variable `credproxy exec` sets to a placeholder")
-    _json_flag(p)
     p.set_defaults(func=cmd_credential_add)
-    p = credential.add_parser("list", parents=[common])
-    _json_flag(p)
+    p = credential.add_parser("list", parents=[common], help="credentials (never secrets)")
     p.set_defaults(func=cmd_credential_list)
     p = credential.add_parser("remove", parents=[common], help="destroy; revokes its grants")
-    p.add_argument("name")
+    p.add_argument("name", help="the credential")
     p.set_defaults(func=cmd_credential_remove)
     p = credential.add_parser("rotate", parents=[common], help="new secret from stdin")
-    p.add_argument("name")
-    _json_flag(p)
+    p.add_argument("name", help="the credential")
     p.set_defaults(func=cmd_credential_rotate)
 
-    grant = sub.add_parser("grant", help="who may use what").add_subparsers(
-        dest="action", required=True, parser_class=_Parser
+    grant = sub.add_parser("grant", help="who may send what, where").add_subparsers(
+        dest="action", required=True, parser_class=_Parser, metavar="ACTION", help="one of:"
     )
-    p = grant.add_parser("add", parents=[common])
-    p.add_argument("principal")
-    p.add_argument("--credential")
-    p.add_argument("--host", action="append", default=[], help="HOST[:PORT], repeatable")
+    p = grant.add_parser("add", parents=[common], help="let a principal send some requests")
+    p.add_argument("principal", help="the principal")
+    p.add_argument("--credential", help="stamp this credential (default: pass-through)")
+    p.add_argument(
+        "--host",
+        action="append",
+        default=[],
+        help="HOST[:PORT], repeatable (default: the credential's hosts)",
+    )
     p.add_argument("--method", action="append", required=True, help="GET, POST, ... or '*'")
     p.add_argument("--path", action="append", default=[], help="path pattern (default /)")
     p.add_argument("--once", action="store_true", help="usable by exactly one request")
     p.add_argument("--websocket", action="store_true", help="allow Upgrade requests")
     p.add_argument("--expires", help="30s, 10m, 2h, 7d or an ISO-8601 time")
-    p.add_argument("--purpose")
+    p.add_argument("--purpose", help="a note for operators, shown by grant list")
     _rate_flags(p, "for requests this grant lets through, per proxy replica")
     p.add_argument(
         "--max-uses",
@@ -175,47 +226,42 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="usable by exactly N requests across replicas (--once is --max-uses 1)",
     )
-    _json_flag(p)
     p.set_defaults(func=cmd_grant_add)
-    p = grant.add_parser("list", parents=[common])
-    p.add_argument("--principal")
-    _json_flag(p)
+    p = grant.add_parser("list", parents=[common], help="grants in every state")
+    p.add_argument("--principal", help="only this principal's")
     p.set_defaults(func=cmd_grant_list)
-    p = grant.add_parser("revoke", parents=[common])
-    p.add_argument("id", type=identifier)
+    p = grant.add_parser("revoke", parents=[common], help="revoke one grant")
+    p.add_argument("id", type=identifier, help="the grant's id")
     p.set_defaults(func=cmd_grant_revoke)
 
     request = sub.add_parser("request", help="access requests from agents").add_subparsers(
-        dest="action", required=True, parser_class=_Parser
+        dest="action", required=True, parser_class=_Parser, metavar="ACTION", help="one of:"
     )
-    p = request.add_parser("list", parents=[common])
-    p.add_argument("--state", choices=REQUEST_STATES)
-    _json_flag(p)
+    p = request.add_parser("list", parents=[common], help="access requests, by id")
+    p.add_argument("--state", choices=REQUEST_STATES, help="only those in this state")
     p.set_defaults(func=cmd_request_list)
     p = request.add_parser("approve", parents=[common], help="turn it into a grant")
-    p.add_argument("id", type=identifier)
-    p.add_argument("--credential")
+    p.add_argument("id", type=identifier, help="the request's id")
+    p.add_argument("--credential", help="stamp this credential (its hosts must cover the host)")
     p.add_argument("--path", help="path pattern, instead of the requested path")
     lifetime = p.add_mutually_exclusive_group()
     lifetime.add_argument("--once", action="store_true", help="usable by exactly one request")
     lifetime.add_argument("--expires", help="30s, 10m, 2h, 7d or an ISO-8601 time")
-    _json_flag(p)
     p.set_defaults(func=cmd_request_approve)
-    p = request.add_parser("deny", parents=[common])
-    p.add_argument("id", type=identifier)
-    p.add_argument("--reason")
-    _json_flag(p)
+    p = request.add_parser("deny", parents=[common], help="refuse it")
+    p.add_argument("id", type=identifier, help="the request's id")
+    p.add_argument("--reason", help="a note the agent can read")
     p.set_defaults(func=cmd_request_deny)
 
     key = sub.add_parser("key", help="the master key").add_subparsers(
-        dest="action", required=True, parser_class=_Parser
+        dest="action", required=True, parser_class=_Parser, metavar="ACTION", help="one of:"
     )
     p = key.add_parser("rotate", parents=[common], help="re-seal every secret under a new key")
-    _json_flag(p)
     p.set_defaults(func=cmd_key_rotate)
     policycmd.add_commands(sub, common)
     launch.add_commands(sub, common)
     runner.add_command(sub, common)  # mitmproxy is imported only when `run` runs
+    demo.add_command(sub)
     return parser
 
 
@@ -276,6 +322,10 @@ def _table(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> list[str]:
     widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
     fmt = "  ".join(f"{{:<{w}}}" for w in widths)
     return [fmt.format(*columns).rstrip()] + [fmt.format(*r).rstrip() for r in cells]
+
+
+def _yes(flag: bool) -> str:
+    return "yes" if flag else "no"
 
 
 def read_secret() -> Secret:
@@ -363,7 +413,11 @@ def cmd_principal_update(args: argparse.Namespace, settings: Settings) -> int:
         raise InvalidInput("give --rate N/UNIT [--burst N] or --no-rate")
     limits = validation.limits(args.rate, args.burst)
     settings.store().set_principal_limits(args.name, limits)
-    print(f"principal {args.name}: rate {args.rate or 'none'}")
+    _emit(
+        settings,
+        {"name": args.name, "rate": args.rate},
+        [f"principal {args.name}: rate {args.rate or 'none'}"],
+    )
     return 0
 
 
@@ -375,7 +429,7 @@ def cmd_principal_list(args: argparse.Namespace, settings: Settings) -> int:
             "rate": p.rate,
             "burst": p.burst,
         }
-        for p in settings.store().list_principals()
+        for p in settings.reader().list_principals()
     ]
     _emit(settings, rows, _table(rows, ["name", "created_at", "rate", "burst"]))
     return 0
@@ -383,7 +437,11 @@ def cmd_principal_list(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_principal_remove(args: argparse.Namespace, settings: Settings) -> int:
     revoked = settings.store().remove_principal(args.name)
-    print(f"removed principal {args.name}; revoked {revoked} grant(s)")
+    _emit(
+        settings,
+        {"name": args.name, "revoked_grants": revoked},
+        [f"removed principal {args.name}; revoked {revoked} grant(s)"],
+    )
     return 0
 
 
@@ -431,7 +489,7 @@ def cmd_token_list(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_token_revoke(args: argparse.Namespace, settings: Settings) -> int:
     settings.store().revoke_token(args.id)
-    print(f"revoked token {args.id}")
+    _emit(settings, {"id": args.id, "state": "revoked"}, [f"revoked token {args.id}"])
     return 0
 
 
@@ -465,7 +523,7 @@ def _credential_row(c: CredentialEntry) -> dict[str, Any]:
 
 
 def cmd_credential_list(args: argparse.Namespace, settings: Settings) -> int:
-    rows = [_credential_row(c) for c in settings.store().list_credentials()]
+    rows = [_credential_row(c) for c in settings.reader().list_credentials()]
     _emit(
         settings,
         rows,
@@ -476,7 +534,11 @@ def cmd_credential_list(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_credential_remove(args: argparse.Namespace, settings: Settings) -> int:
     revoked = settings.store().remove_credential(args.name)
-    print(f"removed credential {args.name}; revoked {revoked} grant(s)")
+    _emit(
+        settings,
+        {"name": args.name, "revoked_grants": revoked},
+        [f"removed credential {args.name}; revoked {revoked} grant(s)"],
+    )
     return 0
 
 
@@ -539,15 +601,24 @@ def _grant_row(g: GrantEntry) -> dict[str, Any]:
 
 
 def cmd_grant_list(args: argparse.Namespace, settings: Settings) -> int:
-    rows = [_grant_row(g) for g in settings.store().list_grants(args.principal)]
+    store = settings.reader()
+    grants = store.list_grants(args.principal)
+    rows = [_grant_row(g) for g in grants]
+    # The table says what a grant reaches: a grant without hosts of its own has its
+    # credential's. --json keeps null there, as stored.
+    their_hosts = {c.name: c.hosts for c in store.list_credentials()}
+    shown = [
+        row | {"hosts": g.hosts or their_hosts.get(g.credential or ""), "once": _yes(g.once)}
+        for row, g in zip(rows, grants, strict=True)
+    ]
     columns = ["id", "principal", "credential", "hosts", "methods", "paths", "once", "expires_at"]
-    _emit(settings, rows, _table(rows, columns + ["state", "purpose"]))
+    _emit(settings, rows, _table(shown, columns + ["state", "purpose"]))
     return 0
 
 
 def cmd_grant_revoke(args: argparse.Namespace, settings: Settings) -> int:
     settings.store().revoke_grant(args.id)
-    print(f"revoked grant {args.id}")
+    _emit(settings, {"id": args.id, "state": "revoked"}, [f"revoked grant {args.id}"])
     return 0
 
 
@@ -572,7 +643,7 @@ def _request_row(r: AccessRequestEntry) -> dict[str, Any]:
 
 
 def cmd_request_list(args: argparse.Namespace, settings: Settings) -> int:
-    rows = [_request_row(r) for r in settings.store().list_access_requests(args.state)]
+    rows = [_request_row(r) for r in settings.reader().list_access_requests(args.state)]
     columns = ["id", "principal", "method", "host", "port", "path", "source", "state", "count"]
     _emit(settings, rows, _table(rows, columns + ["last_seen", "grant_id", "purpose"]))
     return 0

@@ -68,8 +68,9 @@ class Forward:
         v = step.verdict
         assert v.host is not None and v.port is not None and v.rule is not None
         limit = grant_limit(v.rule)
-        if limit is not None:
-            self.limiter.check((limit,))
+        limits = step.limits if limit is None else (*step.limits, limit)
+        if limits:
+            self.limiter.check(limits)  # every limit's token, or none
         address = self.resolve.lookup(v.host, v.port)
         if address is None:
             try:

@@ -29,8 +29,10 @@ class Gate:
             return None  # refused (or never seen) by authentication
         limit = step.policy.principal_limit(step.principal)
         if limit is not None:
-            # Before anything else: a looping agent's refused requests cost little too.
-            self.limiter.check((principal_limit(step.principal, *limit),))
+            # Before anything else: a looping agent's refused requests cost little too. Only
+            # looked at here; the token is taken with the grant's (Forward), or below.
+            step.limits = (principal_limit(step.principal, *limit),)
+            self.limiter.check(step.limits, take=False)
         request, client = flow.request, flow.client_conn
         facts = Facts(
             request.scheme,
@@ -53,6 +55,8 @@ class Gate:
             step.verdict = v
             return None
         del STEPS[flow]
+        if step.limits:
+            self.limiter.check(step.limits)  # a refused request spends the principal's token
         if v.internal:
             rec.internal = True
             return None  # answered in the request hook, with the body; never forwarded

@@ -11,7 +11,7 @@ from typing import Any
 
 from store import reconcile
 from store.errors import InvalidInput
-from store.policyfile import PolicyFileError, load
+from store.policyfile import PolicyFile, PolicyFileError, load
 from store.settings import Settings
 
 # `plan`'s exit status: 0 nothing would change, 1 something would (drift), 2 an error.
@@ -24,7 +24,6 @@ def add_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     )
     p.add_argument("file", type=Path, help="the policy file (TOML)")
     p.add_argument("--prune", action="store_true", help="also revoke what the file leaves out")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("apply", parents=[common], help="make the store match a policy file")
@@ -37,7 +36,6 @@ def add_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--print-tokens", action="store_true", help="print new principals' tokens instead"
     )
-    p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=cmd_apply)
 
     p = sub.add_parser("export", parents=[common], help="write the store as a policy file")
@@ -67,9 +65,29 @@ def _problems(e: PolicyFileError) -> int:
     return 2
 
 
+def _load(path: Path, settings: Settings, prune: bool) -> PolicyFile:
+    """The policy file, with the checks that need the command's own settings."""
+    policy = load(path)
+    key_file = os.path.realpath(settings.key_file)
+    for c in policy.credentials:
+        if c.source is not None and c.source.file is not None:
+            if os.path.realpath(c.source.file) == key_file:
+                raise PolicyFileError(
+                    [
+                        f'{policy.where(c.source_line)}: credential "{c.name}": secret_file '
+                        "may not be credproxy's master key file"
+                    ]
+                )
+    if prune and not (policy.principals or policy.credentials or policy.grants):
+        raise InvalidInput(
+            f"{path} declares nothing: with --prune that would remove everything; refused"
+        )
+    return policy
+
+
 def cmd_plan(args: argparse.Namespace, settings: Settings) -> int:
     try:
-        policy = load(args.file)
+        policy = _load(args.file, settings, args.prune)
         store = settings.store()
         plan = reconcile.plan(store.db, settings.key(), policy, prune=args.prune)
     except PolicyFileError as e:
@@ -83,7 +101,7 @@ def cmd_plan(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_apply(args: argparse.Namespace, settings: Settings) -> int:
     try:
-        policy = load(args.file)
+        policy = _load(args.file, settings, args.prune)
         store = settings.store()
         key = settings.key()
         token_dir = args.token_dir or policy.token_dir
@@ -134,7 +152,7 @@ def _no_tokens(tokens: dict[str, str]) -> Any:
 
 
 def cmd_export(args: argparse.Namespace, settings: Settings) -> int:
-    text = reconcile.export(settings.store().db)
+    text = reconcile.export(settings.reader().db)  # opens no secret: needs no key
     if args.out is None:
         sys.stdout.write(text)
         return 0

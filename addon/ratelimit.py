@@ -33,9 +33,9 @@ class Buckets:
         self._clock = clock
         self._state: dict[Hashable, tuple[float, float]] = {}  # key -> (tokens, at)
 
-    def take(self, limits: Sequence[Limit]) -> tuple[Limit, float] | None:
+    def take(self, limits: Sequence[Limit], *, take: bool = True) -> tuple[Limit, float] | None:
         """Take a token from every bucket, or from none: the first limit that refuses, and
-        the seconds until it would admit a request."""
+        the seconds until it would admit a request. `take=False` only looks."""
         now = self._clock()
         levels = []
         for limit in limits:
@@ -46,6 +46,8 @@ class Buckets:
             if tokens < 1.0:
                 return limit, (1.0 - tokens) / limit.rate.per_second
             levels.append((key, tokens))
+        if not take:
+            return None
         for key, tokens in levels:
             self._state.pop(key, None)
             if len(self._state) >= MAX_BUCKETS:
@@ -60,8 +62,8 @@ class Limiter:
     def __init__(self, buckets: Buckets | None = None) -> None:
         self.buckets = buckets or Buckets()
 
-    def check(self, limits: Sequence[Limit]) -> None:
-        refused = self.buckets.take(limits)
+    def check(self, limits: Sequence[Limit], *, take: bool = True) -> None:
+        refused = self.buckets.take(limits, take=take)
         if refused is not None:
             limit, wait = refused
             raise Denied(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import gc
 import os
 import signal
@@ -93,16 +94,29 @@ def _parse_listen(text: str, flag: str) -> tuple[str, int]:
 
 
 def _check_listen(host: str, port: int) -> None:
-    """One line and status 2 for an address mitmproxy could not listen on, not its exit 1."""
+    """One line and status 2 for an address mitmproxy could not listen on, not its exit 1.
+
+    Every address the host stands for is tried, as mitmproxy listens on each of them.
+    """
+    where = f"--listen {host}:{port}"
     try:
-        family, kind, proto, _, address = socket.getaddrinfo(
-            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-        )[0]
-        with socket.socket(family, kind, proto) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            probe.bind(address)
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except OSError as e:
-        raise InvalidInput(f"cannot listen on --listen {host}:{port}: {e.strerror}") from e
+        raise InvalidInput(f"cannot listen on {where}: {e.strerror}") from e
+    for family, kind, proto, _, address in dict.fromkeys(infos):
+        try:
+            with socket.socket(family, kind, proto) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                if family == socket.AF_INET6:
+                    probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                probe.bind(address)
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                shown = f"[{address[0]}]" if family == socket.AF_INET6 else address[0]
+                raise InvalidInput(
+                    f"cannot listen on {where}: {shown}:{port} is already in use"
+                ) from e
+            raise InvalidInput(f"cannot listen on {where}: {e.strerror}") from e
 
 
 def add_command(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -268,6 +282,7 @@ async def serve(config: RunConfig, started: asyncio.Event | None = None) -> int:
     wsredact.install()
     runtime = Path(tempfile.mkdtemp(prefix="credproxy-"))
     master = DumpMaster(options.Options(), with_termlog=False, with_dumper=False)
+    _quiet_errorcheck(master)
     update: dict[str, Any] = {
         "listen_host": config.listen_host,
         "listen_port": config.listen_port,
@@ -341,6 +356,14 @@ async def serve(config: RunConfig, started: asyncio.Event | None = None) -> int:
     gc.freeze()
     try:
         await master.run()
+    except _StartFailed as e:
+        if master.addons.get("proxyserver").listen_addrs():
+            raise InvalidInput("mitmproxy logged an error at start-up: see the output") from e
+        # The listener failed after the probe above: a port taken meanwhile.
+        _check_listen(config.listen_host, config.listen_port)
+        raise InvalidInput(
+            f"cannot listen on --listen {config.listen_host}:{config.listen_port}"
+        ) from e
     finally:
         announcer.cancel()
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
@@ -353,6 +376,26 @@ async def serve(config: RunConfig, started: asyncio.Event | None = None) -> int:
         runtime.rmdir()
         log.info("proxy.stopped", cut=stopping.cut)
     return 0
+
+
+class _StartFailed(Exception):
+    """mitmproxy logged an error while starting (a listener that failed, say)."""
+
+
+def _quiet_errorcheck(master: Any) -> None:
+    """Raise where mitmproxy's errorcheck would print its own line and exit 1.
+
+    The error itself is already in the output, as a log line; its advice names mitmproxy's
+    flags, not credproxy's, so serve() says what failed in one line of its own.
+    """
+    errorcheck = master.addons.get("errorcheck")
+
+    async def refuse() -> None:
+        await asyncio.sleep(0)  # as errorcheck does: let pending log records arrive
+        if errorcheck.logger.has_errored:
+            raise _StartFailed
+
+    errorcheck.shutdown_if_errored = refuse
 
 
 class _Stopping:

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
     from addon import wire
     from addon.policy import Policy
+    from addon.ratelimit import Limit
 
 KEY = "credproxy"
 
@@ -64,6 +65,7 @@ class Step:
     tunnel: Tunnel | None
     policy: Policy
     verdict: Verdict | None = None
+    limits: tuple[Limit, ...] = ()  # the principal's rate, looked at by the gate
 
 
 STEPS: weakref.WeakKeyDictionary[http.HTTPFlow, Step] = weakref.WeakKeyDictionary()

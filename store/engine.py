@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -10,7 +11,7 @@ from typing import Any
 from urllib.parse import quote
 
 from sqlalchemy import Connection, Engine, create_engine, event, select, update
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, NoSuchModuleError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -27,27 +28,68 @@ def normalize_url(url: str) -> str:
 def display_url(url: str) -> str:
     try:
         return make_url(url).render_as_string(hide_password=True)
-    except ArgumentError:
-        return "<unparseable database URL>"
+    except (ArgumentError, ValueError):
+        return _masked(url)
+
+
+def _masked(url: str) -> str:
+    """An unparseable URL as typed, its userinfo's password (if any) masked."""
+    return re.sub(r"(://[^/@]*?:)[^/@]*@", r"\1***@", url)
 
 
 def sqlite_path(url: str) -> Path | None:
     """The file behind an SQLite URL; None for PostgreSQL and in-memory databases."""
     try:
         parsed = make_url(url)
-    except ArgumentError:
+    except (ArgumentError, ValueError):
         return None
     if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
         return None
     return Path(parsed.database)
 
 
+def parse_url(url: str) -> URL:
+    """A database URL this store can use, checked before anything connects.
+
+    Raises InvalidInput with a one-line reason, the URL shown without its password.
+    """
+    usage = "use sqlite:///PATH or postgresql://USER:PASSWORD@HOST/DATABASE"
+    try:
+        parsed = make_url(normalize_url(url))
+    except (ArgumentError, ValueError) as e:
+        raise InvalidInput(f"invalid database URL {_masked(url)!r}: {usage}") from e
+    shown = repr(display_url(url))
+    if parsed.get_backend_name() == "sqlite":
+        if parsed.drivername not in ("sqlite", "sqlite+pysqlite"):
+            raise InvalidInput(f"unsupported database driver in {shown}: {usage}")
+        if parsed.host:
+            # sqlite://credproxy.db reads `credproxy.db` as a host name.
+            path = parsed.host + (f"/{parsed.database}" if parsed.database else "")
+            raise InvalidInput(
+                f"invalid database URL {shown}: an SQLite URL has three slashes before "
+                f"the path (sqlite:///{path}), four before an absolute path"
+            )
+        if parsed.database in (None, "", ":memory:"):
+            raise InvalidInput(
+                f"invalid database URL {shown}: name the SQLite file (sqlite:///PATH); "
+                "an in-memory database would vanish with the process"
+            )
+        return parsed
+    if parsed.get_backend_name() == "postgresql":
+        if parsed.drivername != "postgresql+psycopg":
+            raise InvalidInput(
+                f"unsupported database driver in {shown}: use postgresql:// or "
+                "postgresql+psycopg://"
+            )
+        if parsed.port is not None and not 0 < parsed.port < 65536:
+            raise InvalidInput(f"invalid database URL {shown}: invalid port {parsed.port}")
+        return parsed
+    raise InvalidInput(f"unsupported database {shown}: {usage}")
+
+
 def make_engine(url: str, *, create: bool = False) -> Engine:
     """An engine for `url`; only with `create` may an SQLite file come into being."""
-    try:
-        parsed = make_url(url)
-    except ArgumentError as e:
-        raise InvalidInput(f"invalid database URL {display_url(url)}") from e
+    parsed = parse_url(url)
     kwargs: dict[str, Any] = {}
     if parsed.get_backend_name() == "postgresql":
         kwargs.update(
@@ -61,7 +103,7 @@ def make_engine(url: str, *, create: bool = False) -> Engine:
                 "options": "-c statement_timeout=5000 -c idle_in_transaction_session_timeout=5000",
             },
         )
-    elif parsed.get_backend_name() == "sqlite":
+    else:
         kwargs["connect_args"] = {"timeout": 5}
         path = sqlite_path(url)
         if path is not None and not create:
@@ -72,11 +114,9 @@ def make_engine(url: str, *, create: bool = False) -> Engine:
             parsed = parsed.set(
                 database=f"file:{quote(str(path))}", query={"mode": "rw", "uri": "true"}
             )
-    else:
-        raise InvalidInput(f"unsupported database {display_url(url)}: use sqlite or postgresql")
     try:
         engine = create_engine(parsed, **kwargs)
-    except NoSuchModuleError as e:
+    except (NoSuchModuleError, ImportError) as e:
         raise InvalidInput(f"unsupported database driver in {display_url(url)}") from e
     if parsed.get_backend_name() == "sqlite":
         event.listen(engine, "connect", _sqlite_pragmas)

@@ -233,6 +233,9 @@ class HostPattern:
 def parse_host(spec: str) -> HostPattern:
     """Parse `host[:port]`; raise InvalidInput with a one-line reason."""
     text = spec.strip()
+    if "/" in text:
+        shown = re.sub(r"//[^/]*@", "//", text)  # no userinfo, password and all
+        raise InvalidInput(f"invalid host {shown!r}: {_host_of_url(text)}")
     try:
         host, rest, bracketed = _split_authority(text)
     except BadAuthority as e:
@@ -268,6 +271,15 @@ def parse_host(spec: str) -> HostPattern:
     if wildcard and ("." not in base or _is_public_suffix(base)):
         raise InvalidInput(f"invalid host {spec!r}: a wildcard may not cover a public suffix")
     return HostPattern(host, port)
+
+
+def _host_of_url(text: str) -> str:
+    """What to say to a URL or path given where a host pattern goes."""
+    _, sep, rest = text.partition("://")
+    authority = (rest if sep else text).split("/", 1)[0].rpartition("@")[2]
+    if not authority:
+        return "a host is expected (HOST or HOST:PORT), not a URL or a path"
+    return f"a host is expected, not a URL: use {authority.lower()}"
 
 
 def _pattern_port(spec: str, rest: str) -> int | None:

@@ -62,6 +62,7 @@ GRANT_KEYS = frozenset(
         "max_uses",
     }
 )
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 # A grant made with the CLI has no id; a policy file (and `export`) names it grant-<its id>.
 IMPLICIT_KEY = re.compile(r"grant-([1-9][0-9]{0,18})")
 
@@ -88,7 +89,8 @@ class SecretSource:
         if self.env is not None:
             value = os.environ.get(self.env)
             if value is None:
-                raise InvalidInput(f"secret_env {self.env} is not set")
+                # The name is not echoed: it may be a secret pasted in the wrong place.
+                raise InvalidInput("the variable secret_env names is not set")
             raw = os.fsencode(value)
         else:
             assert self.file is not None
@@ -96,7 +98,8 @@ class SecretSource:
                 with self.file.open("rb") as f:
                     raw = f.read(MAX_SECRET + 3)
             except OSError as e:
-                raise InvalidInput(f"secret_file {self.file}: {e.strerror}") from e
+                # The path is not echoed: it may be a secret pasted in the wrong place.
+                raise InvalidInput(f"secret_file cannot be read: {e.strerror}") from e
         if raw.endswith(b"\r\n"):
             raw = raw[:-2]
         elif raw.endswith(b"\n"):
@@ -252,6 +255,8 @@ def load(path: Path) -> PolicyFile:
         data = tomllib.loads(text)
     except UnicodeDecodeError as e:
         raise PolicyFileError([f"{path}: the policy file is not UTF-8"]) from e
+    except RecursionError as e:
+        raise PolicyFileError([f"{path}: the policy file nests too deeply"]) from e
     except tomllib.TOMLDecodeError as e:
         m = re.search(r"\(at line (\d+), column \d+\)", str(e))
         message = re.sub(r"\s*\(at line \d+, column \d+\)", "", str(e))
@@ -404,10 +409,15 @@ def _principal(t: _Table) -> PrincipalSpec | None:
 def _limits(t: _Table, *, uses: bool = False) -> validation.Limits:
     rate = t.text("rate")
     burst, max_uses = t.values.get("burst"), t.values.get("max_uses") if uses else None
-    for key, value in (("burst", burst), ("max_uses", max_uses)):
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
-            t.problem(key, f"{key} must be a whole number")
-            return validation.NO_LIMITS
+    bad = [
+        key
+        for key, value in (("burst", burst), ("max_uses", max_uses))
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool))
+    ]
+    for key in bad:
+        t.problem(key, f"{key} must be a whole number")
+    burst = None if "burst" in bad else burst
+    max_uses = None if "max_uses" in bad else max_uses
     with t.checking("rate"):
         return validation.limits(rate, burst, max_uses, bool(t.values.get("once")))
     return validation.NO_LIMITS
@@ -434,9 +444,13 @@ def _credential(t: _Table) -> CredentialSpec | None:
     if env is not None and file is not None:
         t.problem("secret_file", "give secret_env or secret_file, not both")
     elif env is not None:
-        if not env:
-            t.problem("secret_env", "secret_env must name an environment variable")
-        source = SecretSource(env=env)
+        if not ENV_NAME.fullmatch(env):
+            # Not echoed: a value here is more likely a pasted secret than a name.
+            t.problem("secret_env", "secret_env must be an environment variable's name")
+        elif env.upper().startswith("CREDPROXY_"):
+            t.problem("secret_env", "secret_env may not name credproxy's own settings")
+        else:
+            source = SecretSource(env=env)
     elif file is not None:
         path = Path(file)
         source = SecretSource(file=path if path.is_absolute() else t.problems.path.parent / path)

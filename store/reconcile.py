@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import stat
+import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -193,7 +195,10 @@ class _Planner:
                 credential is not None and credential not in cred_hosts
             )
             if gone:
-                continue  # revoked with its principal or credential
+                if _grant_state(row, now) == "active":
+                    # Revoked with its principal or credential: shown, so nothing goes unseen.
+                    changes.append(Change("grant", key, REVOKE))
+                continue
             if self.prune:
                 if _grant_state(row, now) == "active":
                     changes.append(Change("grant", key, REVOKE))
@@ -279,7 +284,17 @@ class _Planner:
         fields = {k: (have[k], v) for k, v in wanted.items() if have[k] != v}
         if "expires" in fields and g.expires_at is not None and g.expires_at <= now:
             self.problem(g.line, f'grant "{g.key}"', "its new expiry is in the past")
+        if row.consumed_at is not None and not _used_up(g, row):
+            # More uses, or no longer a once-grant: the file makes it usable again.
+            fields["state"] = ("consumed", "active")
         return Change("grant", g.key, UPDATE, fields) if fields else None
+
+
+def _used_up(g: GrantSpec, row: Grant) -> bool:
+    """Would the grant as the file describes it still be used up, given what was spent?"""
+    if g.once:
+        return row.once or row.uses >= 1  # a grant that was used once is no new once-grant
+    return g.limits.max_uses is not None and row.uses >= g.limits.max_uses
 
 
 def _grant_fields(g: GrantSpec) -> dict[str, Any]:
@@ -332,6 +347,9 @@ def apply(
     """
     keys.check(db, key)
     planner = _Planner(policy, key, prune)
+    with db.session() as session:
+        # Every secret is read (and every problem found) before the store is locked.
+        planner.plan(_read(session))
     tokens: dict[str, str] = {}
     finish: Callable[[], None] | None = None
     try:
@@ -434,6 +452,8 @@ def _execute(
             grant.purpose = g.purpose
             grant.rate, grant.burst = g.limits.rate, g.limits.burst
             grant.max_uses = g.limits.max_uses
+            if "state" in change.fields:
+                grant.consumed_at = None
             if current is None:
                 session.add(grant)
             session.flush()
@@ -441,24 +461,47 @@ def _execute(
 
 
 def token_writer(directory: Path) -> Callable[[dict[str, str]], Callable[[], None]]:
-    """Write each new principal's token to DIRECTORY/<name>.token (0600) around the commit."""
+    """Write each new principal's token to DIRECTORY/<name>.token (0600) around the commit.
+
+    The directory must be ours and closed to others; each token goes to a new file of its own
+    (never through a link or into a file someone else made), which is renamed into place once
+    the transaction committed.
+    """
 
     def write(tokens: dict[str, str]) -> Callable[[], None]:
+        staged: list[tuple[str, Path]] = []
         try:
             directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-            staged = []
+            info = directory.lstat()
+            if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
+                raise InvalidInput(f"token_dir {directory} is not a directory of this user")
+            if info.st_mode & 0o022:
+                raise InvalidInput(f"token_dir {directory} is writable by others: chmod go-w")
+            for name in tokens:
+                final = directory / f"{name}.token"
+                if final.is_symlink() or final.is_dir():
+                    raise InvalidInput(f"{final} is a link or a directory: remove it first")
             for name, token in tokens.items():
-                temp = directory / f".{name}.token.new"
-                fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+                fd, temp = tempfile.mkstemp(prefix=f".{name}.", dir=directory)
                 with os.fdopen(fd, "w") as f:
                     f.write(token + "\n")
+                    f.flush()
+                    os.fsync(f.fileno())
                 staged.append((temp, directory / f"{name}.token"))
         except OSError as e:
+            for temp, _ in staged:
+                os.unlink(temp)
             raise InvalidInput(f"cannot write tokens to {directory}: {e.strerror}") from e
 
         def finish() -> None:
             for temp, final in staged:
-                os.replace(temp, final)
+                try:
+                    os.replace(temp, final)
+                except OSError as e:
+                    raise InvalidInput(
+                        f"applied, but {final} could not be written ({e.strerror}): "
+                        f"the token is in {temp}"
+                    ) from e
 
         return finish
 

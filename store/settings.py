@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from store.crypto import MasterKey, load_master_key
+from store.engine import parse_url
+from store.errors import InvalidInput
 from store.repository import Store
 
 DEFAULT_DB = "sqlite:///credproxy.db"
@@ -29,8 +31,13 @@ class Settings:
     @classmethod
     def resolve(cls, args: argparse.Namespace) -> Settings:
         env = os.environ
+        db = args.db or env.get("CREDPROXY_DB") or DEFAULT_DB
+        try:
+            parse_url(db)
+        except InvalidInput as e:
+            raise InvalidInput(f"{'--db' if args.db else 'CREDPROXY_DB'}: {e}") from e
         return cls(
-            db=args.db or env.get("CREDPROXY_DB") or DEFAULT_DB,
+            db=db,
             key_file=Path(args.key_file or env.get("CREDPROXY_KEY_FILE") or DEFAULT_KEY_FILE),
             certs=Path(args.certs or env.get("CREDPROXY_CERTS") or DEFAULT_CERTS),
             advertise=env.get("CREDPROXY_ADVERTISE") or DEFAULT_ADVERTISE,
@@ -43,5 +50,11 @@ class Settings:
     def store(self) -> Store:
         """Open the store and check that it is migrated and that the key is its own."""
         store = Store(self.db, self.key())
+        store.check_ready()
+        return store
+
+    def reader(self) -> Store:
+        """Open the store for commands that read no secret: without the key, never creating."""
+        store = Store(self.db, None)
         store.check_ready()
         return store

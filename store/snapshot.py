@@ -12,7 +12,7 @@ from sqlalchemy import Text, cast, select
 from store import keys
 from store.crypto import MasterKey
 from store.engine import Database
-from store.errors import SealError
+from store.errors import SealError, StoreUnavailable
 from store.grammar import parse_host, parse_rate
 from store.models import Credential, Grant, Principal, PrincipalToken, StoreState, utcnow
 from store.records import (
@@ -26,8 +26,28 @@ from store.records import (
 T = TypeVar("T")
 
 
+# Reads in a row that may find the store changing before one is whole.
+READ_ATTEMPTS = 5
+_COUNTER = select(StoreState.change_counter).where(StoreState.id == 1)
+
+
 def read(db: Database, key: MasterKey) -> Snapshot:
-    """Live principals, credentials with their secrets open, and the grants they hold."""
+    """Live principals, credentials with their secrets open, and the grants they hold.
+
+    Its SELECTs may each see a later commit (READ COMMITTED; SQLite starts no transaction
+    for a SELECT): a snapshot is kept only if the change counter did not move while it was
+    read. Every write the snapshot can see moves the counter (Database.change), so an
+    unmoved counter means no write landed between the first SELECT and the last.
+    """
+    for _ in range(READ_ATTEMPTS):
+        snapshot = _read(db, key)
+        with db.reading() as connection:
+            if connection.execute(_COUNTER).scalar_one() == snapshot.counter:
+                return snapshot
+    raise StoreUnavailable("the store kept changing while its snapshot was read")
+
+
+def _read(db: Database, key: MasterKey) -> Snapshot:
     now = utcnow()
     with db.reading() as connection:
         counter, key_id = connection.execute(

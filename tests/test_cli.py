@@ -6,9 +6,11 @@ store, set up the way an operator would, serves most tests.
 
 from __future__ import annotations
 
+import argparse
 import base64
 import json
 import os
+import re
 import secrets
 import shutil
 import socket
@@ -26,6 +28,7 @@ import pytest
 from cryptography import x509
 from sqlalchemy import select
 
+from addon.cli import build_parser
 from store.models import Principal
 from store.repository import Store
 from tests.clihelp import ADVERTISE, COMMAND, Call, Cli
@@ -308,11 +311,19 @@ BAD_INPUT = {
     ),
     "expiry in the past": Bad((*GRANT, "--expires", "2000-01-01T00:00:00Z"), ("past",)),
     "wrong master key": Bad(
-        ("principal", "list"), ("CREDPROXY_MASTER_KEY", "is not the key"),
+        ("principal", "add", "eve"), ("CREDPROXY_MASTER_KEY", "is not the key"),
         env={"CREDPROXY_MASTER_KEY": WRONG_KEY},
     ),
     "key file readable by others": Bad(
-        ("principal", "list", "--key-file", "loose.key"), ("loose.key", "mode 644")
+        ("principal", "add", "eve", "--key-file", "loose.key"), ("loose.key", "mode 644")
+    ),
+    "a URL for a credential's host": Bad(
+        (*CRED, "--host", "https://api.github.com"),
+        ("'https://api.github.com': a host is expected, not a URL: use api.github.com",),
+    ),
+    "a URL for a grant's host": Bad(
+        (*GRANT, "--host", "https://user:hunter2pw@API.github.com:8443/repos"),
+        ("not a URL: use api.github.com:8443",),
     ),
     "unreachable database": Bad(
         ("principal", "list", "--db", UNREACHABLE), ("cannot reach database", "127.0.0.1:1")
@@ -361,8 +372,8 @@ def test_bad_input_is_one_line_and_status_2(bad: Outcomes, name: str) -> None:
 
 
 def test_unreachable_database_is_named_without_its_password(bad: Outcomes) -> None:
+    assert not any("hunter2pw" in r.stderr for r in bad.results.values())
     stderr = bad.results["unreachable database"].stderr
-    assert "hunter2pw" not in stderr
     assert "user:***@127.0.0.1:1/x" in stderr
 
 
@@ -500,3 +511,194 @@ def test_run_on_an_address_in_use_is_one_line(session: Session) -> None:
     assert (result.returncode, result.stdout) == (2, ""), result.stderr
     (line,) = result.stderr.splitlines()
     assert line.startswith(f"credproxy: error: cannot listen on --listen 127.0.0.1:{port}")
+
+
+# -- the CLI a newcomer meets (issue 16) --------------------------------------------------
+
+BAD_DB: dict[str, tuple[dict[str, str], tuple[str, ...]]] = {
+    "two slashes": (
+        {"--db": "sqlite://credproxy.db"},
+        ("--db: invalid database URL 'sqlite://credproxy.db'", "(sqlite:///credproxy.db)"),
+    ),
+    "a path and no scheme, from the environment": (
+        {"CREDPROXY_DB": "credproxy.db"},
+        ("CREDPROXY_DB: invalid database URL 'credproxy.db': use sqlite:///PATH",),
+    ),
+    "an in-memory database": ({"--db": "sqlite://"}, ("in-memory",)),
+    "another database": ({"--db": "mysql://u@db/x"}, ("unsupported database 'mysql://u@db/x'",)),
+    "another driver": ({"--db": "sqlite+pysqlcipher:///x.db"}, ("unsupported database driver",)),
+    "a port that is no number": (
+        {"--db": "postgresql://u:hunter2pw@db:port/x"},
+        ("invalid database URL 'postgresql://u:***@db:port/x'",),
+    ),
+    "a port out of range": (
+        {"CREDPROXY_DB": "postgresql://u:hunter2pw@db:99999/x"},
+        ("CREDPROXY_DB: invalid database URL", "invalid port 99999"),
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def bad_db(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Cli, Any]]:
+    """`init` (the one command that creates) and a read-only command, each in an empty dir."""
+    calls = {}
+    for name, (where, _) in BAD_DB.items():
+        for command in (("init",), ("principal", "list")):
+            cli = Cli(tmp_path_factory.mktemp("bad-db"))
+            flag = ("--db", where["--db"]) if "--db" in where else ()
+            env = {k: v for k, v in where.items() if k != "--db"}
+            calls[name, command[0]] = cli, Call((*command, *flag), env=env)
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        futures = {key: pool.submit(cli.run, call) for key, (cli, call) in calls.items()}
+        return {key: (calls[key][0], f.result()) for key, f in futures.items()}
+
+
+@pytest.mark.parametrize("command", ["init", "principal"])
+@pytest.mark.parametrize("name", [pytest.param(n, id=n) for n in BAD_DB])
+def test_a_bad_database_url_is_one_line_and_creates_nothing(
+    bad_db: dict[tuple[str, str], tuple[Cli, Any]], name: str, command: str
+) -> None:
+    cli, result = bad_db[name, command]
+    assert (result.returncode, result.stdout) == (2, ""), result.stderr
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("credproxy: error: ")
+    for phrase in BAD_DB[name][1]:
+        assert phrase in line
+    assert "hunter2pw" not in line
+    assert list(cli.root.iterdir()) == []
+
+
+READ_ONLY = {
+    "principal list": ("principal", "list"),
+    "credential list": ("credential", "list"),
+    "grant list": ("grant", "list"),
+    "request list": ("request", "list"),
+}
+
+
+@dataclass
+class WithoutKey:
+    cli: Cli
+    results: dict[str, subprocess.CompletedProcess[str]]
+
+
+@pytest.fixture(scope="module")
+def without_key(session: Session) -> WithoutKey:
+    """A copy of the session's store with a once-grant more, then its key file taken away."""
+    cli = Cli(session.cli.root.parent / "without-key")
+    cli.root.mkdir()
+    for name in ("credproxy.db", "credproxy.key"):
+        shutil.copy2(session.cli.root / name, cli.root / name)
+    cli.ok(Call(("grant", "add", "agent", "--credential", "ex", "--host", "eu.example.com",
+                 "--method", "GET", "--once")))
+    cli.key_file.unlink()
+    calls = {name: Call(args) for name, args in READ_ONLY.items()} | {
+        f"{name} --json": Call((*args, "--json")) for name, args in READ_ONLY.items()
+    } | {
+        "--json grant list": Call(("--json", "grant", "list")),
+        "missing store": Call(("principal", "list", "--db", "sqlite:///other.db")),
+        "a write": Call(("principal", "add", "eve")),
+    }
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        futures = {name: pool.submit(cli.run, call) for name, call in calls.items()}
+        return WithoutKey(cli, {name: f.result() for name, f in futures.items()})
+
+
+@pytest.mark.parametrize("name", [*READ_ONLY, *(f"{n} --json" for n in READ_ONLY)])
+def test_read_only_commands_need_no_key(without_key: WithoutKey, name: str) -> None:
+    result = without_key.results[name]
+    assert (result.returncode, result.stderr) == (0, "")
+    if name.endswith("--json"):
+        assert isinstance(json.loads(result.stdout), list)
+    assert not without_key.cli.key_file.exists()
+
+
+def test_a_read_only_command_on_a_missing_store_creates_nothing(without_key: WithoutKey) -> None:
+    result = without_key.results["missing store"]
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == "credproxy: error: no store at other.db: run credproxy init\n"
+    assert not (without_key.cli.root / "other.db").exists()
+    assert not without_key.cli.key_file.exists()
+
+
+def test_a_write_still_needs_the_key(without_key: WithoutKey) -> None:
+    result = without_key.results["a write"]
+    assert result.returncode == 2
+    assert "no master key" in result.stderr
+
+
+def test_grant_list_shows_the_credentials_hosts_and_yes_or_no(without_key: WithoutKey) -> None:
+    header, *rows = without_key.results["grant list"].stdout.splitlines()
+    columns = header.split()
+    table = [dict(zip(columns, row.split(), strict=False)) for row in rows]
+    assert [(r["credential"], r["hosts"], r["once"]) for r in table] == [
+        ("gh", "api.github.com", "no"),
+        ("ex", "eu.example.com", "yes"),
+    ]
+
+
+def test_grant_list_json_keeps_its_types_before_and_after_the_command(
+    without_key: WithoutKey,
+) -> None:
+    after = json.loads(without_key.results["grant list --json"].stdout)
+    before = json.loads(without_key.results["--json grant list"].stdout)
+    assert before == after
+    assert [(g["hosts"], g["once"]) for g in after] == [(None, False), (["eu.example.com"], True)]
+
+
+def _helps(parser: argparse.ArgumentParser, path: str = "credproxy") -> Iterator[tuple[str, Any]]:
+    """(where, help) of every option, argument, command and subcommand."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            yield f"{path} {action.metavar}", action.help
+            for choice in action._choices_actions:
+                yield f"{path} {choice.dest}", choice.help
+            for name, sub in action.choices.items():
+                yield from _helps(sub, f"{path} {name}")
+        else:
+            yield f"{path} {action.option_strings or action.dest}", action.help
+
+
+def test_every_command_and_argument_has_help_text() -> None:
+    helps = list(_helps(build_parser()))
+    assert len(helps) > 100
+    missing = [where for where, text in helps if not text or text == argparse.SUPPRESS]
+    assert missing == []
+
+
+@pytest.fixture(scope="module")
+def top_level(session: Session) -> dict[str, subprocess.CompletedProcess[str]]:
+    calls = {
+        "help": Call(("--help",)),
+        "version": Call(("--version",)),
+        "principal help": Call(("principal", "--help")),
+        "list help": Call(("grant", "list", "--help")),
+    }
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        futures = {name: pool.submit(session.cli.run, call) for name, call in calls.items()}
+        return {name: f.result() for name, f in futures.items()}
+
+
+def test_the_top_level_help_lists_every_command_and_the_global_options(
+    top_level: dict[str, subprocess.CompletedProcess[str]],
+) -> None:
+    result = top_level["help"]
+    assert (result.returncode, result.stderr) == (0, "")
+    (commands,) = (a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    assert {"run", "demo", "init", "principal", "grant"} <= set(commands.choices)
+    for choice in commands._choices_actions:
+        line = rf"^    {choice.dest} +{re.escape(str(choice.help))}$"
+        assert re.search(line, result.stdout, re.M)
+    for option in ("--db URL", "--key-file FILE", "--certs DIR", "--json", "--version"):
+        assert option in result.stdout
+    for name in ("principal help", "list help"):
+        assert top_level[name].returncode == 0
+    assert re.search(r"^    list +live principals$", top_level["principal help"].stdout, re.M)
+    assert "--db URL" in top_level["list help"].stdout
+
+
+def test_version(top_level: dict[str, subprocess.CompletedProcess[str]]) -> None:
+    result = top_level["version"]
+    version = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    assert result.returncode == 0
+    assert result.stdout.startswith(f"credproxy {version['project']['version']} (mitmproxy 1")

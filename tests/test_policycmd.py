@@ -152,3 +152,15 @@ def test_two_shells_applying_at_once_never_leave_half_an_apply(cli: Cli, db_url:
     assert len(succeeded) >= 1
     tokens = list((cli.root / "tokens").iterdir())
     assert [t.name for t in tokens] == ["agent.token"]
+
+
+def test_the_master_key_file_is_no_secret_source_and_prune_needs_a_declaration(cli: Cli) -> None:
+    leak = POLICY.replace('secret_env = "CP_GITHUB"', f'secret_file = "{cli.key_file}"')
+    (cli.root / "leak.toml").write_text(leak)
+    refused = cli.run(Call(("plan", "leak.toml")))
+    assert refused.returncode == 2
+    assert "may not be credproxy's master key file" in refused.stderr
+    (cli.root / "empty.toml").write_text("# nothing\n")
+    emptied = cli.run(Call(("apply", "empty.toml", "--prune", "--yes")))
+    assert emptied.returncode == 2
+    assert "declares nothing" in emptied.stderr

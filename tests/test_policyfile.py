@@ -157,7 +157,7 @@ def test_secret_sources_read_env_and_file_and_refuse_missing_or_empty(
     assert SecretSource(file=secret_file).read().reveal() == b"ghp_from_file"
     monkeypatch.setenv("CP_TEST_EMPTY", "")
     for source, message in [
-        (SecretSource(env="CP_TEST_UNSET_NEVER"), "secret_env CP_TEST_UNSET_NEVER is not set"),
+        (SecretSource(env="CP_TEST_UNSET_NEVER"), "the variable secret_env names is not set"),
         (SecretSource(env="CP_TEST_EMPTY"), "the secret is empty"),
         (SecretSource(file=tmp_path / "absent"), "No such file"),
     ]:

@@ -10,7 +10,7 @@ import pytest
 
 from store import reconcile
 from store.crypto import MasterKey
-from store.errors import Conflict
+from store.errors import Conflict, InvalidInput
 from store.policyfile import PolicyFileError, load
 from store.repository import Store
 from tests.stores import SECRET
@@ -124,7 +124,7 @@ def test_without_a_secret_source_an_existing_credential_keeps_its_secret(
     [
         pytest.param(
             ('secret_env = "CP_TEST_GITHUB"', 'secret_env = "CP_TEST_NEVER_SET"'),
-            'policy.toml:8: credential "github": secret_env CP_TEST_NEVER_SET is not set',
+            'policy.toml:8: credential "github": the variable secret_env names is not set',
             id="a missing secret source changes nothing and says where",
         ),
         pytest.param(
@@ -272,3 +272,88 @@ def test_limits_round_trip_through_a_policy_file(
     slower = limited.replace('rate = "60/m"', 'rate = "30/m"')
     (change,) = reconcile.plan(store.db, key, load(policy_file(slower))).changes
     assert change.fields == {"rate": ("60/m", "30/m")}
+
+
+def test_tokens_never_go_through_a_link_or_into_an_open_directory(
+    store: Store, key: MasterKey, policy_file: Callable[[str], Path], tmp_path: Path
+) -> None:
+    tokens = tmp_path / "tokens"
+    tokens.mkdir(mode=0o700)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    (tokens / "agent.token").symlink_to(victim)
+    with pytest.raises(InvalidInput, match="is a link or a directory"):
+        _apply(store, key, policy_file(POLICY), write_tokens=reconcile.token_writer(tokens))
+    assert victim.read_text() == "precious"
+    assert store.list_principals() == []
+    (tokens / "agent.token").unlink()
+    tokens.chmod(0o777)
+    with pytest.raises(InvalidInput, match="writable by others"):
+        _apply(store, key, policy_file(POLICY), write_tokens=reconcile.token_writer(tokens))
+    tokens.chmod(0o700)
+    _apply(store, key, policy_file(POLICY), write_tokens=reconcile.token_writer(tokens))
+    assert [p.name for p in tokens.iterdir()] == ["agent.token"]
+    assert (tokens / "agent.token").stat().st_mode & 0o777 == 0o600
+
+
+def test_more_uses_for_a_used_up_grant_make_it_usable_again(
+    store: Store, key: MasterKey, policy_file: Callable[[str], Path]
+) -> None:
+    one = POLICY + "max_uses = 1\n"
+    _apply(store, key, policy_file(one))
+    (grant,) = store.list_grants()
+    assert store.use_grant(grant.id) and not store.use_grant(grant.id)
+    more = POLICY + "max_uses = 3\n"
+    (change,) = reconcile.plan(store.db, key, load(policy_file(more))).changes
+    assert change.fields == {"max_uses": (1, 3), "state": ("consumed", "active")}
+    _apply(store, key, policy_file(more))
+    assert [store.use_grant(grant.id) for _ in range(3)] == [True, True, False]
+    assert reconcile.plan(store.db, key, load(policy_file(more))).empty
+
+
+def test_grants_revoked_with_their_credential_are_shown_in_the_plan(
+    store: Store, key: MasterKey, policy_file: Callable[[str], Path]
+) -> None:
+    _apply(store, key, policy_file(POLICY))
+    principal_only = POLICY.split("[[credential]]")[0]
+    plan = reconcile.plan(store.db, key, load(policy_file(principal_only)), prune=True)
+    assert {(c.kind, c.name, c.action) for c in plan.changes} == {
+        ("credential", "github", "remove"),
+        ("grant", "triage-widgets", "revoke"),
+    }
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        pytest.param(
+            'secret_env = "ghp_PASTED_BY_MISTAKE_123"',
+            "the variable secret_env names is not set",
+            id="a value pasted as secret_env is not echoed",
+        ),
+        pytest.param(
+            'secret_env = "CREDPROXY_MASTER_KEY"',
+            "may not name credproxy's own settings",
+            id="credproxy's own settings are no secret source",
+        ),
+    ],
+)
+def test_secret_sources_that_are_refused(
+    store: Store,
+    key: MasterKey,
+    policy_file: Callable[[str], Path],
+    edit: str,
+    message: str,
+) -> None:
+    path = policy_file(POLICY.replace('secret_env = "CP_TEST_GITHUB"', edit))
+    with pytest.raises(PolicyFileError) as raised:
+        _apply(store, key, path)
+    assert any(message in p for p in raised.value.problems), raised.value.problems
+    assert "ghp_PASTED" not in "".join(raised.value.problems)
+
+
+def test_a_file_that_nests_too_deeply_is_one_line(tmp_path: Path) -> None:
+    path = tmp_path / "deep.toml"
+    path.write_text("x = " + "[" * 5000 + "]" * 5000 + "\n")
+    with pytest.raises(PolicyFileError, match="nests too deeply"):
+        load(path)

@@ -1,12 +1,13 @@
 """The proxy's snapshot: live records, tombstones, and rows it refuses to read."""
 
+from collections.abc import Callable
 from datetime import timedelta
 
 import pytest
 from sqlalchemy import null, update
 
 from addon.policy import Policy, Reason, Request
-from store.crypto import Secret
+from store.crypto import MasterKey, Secret
 from store.errors import InvalidInput
 from store.grammar import HostPattern
 from store.models import Credential, Grant, utcnow
@@ -163,3 +164,37 @@ def test_ciphertext_copied_to_another_credential_is_unreadable(store: Store) -> 
     snap = store.snapshot()
     assert snap.unreadable == ("evil",)
     assert "evil" not in snap.credentials
+
+
+def test_a_change_committed_between_the_snapshots_selects_is_never_half_seen(
+    store: Store, key: MasterKey, open_store: Callable[[MasterKey | None], Store]
+) -> None:
+    """A write landing mid-read (each SELECT sees the latest commit) makes the read start
+    again: the snapshot is the old state or the new one, never a mix of both."""
+    from sqlalchemy import event
+
+    store.add_principal("agent")
+    store.add_principal("intern")
+    store.add_credential("prod", "bearer", ["api.x.com", "admin.x.com"], SECRET)
+    store.add_grant("agent", ["GET"], credential="prod")
+    other = open_store(key)
+    fired: list[bool] = []
+
+    def between(conn, cursor, statement, *args) -> None:  # type: ignore[no-untyped-def]
+        if not fired and "FROM credentials" in statement:
+            fired.append(True)
+            # Another shell, meanwhile: the credential narrowed, the grant moved to intern.
+            other.remove_credential("prod")
+            other.add_credential("prod", "bearer", ["api.x.com"], SECRET)
+            other.add_grant("intern", ["GET"], credential="prod")
+
+    event.listen(store.engine, "after_cursor_execute", between)
+    try:
+        snapshot = store.snapshot()
+    finally:
+        event.remove(store.engine, "after_cursor_execute", between)
+    assert fired
+    assert snapshot.counter == store.change_counter()
+    assert [(g.principal, [str(h) for h in g.hosts]) for g in snapshot.grants] == [
+        ("intern", ["api.x.com"])
+    ]

@@ -267,3 +267,45 @@ def test_spent_grants_keep_their_reasons_across_a_restart(running: Running) -> N
     _stopped_cleanly(running)
     running.start()
     assert reasons() == ["grant-consumed", "grant-consumed", "path-not-allowed"]
+
+
+# A `credproxy run` whose start-up probe of the address is skipped once: the listener then
+# fails inside mitmproxy, as when the port is taken between the probe and the listen.
+_PROBE_SKIPPED = """
+import sys
+from addon import cli, runner
+probe = runner._check_listen
+skipped = []
+def once(host, port):
+    if not skipped:
+        skipped.append(port)
+        return
+    probe(host, port)
+runner._check_listen = once
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("probe", ["probed", "taken after the probe"])
+def test_a_second_proxy_on_a_busy_port_says_which_address_is_in_use(
+    running: Running, probe: str
+) -> None:
+    command = CREDPROXY if probe == "probed" else [CREDPROXY[0], "-c", _PROBE_SKIPPED]
+    second = subprocess.run(
+        [*command, "run", "--listen", f"127.0.0.1:{running.port}"],
+        env=_env(running.home),
+        cwd=running.home,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert second.returncode == 2, second.stderr
+    assert second.stderr == (
+        f"credproxy: error: cannot listen on --listen 127.0.0.1:{running.port}: "
+        f"127.0.0.1:{running.port} is already in use\n"
+    )
+    if probe == "probed":
+        assert second.stdout == ""  # mitmproxy never started, nor its advice about --mode
+    # The first proxy serves on.
+    with running.client() as client:
+        assert client.get("https://api.test/").status_code == 200

@@ -111,3 +111,22 @@ def test_a_rate_limited_answer_carries_no_secret(proxy: Proxy, names) -> None:
     assert refused.status_code == 429
     assert SECRET not in refused.content and SECRET.decode() not in str(refused.headers)
     assert SECRET.decode() not in proxy.output()
+
+
+def test_a_request_refused_by_a_grants_rate_spends_nothing_of_the_principals(
+    proxy: Proxy, upstream: Upstream, names
+) -> None:
+    agent, token, _ = _granted(
+        proxy,
+        names,
+        validation.limits("1/h", None),
+        principal_limits=validation.limits("3/h", None),
+    )
+    cred = names("cred")
+    proxy.store.add_grant(agent, ["GET"], credential=cred, paths=["/v2/"])
+    proxy.wait_reload()
+    with proxy.client(agent, token) as client:
+        statuses = [client.get(f"https://api.test/{p}/x").status_code for p in ("v1", "v1", "v1")]
+        # Two refusals by the grant's rate spent none of the principal's three tokens.
+        statuses += [client.get("https://api.test/v2/x").status_code for _ in range(3)]
+    assert statuses == [200, 429, 429, 200, 200, 429]
