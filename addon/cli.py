@@ -163,18 +163,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name", help="the principal")
     p.set_defaults(func=cmd_principal_remove)
     token = principal.add_parser("token", help="further tokens: sessions").add_subparsers(
-        dest="token_action", required=True, parser_class=_Parser
+        dest="token_action", required=True, parser_class=_Parser, metavar="ACTION", help="one of:"
     )
     p = token.add_parser("add", parents=[common], help="prints the token once")
-    p.add_argument("name")
+    p.add_argument("name", help="the principal")
     p.add_argument("--expires", help="30s, 10m, 2h, 7d or an ISO-8601 time (default: never)")
     p.add_argument("--note", help="what the token is for")
     p.set_defaults(func=cmd_token_add)
     p = token.add_parser("list", parents=[common], help="in every state; never the tokens")
-    p.add_argument("name", nargs="?")
+    p.add_argument("name", nargs="?", help="only this principal's")
     p.set_defaults(func=cmd_token_list)
-    p = token.add_parser("revoke", parents=[common])
-    p.add_argument("id", type=identifier)
+    p = token.add_parser("revoke", parents=[common], help="by id")
+    p.add_argument("id", type=identifier, help="the token's id (principal token list)")
     p.set_defaults(func=cmd_token_revoke)
 
     credential = sub.add_parser(

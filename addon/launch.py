@@ -62,12 +62,14 @@ def add_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     p.set_defaults(func=cmd_exec)
     p = sub.add_parser("env", parents=[common], help="print a session's variables")
     _session_flags(p)
-    p.add_argument("--format", choices=launchenv.FORMATS, default="sh")
+    p.add_argument(
+        "--format", choices=launchenv.FORMATS, default="sh", help="sh (default), dotenv or json"
+    )
     p.set_defaults(func=cmd_env)
 
 
 def _session_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--principal", required=True)
+    p.add_argument("--principal", required=True, help="whose session")
     p.add_argument(
         "--ttl", type=ttl, default=timedelta(hours=8), help="session lifetime (default 8h)"
     )
