@@ -237,7 +237,7 @@ def cmd_env(args: argparse.Namespace, settings: Settings) -> int:
     with session(store, args, settings, ()) as sess:
         env = launchenv.variables(sess)
         env["JAVA_TOOL_OPTIONS"] = launchenv.java_options(sess, None)
-        sys.stdout.write(launchenv.render(env, args.format))
+        sys.stdout.write(launchenv.render(env, "json" if settings.json else args.format))
     return 0
 
 

@@ -453,8 +453,7 @@ def test_env_prints_a_working_session_that_outlives_the_command(
         f"127.0.0.1:{proxy.port}",
         "--ttl",
         "10m",
-        "--format",
-        "json",
+        "--json",
     )
     assert done.returncode == 0, done.stderr
     env = json.loads(done.stdout)
