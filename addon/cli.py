@@ -15,7 +15,7 @@ from typing import Any, NoReturn
 
 from addon import demo, launch, policycmd, runner
 from addon.argtypes import count
-from store import validation
+from store import aws, validation
 from store.ca import PUBLIC_CERT, ensure_ca
 from store.crypto import KEY_ENV, MasterKey, Secret, write_key_file
 from store.errors import CredproxyError, InvalidInput, MasterKeyError
@@ -43,10 +43,18 @@ FLAGS = {
     "param": "--param NAME",
     "scheme": "--scheme",
     "expires": "--expires",
+    "encoded_slash": "--encoded-slash",
     "rate": "--rate",
     "burst": "--burst",
     "once": "--once",
     "max_uses": "--max-uses",
+    "region": "--region",
+    "service": "--service",
+    "placeholder": "--placeholder",
+    "position": "--position",
+    "assume_role": "--assume-role",
+    "external_id": "--external-id",
+    "session_policy": "--session-policy",
     "placeholder_env": "--placeholder-env",
 }
 
@@ -190,6 +198,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--header", help="header name, with --scheme header")
     p.add_argument("--param", help="query parameter name, with --scheme query")
+    p.add_argument("--region", help="AWS region, with --scheme sigv4 (default: from the host)")
+    p.add_argument(
+        "--service", help="AWS signing name, with --scheme sigv4 (default: from the host)"
+    )
+    p.add_argument("--assume-role", metavar="ARN", help="sign as this role (STS), with sigv4")
+    p.add_argument("--external-id", help="with --assume-role")
+    p.add_argument("--session-policy", metavar="FILE", help="JSON policy, with --assume-role")
+    p.add_argument("--placeholder", help="what the agent sends in its place, with --scheme path")
+    p.add_argument(
+        "--position",
+        action="append",
+        default=[],
+        help="path prefix where the placeholder goes, e.g. /bot{}, with --scheme path",
+    )
     p.add_argument("--placeholder-env", help="a variable `credproxy exec` sets to a placeholder")
     p.set_defaults(func=cmd_credential_add)
     p = credential.add_parser("list", parents=[common], help="credentials (never secrets)")
@@ -217,6 +239,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--path", action="append", default=[], help="path pattern (default /)")
     p.add_argument("--once", action="store_true", help="usable by exactly one request")
     p.add_argument("--websocket", action="store_true", help="allow Upgrade requests")
+    p.add_argument(
+        "--encoded-slash",
+        action="store_true",
+        help="let a '*' path segment match one holding %%2F too (npm's @scope%%2Fname)",
+    )
     p.add_argument("--expires", help="30s, 10m, 2h, 7d or an ISO-8601 time")
     p.add_argument("--purpose", help="a note for operators, shown by grant list")
     _rate_flags(p, "for requests this grant lets through, per proxy replica")
@@ -496,9 +523,18 @@ def cmd_token_revoke(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_credential_add(args: argparse.Namespace, settings: Settings) -> int:
     store = settings.store()
     secret = read_secret()
+    options = {
+        "region": args.region,
+        "service": args.service,
+        "assume_role": args.assume_role,
+        "external_id": args.external_id,
+        "session_policy": _policy_file(args.session_policy),
+        "placeholder": args.placeholder,
+        "position": args.position,
+        "placeholder_env": args.placeholder_env,
+    }
     fp = store.add_credential(
-        args.name, args.scheme, args.host, secret, args.header, args.param,
-        placeholder_env=args.placeholder_env,
+        args.name, args.scheme, args.host, secret, args.header, args.param, options
     )
     _emit(
         settings,
@@ -515,6 +551,7 @@ def _credential_row(c: CredentialEntry) -> dict[str, Any]:
         "header": c.header_name,
         "param": c.param_name,
         "hosts": c.hosts,
+        **_scheme_columns(c),
         "fingerprint": c.fingerprint,
         "created_at": c.created_at.isoformat(timespec="seconds"),
         "rotated_at": c.rotated_at.isoformat(timespec="seconds") if c.rotated_at else None,
@@ -522,13 +559,43 @@ def _credential_row(c: CredentialEntry) -> dict[str, Any]:
     }
 
 
+def _policy_file(path: str | None) -> str | None:
+    if path is None:
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read(64 * 1024)
+    except (OSError, UnicodeDecodeError) as e:
+        raise InvalidInput(f"cannot read --session-policy {path!r}") from e
+
+
+def _scheme_columns(c: CredentialEntry) -> dict[str, Any]:
+    """A sigv4 credential's region, service and masked key id; a path one's placeholder."""
+    if c.scheme == "sigv4":
+        service, region = c.options.get("service"), c.options.get("region")
+        scopes = [aws.scope_of(aws.representative(h), service, region) for h in c.hosts]
+        return {
+            "region": ",".join(sorted({s.region for s in scopes if s})) or None,
+            "service": ",".join(sorted({s.service for s in scopes if s})) or None,
+            "access_key_id": c.options.get("access_key_id"),
+            "assume_role": c.options.get("assume_role"),
+        }
+    if c.scheme == "path":
+        return {
+            "placeholder": c.options.get("placeholder"),
+            "positions": c.options.get("positions"),
+        }
+    return {}
+
+
 def cmd_credential_list(args: argparse.Namespace, settings: Settings) -> int:
     rows = [_credential_row(c) for c in settings.reader().list_credentials()]
-    _emit(
-        settings,
-        rows,
-        _table(rows, ["name", "scheme", "header", "param", "hosts", "fingerprint", "rotated_at"]),
-    )
+    columns = ["name", "scheme", "header", "param", "hosts"]
+    for extra in ("region", "service", "access_key_id", "assume_role", "placeholder", "positions"):
+        if any(extra in row for row in rows):
+            columns.append(extra)
+    columns += ["fingerprint", "rotated_at"]
+    _emit(settings, rows, _table([{c: row.get(c) for c in columns} for row in rows], columns))
     return 0
 
 
@@ -563,6 +630,7 @@ def cmd_grant_add(args: argparse.Namespace, settings: Settings) -> int:
         websocket=args.websocket,
         expires_at=expires,
         purpose=args.purpose,
+        encoded_slash=args.encoded_slash,
         limits=limits,
     )
     _emit(
@@ -588,6 +656,7 @@ def _grant_row(g: GrantEntry) -> dict[str, Any]:
         "paths": g.paths,
         "once": g.once,
         "websocket": g.websocket,
+        "encoded_slash": g.encoded_slash,
         "expires_at": g.expires_at.isoformat() if g.expires_at else None,
         "purpose": g.purpose,
         "created_at": g.created_at.isoformat(),
@@ -608,11 +677,16 @@ def cmd_grant_list(args: argparse.Namespace, settings: Settings) -> int:
     # credential's. --json keeps null there, as stored.
     their_hosts = {c.name: c.hosts for c in store.list_credentials()}
     shown = [
-        row | {"hosts": g.hosts or their_hosts.get(g.credential or ""), "once": _yes(g.once)}
+        row
+        | {
+            "hosts": g.hosts or their_hosts.get(g.credential or ""),
+            "once": _yes(g.once),
+            "encoded_slash": _yes(g.encoded_slash),
+        }
         for row, g in zip(rows, grants, strict=True)
     ]
     columns = ["id", "principal", "credential", "hosts", "methods", "paths", "once", "expires_at"]
-    _emit(settings, rows, _table(shown, columns + ["state", "purpose"]))
+    _emit(settings, rows, _table(shown, columns + ["encoded_slash", "state", "purpose"]))
     return 0
 
 

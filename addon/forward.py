@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable
 from mitmproxy import http
 
 from addon import audit, wire, wsredact
+from addon.assume import RoleSession, Unavailable
 from addon.dns import DEFAULT_TTL, FORBIDDEN, LookupFailed, Resolver
 from addon.failclosed import Denied, deny_on_error
 from addon.guard import DestinationGuard
@@ -20,7 +21,9 @@ from addon.metrics import Metrics
 from addon.policy import Reason, Rule
 from addon.ratelimit import Limiter, grant_limit
 from addon.redact import Redactor
-from addon.stamping import slot, stamp_query
+from addon.signing import ROLE_UNAVAILABLE, Signing
+from addon.sigv4 import Plan, signed_query
+from addon.stamping import Stamp, slot, stamp_query
 from addon.state import KEY, STEPS, Clients, Record, Step
 from addon.trail import Trail
 from store.errors import CredproxyError
@@ -37,6 +40,7 @@ class Forward:
         metrics: Metrics,
         dns_ttl: float = DEFAULT_TTL,
         limiter: Limiter | None = None,
+        signing: Signing | None = None,
     ) -> None:
         self.limiter = limiter or Limiter()
         self.live = live
@@ -46,6 +50,7 @@ class Forward:
         self.clients = clients
         self.trail = trail
         self.metrics = metrics
+        self.signing = signing or Signing(trail)
 
     @property
     def guard(self) -> DestinationGuard:
@@ -67,6 +72,10 @@ class Forward:
             return None
         v = step.verdict
         assert v.host is not None and v.port is not None and v.rule is not None
+        # Scheme checks that refuse come first: nothing is spent on a request they refuse.
+        plan = self._plan(flow, step)
+        # A role without valid temporary keys yet: fetched first, before anything is spent.
+        role = plan.role if isinstance(plan, Plan) and plan.role and not plan.role.now() else None
         limit = grant_limit(v.rule)
         limits = step.limits if limit is None else (*step.limits, limit)
         if limits:
@@ -77,16 +86,53 @@ class Forward:
                 address = self.resolver.cached(v.host, v.port)
             except LookupFailed as e:
                 raise _refusal(e, rec, v.rule) from e
-        if address is None or v.rule.once or v.rule.max_uses is not None:
-            return self._vet_then_forward(flow, step, rec, address)
-        self._forward(flow, step, rec, address)
+        if address is None or v.rule.once or v.rule.max_uses is not None or role is not None:
+            return self._vet_then_forward(flow, step, rec, address, plan, role)
+        self._forward(flow, step, rec, address, plan)
         return None
 
+    def _plan(self, flow: http.HTTPFlow, step: Step) -> Plan | str | None:
+        """A sigv4 request's signing plan, a path credential's outgoing path, or None.
+
+        Raises: Denied, for a request its scheme cannot serve.
+        """
+        v = step.verdict
+        assert v is not None and v.rule is not None and v.host is not None
+        credential = v.rule.credential
+        if credential is None or credential.scheme not in ("sigv4", "path"):
+            return None
+        stamp = step.policy.stamp(credential)
+        if stamp.signer is not None:
+            return self.signing.plan(flow, stamp.signer, v.host)
+        assert v.path is not None
+        placed = stamp.placed(v.path, flow.request.data.path, step.headers.index)
+        if placed is None:
+            rec: Record | None = flow.metadata.get(KEY)
+            if rec is not None and rec.path is not None:
+                # An agent that sent the secret itself must not get it into the audit line.
+                rec.path = rec.path.replace(stamp.secret.decode("ascii"), "[REDACTED]")
+            raise Denied(
+                Reason.BAD_REQUEST,
+                "the credential's placeholder goes once, at its position, and its secret nowhere",
+            )
+        return placed
+
     async def _vet_then_forward(
-        self, flow: http.HTTPFlow, step: Step, rec: Record, address: tuple[str, int] | None
+        self,
+        flow: http.HTTPFlow,
+        step: Step,
+        rec: Record,
+        address: tuple[str, int] | None,
+        plan: Plan | str | None,
+        role: RoleSession | None = None,
     ) -> None:
         v = step.verdict
         assert v is not None and v.host is not None and v.port is not None and v.rule is not None
+        if role is not None:
+            try:
+                await role.ensure()
+            except Unavailable as e:
+                raise Denied(Reason.CREDENTIALS_UNAVAILABLE, ROLE_UNAVAILABLE) from e
         if address is None:
             try:
                 address, waited = await self.resolver.resolve(v.host, v.port)
@@ -94,10 +140,15 @@ class Forward:
                 raise _refusal(e, rec, v.rule) from e
             rec.dns_ms = round(waited * 1000, 2)
         await self._consume(v.rule)
-        self._forward(flow, step, rec, address)
+        self._forward(flow, step, rec, address, plan)
 
     def _forward(
-        self, flow: http.HTTPFlow, step: Step, rec: Record, address: tuple[str, int]
+        self,
+        flow: http.HTTPFlow,
+        step: Step,
+        rec: Record,
+        address: tuple[str, int],
+        plan: Plan | str | None = None,
     ) -> None:
         v = step.verdict
         assert v is not None and v.rule is not None and v.host is not None
@@ -117,11 +168,21 @@ class Forward:
             request.headers.pop("sec-websocket-extensions")
         credential = rule.credential
         query = v.query
+        path = v.path
+        stamp: Stamp | None = None
         if credential is not None:
             stamp = step.policy.stamp(credential)
-            wsredact.REDACTORS[flow] = Redactor((stamp.secret,))
+            secrets = stamp.secrets
+            if isinstance(plan, Plan) and plan.role is not None:
+                temporary = plan.role.now()
+                secrets += temporary.secrets if temporary is not None else ()
+            wsredact.REDACTORS[flow] = Redactor(secrets)
             if stamp.param is not None:
                 query = stamp_query(query, stamp.param, stamp.secret)
+            elif isinstance(plan, str):
+                path = plan  # the placeholder replaced, only now that it leaves
+            elif stamp.signer is not None:
+                query = signed_query(query)
             # Replace, never append: a second value would let the upstream pick the agent's.
             names = stamp.names
             request.headers.fields = (
@@ -129,13 +190,23 @@ class Forward:
                 *stamp.fields,
             )
         # Forward exactly the path that was matched.
-        request.data.path = v.path.encode("ascii") + (b"?" + query if query is not None else b"")
+        request.data.path = path.encode("ascii") + (b"?" + query if query is not None else b"")
         if not request.is_http2:
             request.data.authority = b""
         # Dial the vetted (or --resolve) address; Host header and SNI keep the name.
         request.data.host, request.data.port = address
         self.clients.state(flow.client_conn).upstream[address] = v.host
         request.stream = _counter(rec)
+        if isinstance(plan, Plan):
+            assert stamp is not None and stamp.signer is not None
+            self.signing.apply(flow, stamp.signer, plan)  # last: it signs what is forwarded
+
+    async def dial(self, host: str, port: int) -> tuple[str, int]:
+        """Where the proxy's own calls (STS for a role) connect: --resolve, or a vetted lookup."""
+        address = self.resolve.lookup(host, port)
+        if address is None:
+            address, _ = await self.resolver.resolve(host, port)
+        return address
 
     async def _consume(self, rule: Rule) -> None:
         """A once- or use-counted grant is used as the last step before forwarding; losing

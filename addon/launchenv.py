@@ -66,6 +66,9 @@ def java_options(session: Session, existing: str | None) -> str:
         f"-Dhttp.proxyHost={host}",
         f"-Dhttp.proxyPort={port}",
         "-Dhttp.nonProxyHosts=",
+        # Else the JDK never answers a 407 with Basic on CONNECT (README, "Java"). The token
+        # itself stays out: the JVM prints JAVA_TOOL_OPTIONS on every start.
+        "-Djdk.http.auth.tunneling.disabledSchemes=",
     ]
     if session.truststore is not None:
         props += [

@@ -56,6 +56,8 @@ class Reason(enum.StrEnum):
     # Answers of credproxy.internal, the access-request endpoint.
     NOT_FOUND = "not-found"
     TOO_MANY_ACCESS_REQUESTS = "too-many-access-requests"
+    SIGNING_UNSUPPORTED = "signing-unsupported"
+    CREDENTIALS_UNAVAILABLE = "credentials-unavailable"
 
 
 STATUS = {
@@ -76,6 +78,8 @@ STATUS = {
     Reason.TOO_MANY_CONNECTIONS: 429,
     Reason.NOT_FOUND: 404,
     Reason.TOO_MANY_ACCESS_REQUESTS: 429,
+    Reason.SIGNING_UNSUPPORTED: 400,
+    Reason.CREDENTIALS_UNAVAILABLE: 502,
 }
 # The grant allowed the request and the upstream failed it: never a denial.
 UPSTREAM_REASONS = frozenset(
@@ -106,6 +110,7 @@ class Rule:
     websocket: bool
     expires_at: datetime | None
     consumed: bool = False
+    encoded_slash: bool = False  # a `*` may match a segment holding %2F
     rate: Rate | None = None
     burst: int | None = None
     max_uses: int | None = None
@@ -123,7 +128,8 @@ class Rule:
         return self.methods is None or method in self.methods
 
     def longest_path(self, path: str) -> int:
-        return max((len(p) for p in self.paths if path_matches(p, path)), default=-1)
+        slash = self.encoded_slash
+        return max((len(p) for p in self.paths if path_matches(p, path, slash)), default=-1)
 
 
 class Request(NamedTuple):
@@ -341,13 +347,19 @@ def _compile(grant: GrantRecord, snapshot: Snapshot) -> Rule:
         grant_id=grant.id,
         credential=snapshot.credentials[grant.credential] if grant.credential else None,
         hosts=grant.hosts,
-        methods=None if "*" in grant.methods else grant.methods,
+        methods=None if "*" in grant.methods else _with_head(grant.methods),
         paths=grant.paths,
         once=grant.once,
         websocket=grant.websocket,
         expires_at=grant.expires_at,
         consumed=grant.consumed,
+        encoded_slash=grant.encoded_slash,
         rate=grant.rate,
         burst=grant.burst,
         max_uses=grant.max_uses,
     )
+
+
+def _with_head(methods: frozenset[str]) -> frozenset[str]:
+    """GET allows HEAD: a HEAD discloses nothing the GET does not (uv probes wheels with it)."""
+    return methods | {"HEAD"} if "GET" in methods else methods

@@ -53,6 +53,8 @@ TITLES = {
     Reason.NOT_FOUND: "Not found",
     Reason.TOO_MANY_ACCESS_REQUESTS: "Too many pending access requests",
     Reason.RATE_LIMITED: "Rate limited",
+    Reason.SIGNING_UNSUPPORTED: "Request cannot be signed",
+    Reason.CREDENTIALS_UNAVAILABLE: "Credentials unavailable",
 }
 
 

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from addon.live import LivePolicy
 
 DRAIN_POLL = 0.05
+MAX_SIGNED_BODY = 1024 * 1024 * 1024
 # After the drain deadline, how long closing the remaining connections may take.
 CLOSE_TIMEOUT = 2.0
 
@@ -52,6 +53,7 @@ class RunConfig:
     drain_timeout: float = 10.0
     limits: LimitSettings = LimitSettings()
     dns_ttl: float = DEFAULT_TTL
+    max_signed_body: int = 8 * 1024 * 1024
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, settings: Settings) -> RunConfig:
@@ -81,6 +83,7 @@ class RunConfig:
             args.drain_timeout,
             LimitSettings.from_args(args),
             args.dns_ttl,
+            args.max_signed_body if args.max_signed_body is not None else cls.max_signed_body,
         )
 
 
@@ -171,6 +174,12 @@ def add_command(sub: Any, common: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="reuse a vetted name lookup this long, then refresh it (default %(default)g)",
     )
+    p.add_argument(
+        "--max-signed-body",
+        type=count(0, MAX_SIGNED_BODY),
+        metavar="BYTES",
+        help="hold and sign AWS request bodies up to this size (default 8388608, 8 MiB)",
+    )
     add_limit_flags(p)
     p.set_defaults(func=cmd_run)
 
@@ -202,11 +211,13 @@ def build_chain(
     alert_streak: int = 20,
     limits: LimitSettings | None = None,
     dns_ttl: float = DEFAULT_TTL,
+    max_signed_body: int | None = None,
 ) -> Chain:
     """credproxy's addons, in the order they run for each hook."""
     import time
 
     from addon.access import AccessEndpoint, AccessRequests
+    from addon.assume import SESSIONS
     from addon.auth import Auth
     from addon.chain import Chain, Lifecycle
     from addon.forward import Forward
@@ -216,6 +227,7 @@ def build_chain(
     from addon.pinning import Pinning
     from addon.ratelimit import Limiter
     from addon.responses import Responses
+    from addon.signing import Signing
     from addon.state import Clients
     from addon.trail import Trail
 
@@ -229,15 +241,22 @@ def build_chain(
     clients = Clients()
     access = AccessRequests(live, log)
     limiter = Limiter()
+    signing = Signing(trail) if max_signed_body is None else Signing(trail, max_signed_body)
+    forward = Forward(
+        live, resolve, guard, clients, trail, metrics, dns_ttl, limiter=limiter, signing=signing
+    )
+    SESSIONS.dial = forward.dial  # AssumeRole calls go out as the requests do
     return Chain(
         [
             Lifecycle(live),  # configure, running, done: the options and the policy poller
             Auth(live, clients, trail),  # http_connect, requestheaders: who, and the tunnel
             Pinning(clients),  # tls_clienthello, tls_start_client, server_connect
             Gate(access, trail, limiter),  # requestheaders: the principal's rate, the verdict
-            # requestheaders: the grant's rate, vet the address, use a once-grant, stamp
-            Forward(live, resolve, guard, clients, trail, metrics, dns_ttl, limiter),
+            # requestheaders: the scheme's checks, the grant's rate, vet the address, use a
+            # once- or counted grant, stamp
+            forward,
             AccessEndpoint(access, trail),  # request: credproxy.internal
+            signing,  # request: sign a held body (sigv4) once it is whole
             Responses(),  # responseheaders, response, websocket_message: redaction
             trail,  # response, error: the audit line
             # caps and deadlines, last: it sees what the others did
@@ -251,7 +270,7 @@ async def serve(config: RunConfig, started: asyncio.Event | None = None) -> int:
     from mitmproxy import options
     from mitmproxy.tools.dump import DumpMaster
 
-    from addon import bounds, connects, refusals, wire, wsredact
+    from addon import bounds, connects, refusals, signing, wire, wsredact
     from addon.chain import REQUIRED_OPTIONS
     from addon.forward import Forward
     from addon.live import LivePolicy
@@ -280,6 +299,7 @@ async def serve(config: RunConfig, started: asyncio.Event | None = None) -> int:
     refusals.install()
     bounds.install()
     wsredact.install()
+    signing.install()
     runtime = Path(tempfile.mkdtemp(prefix="credproxy-"))
     master = DumpMaster(options.Options(), with_termlog=False, with_dumper=False)
     _quiet_errorcheck(master)
@@ -294,9 +314,18 @@ async def serve(config: RunConfig, started: asyncio.Event | None = None) -> int:
     }
     if config.upstream_ca is not None:
         update["ssl_verify_upstream_trusted_ca"] = str(_trust_bundle(config.upstream_ca, runtime))
+        from addon.assume import SESSIONS
+
+        SESSIONS.cafile = update["ssl_verify_upstream_trusted_ca"]
     master.options.update(**update)
     chain = build_chain(
-        live, config.resolve, config.guard, config.alert_streak, config.limits, config.dns_ttl
+        live,
+        config.resolve,
+        config.guard,
+        config.alert_streak,
+        config.limits,
+        config.dns_ttl,
+        config.max_signed_body,
     )
     master.addons.add(chain)
     forward, trail = chain.part(Forward), chain.part(Trail)

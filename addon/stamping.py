@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import base64
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 from urllib.parse import quote, unquote_to_bytes
 
 from store.records import CredentialRecord
 
+if TYPE_CHECKING:
+    from addon.sigv4 import Signer
+
 
 def header_for(credential: CredentialRecord) -> tuple[str, str] | None:
-    """The header a credential is sent in, or None for the query scheme."""
+    """The header a credential is sent in, or None for the query, sigv4 and path schemes."""
     secret = credential.secret.reveal()
     if credential.scheme == "bearer":
         return "Authorization", "Bearer " + secret.decode("ascii")
@@ -31,29 +34,72 @@ class Stamp:
     """What one credential writes onto every request it is stamped on, built once per policy.
 
     `fields` replace every field of the same names (`names`, lower-case); a query credential
-    has `param` instead of a header. Accept-Encoding: identity is always among the fields:
-    redaction must see the response body as sent. Its repr never shows the secret.
+    has `param` instead of a header, a sigv4 credential a `signer` (its fields are written per
+    request), a path credential a `placeholder` and the `positions` it may take.
+    Accept-Encoding: identity is always among the fields: redaction must see the response
+    body as sent. `secrets` are what redaction looks for. Its repr never shows a secret.
     """
 
-    __slots__ = ("fields", "names", "param", "secret")
+    __slots__ = (
+        "fields",
+        "names",
+        "param",
+        "secret",
+        "secrets",
+        "signer",
+        "placeholder",
+        "positions",
+    )
 
     def __init__(self, credential: CredentialRecord) -> None:
         self.secret = credential.secret.reveal()
+        self.secrets: tuple[bytes, ...] = (self.secret,)
+        self.param: str | None = None
+        self.signer: Signer | None = None
+        self.placeholder: str | None = None
+        self.positions: tuple[str, ...] = ()
         fields = [(b"accept-encoding", b"identity")]
-        header = header_for(credential)
-        if header is not None:
-            fields.append((header[0].encode("ascii"), header[1].encode("ascii")))
+        removed: frozenset[bytes] = frozenset()
+        if credential.scheme == "sigv4":
+            from addon.sigv4 import AGENT_HEADERS, Signer
+
+            self.signer = Signer(credential)
+            self.secrets = self.signer.secrets
+            removed = AGENT_HEADERS
+        elif credential.scheme == "path":
+            self.placeholder = credential.options["placeholder"]
+            self.positions = tuple(credential.options["positions"])
+        else:
+            header = header_for(credential)
+            if header is not None:
+                fields.append((header[0].encode("ascii"), header[1].encode("ascii")))
+            else:
+                self.param = credential.param_name
+                assert self.param is not None
         self.fields = tuple(fields)
         # Lower-case, `_` as `-`: backends behind CGI or WSGI read X_Api_Key as X-Api-Key.
-        self.names = frozenset(slot(name) for name, _ in fields)
-        self.param = credential.param_name if header is None else None
-        assert header is not None or self.param is not None
+        self.names = frozenset(slot(name) for name, _ in fields) | removed
 
     def __repr__(self) -> str:
         return "Stamp([secure])"
 
     def __reduce__(self) -> NoReturn:
         raise TypeError("a Stamp cannot be pickled")
+
+    def placed(self, path: str, target: bytes, headers: dict[bytes, list[bytes]]) -> str | None:
+        """The path as it leaves, the secret in the placeholder's place; None if the request
+        carries the placeholder anywhere but once at one of its positions, or the secret."""
+        assert self.placeholder is not None
+        decoded = unquote_to_bytes(target)
+        if decoded.lower().count(self.placeholder.lower().encode()) != 1:
+            return None
+        if self.secret in decoded or any(self.secret in v for vs in headers.values() for v in vs):
+            return None
+        for position in self.positions:
+            at = position.replace("{}", self.placeholder)
+            if path == at or path.startswith(at + "/"):
+                return position.replace("{}", self.secret.decode("ascii")) + path[len(at) :]
+        return None
 
 
 def stamp_query(query: bytes | None, param: str, secret: bytes) -> bytes:

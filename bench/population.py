@@ -7,6 +7,7 @@ sealing and hashing, so `credproxy run` reads them exactly as if the CLI had wri
 
 from __future__ import annotations
 
+import json
 import secrets
 from dataclasses import dataclass
 
@@ -30,6 +31,9 @@ class Population:
     # The benchmark's host as the grants name it; "localhost:PORT" for the configurations
     # whose upstream name goes through the system resolver.
     host: str = HOST
+    # "sigv4": every request signed with AWS SigV4 (bench.test is no AWS name: the scope is
+    # given as --service/--region would give it).
+    scheme: str = "bearer"
 
     @property
     def grants(self) -> int:
@@ -80,13 +84,20 @@ def populate(store: Store, key: MasterKey, spec: Population) -> list[tuple[str, 
     credentials = []
     for k in range(spec.credentials):
         name = validate_name("credential", f"cred-{k:04d}")
-        secret = Secret(secrets.token_urlsafe(32).encode())
+        plain = secrets.token_urlsafe(32)
+        secret = Secret(plain.encode())
+        options = None
+        if spec.scheme == "sigv4":
+            keys = {"access_key_id": f"AKIABENCH{k:011d}", "secret_access_key": plain}
+            secret = Secret(json.dumps(keys).encode())
+            options = {"service": "execute-api", "region": "us-east-1"}
         key_id, nonce, ciphertext = seal(key, name, secret)
         credentials.append(
             {
                 "id": k + 1,
                 "name": name,
-                "scheme": "bearer",
+                "scheme": spec.scheme,
+                "options": options,
                 "hosts": _hosts(spec.host, f"*.svc{k}.example"),
                 "key_id": key_id,
                 "nonce": nonce,

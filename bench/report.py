@@ -11,8 +11,10 @@ from typing import Any
 from bench.client import Outcome
 
 BASELINE = "mitmproxy"
-CREDPROXY_CONFIGS = ("credproxy-10", "credproxy-10k", "credproxy-10-dns")
+CREDPROXY_CONFIGS = ("credproxy-10", "credproxy-10k", "credproxy-10-dns", "credproxy-sigv4")
 MIN_RPS_RATIO = 0.90
+# Signing costs more than a header: issue 17 asks 0.85 of bare mitmproxy at c=10.
+MIN_RPS_RATIO_OF = {"credproxy-sigv4": 0.85}
 MAX_P50_ADDED_MS = 0.5
 MAX_RSS_GROWTH_MIB = 20.0
 MAX_STARTUP_S = 2.0
@@ -145,8 +147,9 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     for row in results["rows"]:
         if row["config"] not in CREDPROXY_CONFIGS or row["rps_ratio"] is None:
             continue
-        name = f"{row['config']} rps ≥ {MIN_RPS_RATIO:.2f} × mitmproxy at c={row['concurrency']}"
-        check(name, row["rps_ratio"], MIN_RPS_RATIO, True)
+        least = MIN_RPS_RATIO_OF.get(row["config"], MIN_RPS_RATIO)
+        name = f"{row['config']} rps ≥ {least:.2f} × mitmproxy at c={row['concurrency']}"
+        check(name, row["rps_ratio"], least, True)
         if row["concurrency"] == 1:
             name = f"{row['config']} p50 added ≤ {MAX_P50_ADDED_MS} ms at c=1"
             added = row["p50_added_ms"]

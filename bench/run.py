@@ -45,6 +45,10 @@ POPULATIONS = {
     "credproxy-10-dns": Population(principals=10, credentials=10, grants_per_principal=1),
     # The same with `--dns-ttl 0`: every request misses the cache and waits for a lookup.
     "credproxy-10-dns-miss": Population(principals=10, credentials=10, grants_per_principal=1),
+    # Every request signed with AWS SigV4 (botocore) at the edge.
+    "credproxy-sigv4": Population(
+        principals=10, credentials=10, grants_per_principal=1, scheme="sigv4"
+    ),
 }
 DNS_CONFIGS = frozenset({"credproxy-10-dns", "credproxy-10-dns-miss"})
 # Extra `credproxy run` flags per configuration.

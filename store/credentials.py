@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
@@ -39,16 +40,15 @@ def add(
     secret: Secret,
     header_name: str | None = None,
     param_name: str | None = None,
-    placeholder_env: str | None = None,
+    options: Mapping[str, Any] | None = None,
 ) -> str:
     """Seal and store a credential; returns its fingerprint."""
     validate_name("credential", name)
     patterns = validation.credential_hosts(hosts)
     header_name, param_name = validation.scheme_options(scheme, header_name, param_name)
-    validation.secret(scheme, secret)
-    options = {}
-    if placeholder_env is not None:
-        options["placeholder_env"] = validation.env_name(placeholder_env)
+    settings = validation.credential_options(scheme, options or {}, patterns)
+    secret = validation.scheme_secret(scheme, secret, settings)
+    settings |= validation.secret_hint(scheme, secret)
     with db.change() as session:
         if find(session, name) is not None:
             raise Conflict(f"credential {name!r} already exists")
@@ -61,12 +61,12 @@ def add(
                 header_name=header_name,
                 param_name=param_name,
                 hosts=[str(p) for p in patterns],
+                options=settings or None,
                 key_id=key_id,
                 nonce=nonce,
                 ciphertext=ciphertext,
                 fingerprint=fingerprint,
                 created_at=utcnow(),
-                options=options or None,
             )
         )
     return fingerprint
@@ -97,7 +97,11 @@ def rotate(db: Database, key: MasterKey, name: str, secret: Secret) -> str:
     """Seal a new secret for the credential; returns its fingerprint."""
     with db.change() as session:
         row = need(session, name)
-        validation.secret(row.scheme, secret)
+        settings = dict(row.options or {})
+        secret = validation.scheme_secret(row.scheme, secret, settings)
+        hint = validation.secret_hint(row.scheme, secret)
+        if hint:
+            row.options = settings | hint
         row.key_id, row.nonce, row.ciphertext = keys.seal(key, name, secret)
         row.fingerprint = key.fingerprint(secret)
         row.rotated_at = utcnow()

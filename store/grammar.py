@@ -306,10 +306,15 @@ _UNRESERVED = frozenset((_ALPHANUMERIC + "-._~").encode("ascii"))
 _HEX = frozenset(b"0123456789ABCDEFabcdef")
 _CONTROLS = bytes(range(0x20)) + b"\x7f"
 # An escape of these is refused, not kept: a backend that decodes before routing would see a
-# separator, a matrix parameter or a control character the grant check never saw.
-_REFUSED_ESCAPES = frozenset(_CONTROLS + b"/\\;")
+# separator, a matrix parameter or a control character the grant check never saw. An encoded
+# slash is kept (npm's `@scope%2Fname`, GitLab's `group%2Fproject`), but only between parts
+# that are names: a decoding backend then sees no empty or dot segment the canonical path hid.
+_REFUSED_ESCAPES = frozenset(_CONTROLS + b"\\;")
+ENCODED_SLASH = "%2F"
+_DOT_OR_EMPTY = (b"", b".", b"..")
 # After the escape of a literal '%', two hex digits re-form an escape for a second decoder.
 _DOUBLE_ENCODED = re.compile(r"%25[0-9A-Fa-f]{2}")
+_PATTERN_SLASH = re.compile("%2F", re.IGNORECASE)
 # Non-ASCII characters that NFKC folds into one of these could be turned into structure by a
 # normalising upstream (U+FF0E FULLWIDTH FULL STOP becomes '.').
 _FOLDS_TO_STRUCTURE = frozenset("./\\;%?#")
@@ -321,7 +326,7 @@ DETAILS = frozenset(
         "control character",
         "invalid character",
         "invalid escape",
-        "encoded slash",
+        "empty or dot part around an encoded slash",
         "backslash",
         "matrix parameter",
         "double encoding",
@@ -414,8 +419,6 @@ def _segment(raw: bytes) -> str:
         value = int(pair, 16)
         if value in _UNRESERVED:
             parts.append(chr(value))
-        elif value == 0x2F:
-            raise BadPath("encoded slash")
         elif value in _REFUSED_ESCAPES:
             raise BadPath(_raw_refusal(value))
         else:
@@ -426,6 +429,10 @@ def _segment(raw: bytes) -> str:
     # Checked on the result, so '%25%32%65' is caught as surely as '%252e'.
     if _DOUBLE_ENCODED.search(segment):
         raise BadPath("double encoding")
+    # `decoded` holds the slash itself: a backend that decodes %2F reads these parts as
+    # segments, so `a%2F..` or `a%2F%2Fb` would be a dot or empty segment to it.
+    if 0x2F in decoded and any(part in _DOT_OR_EMPTY for part in decoded.split(b"/")):
+        raise BadPath("empty or dot part around an encoded slash")
     if not decoded.isascii():
         try:
             text = decoded.decode("utf-8")
@@ -454,32 +461,48 @@ def _folds_to_structure(char: str) -> bool:
 def validate_path_pattern(pattern: str) -> str:
     """Segment-bounded prefix; `*` stands for exactly one segment; a trailing `/` means below.
 
-    Only plain pchar: every pattern is its own canonical path (with `*` read as a segment).
+    Plain pchar and `%2F` between two names: every pattern is its own canonical path (with `*`
+    read as a segment). Returns the pattern with `%2f` written `%2F`, as canonicalize does.
     """
     if not pattern.startswith("/"):
         raise InvalidInput(f"invalid path pattern {pattern!r}: must start with '/'")
     if pattern == "/":
         return pattern
     segments = pattern[1:].split("/")
-    if segments[-1] == "":
+    below = segments[-1] == ""
+    if below:
         segments.pop()
-    for segment in segments:
+    for index, segment in enumerate(segments):
         if segment in ("", ".", ".."):
             raise InvalidInput(f"invalid path pattern {pattern!r}: empty or dot segment")
         if "*" in segment and segment != "*":
             raise InvalidInput(f"invalid path pattern {pattern!r}: '*' must be a whole segment")
-        if not _PCHAR_CHARS.issuperset(segment):
+        parts = _PATTERN_SLASH.split(segment)
+        if len(parts) > 1 and any(part in ("", ".", "..") for part in parts):
             raise InvalidInput(
-                f"invalid path pattern {pattern!r}: only unencoded path characters are allowed"
+                f"invalid path pattern {pattern!r}: %2F must sit between two names"
             )
-    return pattern
+        if not all(map(_PCHAR_CHARS.issuperset, parts)):
+            raise InvalidInput(
+                f"invalid path pattern {pattern!r}: only unencoded path characters "
+                "and %2F are allowed"
+            )
+        segments[index] = ENCODED_SLASH.join(parts)
+    return "/" + "/".join(segments) + ("/" if below else "")
 
 
-def path_matches(pattern: str, path: str) -> bool:
+def has_star(pattern: str) -> bool:
+    """Does the path pattern hold a `*` segment?"""
+    return "*" in pattern.split("/")
+
+
+def path_matches(pattern: str, path: str, encoded_slash: bool = False) -> bool:
     """Does canonical `path` fall under grant path `pattern`?
 
     A pattern matches itself and everything below it, segment by segment; with a trailing '/'
-    only what is below it. A '*' segment matches exactly one non-empty segment.
+    only what is below it. A '*' segment matches exactly one non-empty segment, and one that
+    holds an encoded slash only with `encoded_slash`: to a backend that decodes %2F it is
+    several segments.
     """
     if "*" not in pattern:
         if pattern.endswith("/"):
@@ -489,7 +512,10 @@ def path_matches(pattern: str, path: str) -> bool:
     got = path.split("/")[1:]
     if len(got) < len(wanted) + below:
         return False
-    return all(w == g or (w == "*" and g != "") for w, g in zip(wanted, got, strict=False))
+    return all(
+        w == g or (w == "*" and g != "" and (encoded_slash or ENCODED_SLASH not in g))
+        for w, g in zip(wanted, got, strict=False)
+    )
 
 
 @functools.lru_cache(maxsize=4096)

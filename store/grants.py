@@ -26,9 +26,10 @@ def add(
     websocket: bool = False,
     expires_at: datetime | None = None,
     purpose: str | None = None,
+    encoded_slash: bool = False,
     limits: validation.Limits = validation.NO_LIMITS,
 ) -> int:
-    spec = validation.grant_spec(methods, hosts, paths, expires_at)
+    spec = validation.grant_spec(methods, hosts, paths, expires_at, encoded_slash)
     with db.change() as session:
         owner = principals.need(session, principal)
         grant_id = insert(
@@ -68,6 +69,7 @@ def insert(
         expires_at=spec.expires_at,
         purpose=purpose,
         created_at=utcnow(),
+        encoded_slash=spec.encoded_slash,
     )
     session.add(grant)
     session.flush()

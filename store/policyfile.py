@@ -495,7 +495,7 @@ def _grant(t: _Table) -> GrantSpec | None:
     if not t.failed:
         with t.checking("methods"):
             # The expiry is checked against the clock only where the grant is written.
-            spec = validation.grant_spec(methods, hosts, paths, None)
+            spec = validation.grant_spec(methods, hosts, paths, None, encoded_slash)
     if spec is not None and credential is None and not spec.hosts:
         t.problem(None, "a grant without a credential needs hosts")
     if key is None or principal is None or spec is None:

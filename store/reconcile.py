@@ -178,7 +178,7 @@ class _Planner:
                 )
                 continue
             try:
-                spec = validation.grant_spec(g.methods, g.hosts, g.paths, None)
+                spec = validation.grant_spec(g.methods, g.hosts, g.paths, None, g.encoded_slash)
                 validation.within_credential(
                     spec, g.credential, cred_hosts.get(g.credential or "", [])
                 )

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import Engine
 
@@ -113,11 +114,11 @@ class Store:
         secret: Secret,
         header_name: str | None = None,
         param_name: str | None = None,
-        placeholder_env: str | None = None,
+        options: Mapping[str, Any] | None = None,
     ) -> str:
         key = keys.need(self.key)
         return credentials.add(
-            self.db, key, name, scheme, hosts, secret, header_name, param_name, placeholder_env
+            self.db, key, name, scheme, hosts, secret, header_name, param_name, options
         )
 
     def list_credentials(self) -> list[CredentialEntry]:
@@ -140,6 +141,7 @@ class Store:
         websocket: bool = False,
         expires_at: datetime | None = None,
         purpose: str | None = None,
+        encoded_slash: bool = False,
         limits: Limits = NO_LIMITS,
     ) -> int:
         return grants.add(
@@ -153,6 +155,7 @@ class Store:
             websocket,
             expires_at,
             purpose,
+            encoded_slash,
             limits,
         )
 

@@ -6,15 +6,19 @@ credential, path, header, param, scheme), which the CLI words as its own flags.
 
 from __future__ import annotations
 
+import json
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
+from store import aws
 from store.crypto import Secret
 from store.errors import InvalidInput
 from store.grammar import (
     HostPattern,
+    has_star,
     parse_host,
     parse_rate,
     validate_header_name,
@@ -25,7 +29,7 @@ from store.grammar import (
 from store.models import utcnow
 from store.records import REQUEST_STATES
 
-SCHEMES = ("bearer", "header", "basic", "query")
+SCHEMES = ("bearer", "header", "basic", "query", "sigv4", "path")
 MAX_REQUEST_PATH = 2048
 MAX_REQUEST_TEXT = 1000
 
@@ -96,6 +100,7 @@ class GrantSpec:
     paths: list[str]
     hosts: list[HostPattern]
     expires_at: datetime | None
+    encoded_slash: bool = False
 
 
 MAX_BURST = 1_000_000_000
@@ -140,6 +145,7 @@ def grant_spec(
     host_patterns: Sequence[str],
     paths: Sequence[str],
     expires_at: datetime | None,
+    encoded_slash: bool = False,
 ) -> GrantSpec:
     if not methods:
         raise InvalidInput("a grant needs at least one {method} (or '*')", method="method")
@@ -147,10 +153,16 @@ def grant_spec(
     if "*" in method_list and len(method_list) > 1:
         raise InvalidInput("{method} '*' already allows every method", method="method")
     path_list = sorted({validate_path_pattern(p) for p in paths}) or ["/"]
+    if encoded_slash and not any(map(has_star, path_list)):
+        raise InvalidInput(
+            "{encoded_slash} only changes what a '*' segment matches, and no {path} has one",
+            encoded_slash="encoded_slash",
+            path="path",
+        )
     patterns = hosts(host_patterns)
     if expires_at is not None and expires_at <= utcnow():
         raise InvalidInput("the grant's expiry is in the past")
-    return GrantSpec(method_list, path_list, patterns, expires_at)
+    return GrantSpec(method_list, path_list, patterns, expires_at, encoded_slash)
 
 
 def within_credential(spec: GrantSpec, credential: str | None, its_hosts: Sequence[str]) -> None:
@@ -224,3 +236,210 @@ def text(what: str, value: str) -> None:
         raise InvalidInput(
             f"invalid {what}: one line of printable text, at most {MAX_REQUEST_TEXT} characters"
         )
+
+
+# -- schemes with settings of their own: sigv4 and path --------------------------------------
+
+SIGV4_FIELDS = ("access_key_id", "secret_access_key", "session_token")
+_ACCESS_KEY_ID = re.compile(r"[A-Z0-9]{16,128}")
+# Printable ASCII without spaces: what a header value can carry unchanged.
+_AWS_VALUE = re.compile(r"[\x21-\x7e]{1,8192}")
+_PLACEHOLDER = re.compile(r"[A-Za-z0-9_-]{8,64}")
+# A path secret goes into a path segment as it is: pchar without '%' (no escapes to misread).
+_PCHARS = r"[A-Za-z0-9._~:@!$&'()*+,=-]"  # pchar that canonicalisation keeps, less `;` and `%`
+_PATH_SECRET = re.compile(_PCHARS + "{1,4096}")
+_POSITION = re.compile(f"(?:/{_PCHARS}+)*/{_PCHARS}*\\{{\\}}{_PCHARS}*")
+_ROLE_ARN = re.compile(r"arn:aws[a-z-]*:iam::\d{12}:role/[\w+=,.@/-]{1,512}")
+_EXTERNAL_ID = re.compile(r"[\w+=,.@:/-]{2,1224}")
+MAX_SESSION_POLICY = 2048  # STS's limit for an inline session policy
+OPTION_INPUTS = {
+    "assume_role": "assume_role",
+    "external_id": "external_id",
+    "session_policy": "session_policy",
+    "region": "region",
+    "service": "service",
+    "placeholder": "placeholder",
+    "position": "position",
+}
+
+
+def aws_keys(value: Secret) -> dict[str, str]:
+    """The JSON secret of a sigv4 credential, checked; messages never quote it."""
+    shape = "JSON {access_key_id, secret_access_key[, session_token]}"
+
+    def no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        names = [name for name, _ in pairs]
+        if len(set(names)) != len(names):
+            raise InvalidInput(f"the secret names a field twice: it must be {shape}")
+        return dict(pairs)
+
+    try:
+        data = json.loads(value.reveal(), object_pairs_hook=no_duplicates)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        raise InvalidInput(f"the secret is not valid JSON: it must be {shape}") from None
+    if not isinstance(data, dict):
+        raise InvalidInput(f"the secret must be {shape}")
+    if set(data) - set(SIGV4_FIELDS):
+        raise InvalidInput(f"the secret has a field other than {', '.join(SIGV4_FIELDS)}")
+    for name in SIGV4_FIELDS[:2]:
+        if name not in data:
+            raise InvalidInput(f"the secret lacks {name}: it must be {shape}")
+    for name, text in data.items():
+        if not isinstance(text, str) or not _AWS_VALUE.fullmatch(text):
+            raise InvalidInput(
+                f"the secret's {name} must be a string of printable ASCII without spaces"
+            )
+    if not _ACCESS_KEY_ID.fullmatch(data["access_key_id"]):
+        raise InvalidInput(
+            "the secret's access_key_id must be 16 to 128 upper-case letters or digits"
+        )
+    return {name: data[name] for name in SIGV4_FIELDS if name in data}
+
+
+def scheme_secret(scheme: str, value: Secret, options: Mapping[str, Any]) -> Secret:
+    """`secret()`, after a scheme's own checks; a sigv4 secret comes back as compact JSON."""
+    if scheme == "sigv4":
+        value = Secret(json.dumps(aws_keys(value), separators=(",", ":")).encode())
+    secret(scheme, value)
+    if scheme == "path":
+        plain = value.reveal().decode("ascii", "replace")
+        if not _PATH_SECRET.fullmatch(plain):
+            raise InvalidInput(
+                "a path secret must be letters, digits and -._~:@!$&'()*+,= (it goes into a "
+                "path segment as it is)"
+            )
+        placeholder = options["placeholder"]
+        if placeholder in plain or plain in placeholder:
+            raise InvalidInput(
+                "the secret and the {placeholder} must not contain each other",
+                placeholder="placeholder",
+            )
+    return value
+
+
+def secret_hint(scheme: str, value: Secret) -> dict[str, str]:
+    """What `credential list` may show of a secret: a sigv4 access key id's last four."""
+    if scheme != "sigv4":
+        return {}
+    return {"access_key_id": "…" + json.loads(value.reveal())["access_key_id"][-4:]}
+
+
+def credential_options(
+    scheme: str, options: Mapping[str, Any], patterns: Sequence[HostPattern]
+) -> dict[str, Any]:
+    """A scheme's settings, checked against its hosts; what goes into credentials.options."""
+    given = {name: v for name, v in options.items() if v not in (None, [], ())}
+    # Any scheme may name a variable for `credproxy exec` to set to a placeholder.
+    placeholder_env = given.pop("placeholder_env", None)
+    common = {"placeholder_env": env_name(placeholder_env)} if placeholder_env else {}
+    allowed = {
+        "sigv4": ("region", "service", "assume_role", "external_id", "session_policy"),
+        "path": ("placeholder", "position"),
+    }.get(scheme, ())
+    for name in given:
+        if name not in allowed:
+            raise InvalidInput(
+                f"{{{name}}} does not go with {{scheme}} {scheme}",
+                **{name: OPTION_INPUTS.get(name, name), "scheme": "scheme"},
+            )
+    if scheme == "sigv4":
+        return _sigv4_options(given, patterns) | common
+    if scheme == "path":
+        return _path_options(given) | common
+    return common
+
+
+def _sigv4_options(given: Mapping[str, Any], patterns: Sequence[HostPattern]) -> dict[str, Any]:
+    region, service = given.get("region"), given.get("service")
+    if region is not None and not aws.is_region(region):
+        raise InvalidInput(
+            f"invalid {{region}} {_literal(region)}: e.g. us-east-1", region="region"
+        )
+    if service is not None and not aws.SERVICE_NAME.fullmatch(service):
+        raise InvalidInput(
+            f"invalid {{service}} {_literal(service)}: the signing name, e.g. bedrock or s3",
+            service="service",
+        )
+    for pattern in patterns:
+        if aws.scope_of(aws.representative(str(pattern)), service, region) is None:
+            raise InvalidInput(
+                f"cannot tell the service and region of {pattern}: give {{service}} and {{region}}",
+                service="service",
+                region="region",
+            )
+    return {"region": region, "service": service, **_role_options(given)}
+
+
+def _role_options(given: Mapping[str, Any]) -> dict[str, Any]:
+    arn = given.get("assume_role")
+    external_id, policy = given.get("external_id"), given.get("session_policy")
+    if arn is None:
+        if external_id is not None or policy is not None:
+            raise InvalidInput(
+                "{external_id} and {session_policy} go with {assume_role}",
+                external_id="external_id",
+                session_policy="session_policy",
+                assume_role="assume_role",
+            )
+        return {}
+    if not _ROLE_ARN.fullmatch(arn):
+        raise InvalidInput(
+            "invalid {assume_role}: a role ARN, arn:aws:iam::ACCOUNT:role/NAME",
+            assume_role="assume_role",
+        )
+    if external_id is not None and not _EXTERNAL_ID.fullmatch(external_id):
+        raise InvalidInput(
+            "invalid {external_id}: 2 to 1224 letters, digits or +=,.@:/-",
+            external_id="external_id",
+        )
+    options: dict[str, Any] = {"assume_role": arn, "external_id": external_id}
+    if policy is not None:
+        try:
+            parsed = json.loads(policy)
+        except ValueError:
+            raise InvalidInput(
+                "the {session_policy} is not valid JSON", session_policy="session_policy"
+            ) from None
+        compact = json.dumps(parsed, separators=(",", ":"))
+        if not isinstance(parsed, dict) or len(compact) > MAX_SESSION_POLICY:
+            raise InvalidInput(
+                f"the {{session_policy}} must be a JSON policy of at most {MAX_SESSION_POLICY} "
+                "characters",
+                session_policy="session_policy",
+            )
+        options["session_policy"] = compact
+    return options
+
+
+def _path_options(given: Mapping[str, Any]) -> dict[str, Any]:
+    placeholder = given.get("placeholder")
+    positions = list(given.get("position") or ())
+    if placeholder is None or not positions:
+        raise InvalidInput(
+            "{scheme} path needs a {placeholder} and at least one {position}",
+            scheme="scheme",
+            placeholder="placeholder",
+            position="position",
+        )
+    if not _PLACEHOLDER.fullmatch(placeholder):
+        raise InvalidInput(
+            "invalid {placeholder}: 8 to 64 letters, digits, '_' or '-'",
+            placeholder="placeholder",
+        )
+    for position in positions:
+        if position.count("{}") != 1 or not _POSITION.fullmatch(position):
+            raise InvalidInput(
+                f"invalid {{position}} {_literal(position)}: a path prefix of whole segments "
+                "with {{}} once, where the placeholder goes, e.g. /bot{{}}",
+                position="position",
+            )
+        if placeholder in position:
+            raise InvalidInput(
+                "a {position} must not contain the placeholder itself", position="position"
+            )
+    return {"placeholder": placeholder, "positions": sorted(set(positions))}
+
+
+def _literal(text: str) -> str:
+    """An operator's input quoted inside a message template (its braces kept as braces)."""
+    return repr(text).replace("{", "{{").replace("}", "}}")

@@ -55,6 +55,7 @@ def grant(
     websocket: bool = False,
     expires: datetime | None = None,
     principal: str = "a",
+    encoded_slash: bool = False,
 ) -> GrantRecord:
     return GrantRecord(
         id=gid,
@@ -66,6 +67,7 @@ def grant(
         once=once,
         websocket=websocket,
         expires_at=expires,
+        encoded_slash=encoded_slash,
     )
 
 

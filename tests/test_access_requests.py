@@ -279,6 +279,15 @@ def test_approval_can_narrow_the_path_and_the_lifetime(seeded: Store) -> None:
     assert (by_method["GET"].paths, by_method["GET"].expires_at) == (("/repos/acme/",), expires)
 
 
+def test_a_requested_path_holding_an_encoded_slash_is_approved_as_a_literal(
+    seeded: Store,
+) -> None:
+    request_id = _record(seeded, method="GET", path="/api/v4/projects/group%2Fproject")
+    seeded.approve_access_request(request_id, credential="gh")
+    (grant,) = seeded.snapshot().grants
+    assert (grant.paths, grant.encoded_slash) == (("/api/v4/projects/group%2Fproject",), False)
+
+
 def test_approval_without_a_credential_names_the_host_and_port(seeded: Store) -> None:
     request_id = _record(seeded, host="example.com", port=8443, method="GET", path="/")
     seeded.approve_access_request(request_id)

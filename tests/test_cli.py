@@ -297,6 +297,12 @@ BAD_INPUT = {
     "path without a leading slash": Bad((*GRANT, "--path", "v1"), ("invalid path pattern",)),
     "path with an empty segment": Bad((*GRANT, "--path", "/a//b"), ("invalid path pattern",)),
     "path with a dot-dot segment": Bad((*GRANT, "--path", "/a/../b"), ("invalid path pattern",)),
+    "path with a dot-dot part beside %2F": Bad(
+        (*GRANT, "--path", "/a%2F.."), ("invalid path pattern", "between two names")
+    ),
+    "encoded slash without a star path": Bad(
+        (*GRANT, "--encoded-slash", "--path", "/@s%2Fn"), ("--encoded-slash", "no --path has one")
+    ),
     "lower-case method": Bad(
         ("grant", "add", "agent", "--credential", "gh", "--method", "get"), ("invalid method",)
     ),
@@ -467,6 +473,22 @@ def test_only_init_creates_a_store(
     (line,) = result.stderr.splitlines()
     assert line == f"credproxy: error: no store at {cli.db_file}: run credproxy init"
     assert not cli.db_file.exists()
+
+
+def test_grant_add_encoded_slash_is_listed(session: Session) -> None:
+    root = session.cli.root.parent / "encoded-slash"
+    root.mkdir()
+    cli = Cli(root)
+    for name in ("credproxy.db", "credproxy.key"):
+        shutil.copy2(session.cli.root / name, root / name)
+    (added,) = cli.ok(
+        Call((*GRANT, "--path", "/@s%2fn/-/", "--path", "/*", "--encoded-slash", "--json"))
+    )
+    (listed,) = cli.ok(Call(("grant", "list", "--json")))
+    (row,) = [g for g in json.loads(listed) if g["id"] == json.loads(added)["id"]]
+    assert (row["paths"], row["encoded_slash"]) == (["/*", "/@s%2Fn/-/"], True)
+    (table,) = cli.ok(Call(("grant", "list")))
+    assert "encoded_slash" in table.splitlines()[0]
 
 
 @pytest.fixture(scope="module")

@@ -285,6 +285,14 @@ def test_the_build_context_is_an_allow_list() -> None:
     assert not any(rule.startswith("!") and ("cert" in rule or "key" in rule) for rule in rules)
 
 
+def test_the_docs_and_the_compose_comments_spell_the_command_one_way() -> None:
+    """The tests run `docker-compose`; a reader must not meet the other spelling as a command."""
+    other = re.compile(r"docker compose (?:-|up|exec|run|stop|restart|logs|down|config|ps|build)")
+    for path in (ROOT / "README.md", ROOT / "docs" / "deployment.md", ROOT / "docker-compose.yml"):
+        found = other.search(path.read_text())
+        assert found is None, f"{path.name}: {found and found.group()}"
+
+
 def test_the_proxy_starts_after_the_policy_is_applied_from_a_compose_secret(
     compose: dict[str, Any], services: dict[str, Any]
 ) -> None:

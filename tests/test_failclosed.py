@@ -231,6 +231,7 @@ def test_every_request_side_hook_of_every_addon_is_wrapped(chain: Chain) -> None
         ("Gate", "requestheaders"),
         ("Forward", "requestheaders"),
         ("AccessEndpoint", "request"),
+        ("Signing", "request"),
         ("Responses", "responseheaders"),
         ("Responses", "response"),
         ("Trail", "response"),

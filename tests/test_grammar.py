@@ -400,6 +400,8 @@ def test_host_pattern_covers(outer: str, inner: str, expected: bool) -> None:
 # -- Canonical request paths ------------------------------------------------------------------
 
 
+SLASH_PARTS = "empty or dot part around an encoded slash"
+
 ACCEPTED = [
     pytest.param(b"/", "/", None, id="the root is canonical as it is"),
     pytest.param(b"/v1/issues", "/v1/issues", None, id="a plain path is unchanged"),
@@ -430,6 +432,18 @@ ACCEPTED = [
     pytest.param(b"/%25zz", "/%25zz", None, id="escaped percent before non-hex is kept"),
     pytest.param(b"/%25a", "/%25a", None, id="escaped percent before one hex digit is kept"),
     pytest.param(b"/!$&'()*+,=:@", "/!$&'()*+,=:@", None, id="sub-delims colon and at are pchar"),
+    pytest.param(b"/@scope%2fname", "/@scope%2Fname", None, id="npm's scoped name, hex upper"),
+    pytest.param(b"/@scope%2Fname", "/@scope%2Fname", None, id="an encoded slash stays encoded"),
+    pytest.param(
+        b"/api/v4/projects/group%2Fsub%2Fproject/issues",
+        "/api/v4/projects/group%2Fsub%2Fproject/issues",
+        None,
+        id="gitlab's group%2Fproject id, several encoded slashes",
+    ),
+    pytest.param(b"/a%2F...", "/a%2F...", None, id="three dots beside an encoded slash are a name"),
+    pytest.param(b"/a%2F.b", "/a%2F.b", None, id="a dotted name beside an encoded slash"),
+    pytest.param(b"/a%2F%41", "/a%2FA", None, id="unreserved escapes beside a slash are decoded"),
+    pytest.param(b"/x/a%2Fb/..", "/x/", None, id="a dot-dot climbs over a whole slash segment"),
     pytest.param(b"/a?", "/a", b"", id="an empty query is kept apart from no query"),
     pytest.param(b"/a?b?c", "/a", b"b?c", id="the query starts at the first question mark"),
     pytest.param(
@@ -451,9 +465,20 @@ REFUSED = [
     pytest.param(b"/%2E./x", "dot segment above root", id="half-encoded dot-dot at the root"),
     pytest.param(b"/.%2E/x", "dot segment above root", id="dot then encoded dot at the root"),
     pytest.param(b"/a/%2e%2e/%2e%2e/x", "dot segment above root", id="encoded traversal past root"),
-    pytest.param(b"/a%2fb", "encoded slash", id="a lower-case encoded slash is refused"),
-    pytest.param(b"/a%2Fb", "encoded slash", id="an upper-case encoded slash is refused"),
-    pytest.param(b"/..%2f..%2fetc", "encoded slash", id="traversal hidden by encoded slashes"),
+    pytest.param(b"/..%2f..%2fetc", SLASH_PARTS, id="traversal hidden by encoded slashes"),
+    pytest.param(b"/a/%2F..", SLASH_PARTS, id="an encoded slash before dot-dot"),
+    pytest.param(b"/a/..%2F", SLASH_PARTS, id="dot-dot before a trailing encoded slash"),
+    pytest.param(b"/a%2F.%2Fb", SLASH_PARTS, id="a dot between encoded slashes"),
+    pytest.param(b"/a%2F%2Fb", SLASH_PARTS, id="two encoded slashes make an empty part"),
+    pytest.param(b"/%2e%2e%2Fx", SLASH_PARTS, id="an encoded dot-dot before an encoded slash"),
+    pytest.param(b"/x/.%2e%2fetc", SLASH_PARTS, id="half-encoded dot-dot, lower-case slash"),
+    pytest.param(b"/%2Fetc", SLASH_PARTS, id="a leading encoded slash makes an empty part"),
+    pytest.param(b"/a%2F", SLASH_PARTS, id="a trailing encoded slash makes an empty part"),
+    pytest.param(b"/%2F", SLASH_PARTS, id="a segment that is only an encoded slash"),
+    pytest.param(b"/a%2F%5Cb", "backslash", id="an encoded backslash beside an encoded slash"),
+    pytest.param(b"/a%2F\\b", "backslash", id="a raw backslash beside an encoded slash"),
+    pytest.param(b"/a%2F%3Bb", "matrix parameter", id="a semicolon beside an encoded slash"),
+    pytest.param(b"/a%2F%00", "control character", id="a NUL beside an encoded slash"),
     pytest.param(b"/a\\b", "backslash", id="a raw backslash is refused"),
     pytest.param(b"/..\\..\\etc", "backslash", id="backslash traversal is refused"),
     pytest.param(b"/a%5cb", "backslash", id="an encoded backslash is refused"),
@@ -553,12 +578,38 @@ MATCHES = [
     pytest.param("/repos/*/", "/repos/a", False, id="a star with trailing slash is strict"),
     pytest.param("/*", "/", False, id="a root star does not match the bare root"),
     pytest.param("/*/x", "/a/x", True, id="a leading star matches one segment"),
+    pytest.param("/@s%2Fn", "/@s%2Fn", True, id="a literal encoded slash matches itself"),
+    pytest.param("/@s%2Fn", "/@s%2Fn/-/n.tgz", True, id="a literal encoded slash has children"),
+    pytest.param("/@s%2Fn", "/@s/n", False, id="a literal encoded slash is no separator"),
+    pytest.param("/@s/n", "/@s%2Fn", False, id="a separator never matches an encoded slash"),
+    pytest.param("/@s", "/@s%2Fn", False, id="an encoded slash does not end a segment"),
+    pytest.param("/@s%2Fn", "/@s%2Fnx", False, id="an encoded-slash pattern is bounded"),
+    pytest.param("/a/", "/a/b%2Fc", True, id="below a directory, a slash segment is below"),
+    pytest.param("/*", "/@s%2Fn", False, id="a star skips a segment holding an encoded slash"),
+    pytest.param("/p/*/i", "/p/g%2Fp/i", False, id="an inner star skips an encoded slash"),
+    pytest.param("/p/*/", "/p/g%2Fp/", False, id="a star before a slash skips one too"),
+    pytest.param("/p/*/i", "/p/g/i/a%2Fb", True, id="an encoded slash below a star is below"),
 ]
 
 
 @pytest.mark.parametrize(("pattern", "path", "expected"), MATCHES)
 def test_path_matches(pattern: str, path: str, expected: bool) -> None:
     assert path_matches(validate_path_pattern(pattern), path) is expected
+
+
+@pytest.mark.parametrize(
+    ("pattern", "path", "expected"),
+    [
+        pytest.param("/*", "/@s%2Fn", True, id="an opted-in star matches an encoded slash"),
+        pytest.param("/p/*/i", "/p/a%2Fb%2Fc/i", True, id="and several in one segment"),
+        pytest.param("/*", "/@s/n", True, id="an opted-in star still matches plain segments"),
+        pytest.param("/p/*/i", "/p/a/b/i", False, id="an opted-in star is still one segment"),
+        pytest.param("/p/*/i", "/p//i", False, id="an opted-in star never matches empty"),
+        pytest.param("/@s/n", "/@s%2Fn", False, id="opting in changes no literal segment"),
+    ],
+)
+def test_path_matches_with_encoded_slash(pattern: str, path: str, expected: bool) -> None:
+    assert path_matches(validate_path_pattern(pattern), path, encoded_slash=True) is expected
 
 
 @pytest.mark.parametrize(
@@ -572,10 +623,18 @@ def test_path_matches(pattern: str, path: str, expected: bool) -> None:
         pytest.param("/*", id="a star may be the only segment"),
         pytest.param("/a.b/~x/!$&'()+,=:@", id="pchar punctuation is allowed"),
         pytest.param("/...", id="three dots are an ordinary segment"),
+        pytest.param("/@scope%2Fname", id="an encoded slash between two names"),
+        pytest.param("/p/g%2Fs%2Fp/*/i", id="several encoded slashes before a star"),
+        pytest.param("/a%2F.../", id="three dots beside an encoded slash"),
     ],
 )
 def test_validate_pattern_accepts(pattern: str) -> None:
     assert validate_path_pattern(pattern) == pattern
+
+
+def test_a_pattern_writes_its_encoded_slash_as_canonicalize_does() -> None:
+    assert validate_path_pattern("/@scope%2fname/-/") == "/@scope%2Fname/-/"
+    assert canonicalize(b"/@scope%2fname/-/")[0] == "/@scope%2Fname/-/"
 
 
 @pytest.mark.parametrize(
@@ -594,7 +653,19 @@ def test_validate_pattern_accepts(pattern: str) -> None:
         pytest.param("/a;b", id="a semicolon is refused"),
         pytest.param("/a?b", id="a question mark is refused"),
         pytest.param("/a#b", id="a hash is refused"),
-        pytest.param("/a%2fb", id="a percent escape is refused"),
+        pytest.param("/a%41b", id="a percent escape is refused"),
+        pytest.param("/a%20b", id="an escape that is not a slash is refused"),
+        pytest.param("/a%5Cb", id="an encoded backslash is refused"),
+        pytest.param("/a%2", id="a truncated escape is refused"),
+        pytest.param("/a%2F", id="a trailing encoded slash is refused"),
+        pytest.param("/%2Fa", id="a leading encoded slash is refused"),
+        pytest.param("/a%2F%2Fb", id="an empty part between encoded slashes is refused"),
+        pytest.param("/a%2F..", id="a dot-dot part is refused"),
+        pytest.param("/a%2F./b", id="a dot part is refused"),
+        pytest.param("/a%2F%2e%2e", id="an encoded dot-dot part is refused"),
+        pytest.param("/*%2Fa", id="a star beside an encoded slash is refused"),
+        pytest.param("/a%2F*", id="a star after an encoded slash is refused"),
+        pytest.param("/a%252Fb", id="a double-encoded slash is refused"),
         pytest.param("/a\\b", id="a backslash is refused"),
         pytest.param("/a b", id="a space is refused"),
         pytest.param("/a\nb", id="a newline is refused"),
@@ -648,6 +719,7 @@ def test_validate_path_pattern(pattern: str, ok: bool) -> None:
 PATHISH = "/.%2eEfF5ca;\\x"
 # Tokens that keep most generated targets acceptable, so the properties below see real paths.
 TOKENS = ["a", "b", "A", "~", "@", ":", ".", "..", "%2e", "%2E", "%41", "%c3%a9", "%25", "%20"]
+TOKENS += ["%2F", "%2f"]
 segments = st.lists(st.sampled_from(TOKENS), min_size=1, max_size=3).map("".join)
 targets = st.builds(
     lambda parts, slash, query: (
@@ -666,7 +738,7 @@ any_targets = st.one_of(
 )
 patterns = st.builds(
     lambda parts, slash: "/" + "/".join(parts) + ("/" if slash and parts else ""),
-    st.lists(st.sampled_from(["a", "b", "A", "~", "a.b", "@"]), max_size=3),
+    st.lists(st.sampled_from(["a", "b", "A", "~", "a.b", "@", "a%2Fb", "@s%2F~"]), max_size=3),
     st.booleans(),
 )
 
@@ -714,8 +786,12 @@ def test_canonical_path_has_no_ambiguous_parts(target: bytes) -> None:
     assert path.startswith("/")
     assert "//" not in path
     assert not {".", ".."} & set(path.split("/"))
-    assert "%2F" not in path.upper()
     assert "%5C" not in path.upper()
+    # A backend that decodes %2F before routing sees no empty or dot segment either.
+    decoded = decode_slashes(path).split("/")[1:]
+    if path.endswith("/"):
+        decoded.pop()
+    assert not {"", ".", ".."} & set(decoded), path
     assert path.isascii()
     assert not any(c in path for c in "\\;?# \x00")
 
@@ -743,7 +819,52 @@ def test_a_star_generalises_the_segment_it_replaces(
         return
     parts[which % len(parts)] = "*"
     starred = "/" + "/".join(parts) + ("/" if pattern.endswith("/") else "")
-    assert path_matches(validate_path_pattern(starred), path)
+    assert path_matches(validate_path_pattern(starred), path, encoded_slash=True)
+
+
+def decode_slashes(text: str) -> str:
+    return text.replace("%2F", "/")
+
+
+@settings(max_examples=500, deadline=None)
+@given(patterns, targets, st.integers(min_value=0))
+def test_what_a_grant_matches_a_slash_decoding_backend_would_match_too(
+    pattern: str, target: bytes, which: int
+) -> None:
+    """Without the opt-in, a grant never covers a path that a backend decoding %2F would
+    read as a path outside it: %2F is no separator to the grant, and may be one upstream."""
+    path = canonical_or_none(target)
+    if path is None:
+        return
+    for candidate in {pattern, _starred(pattern, which)}:
+        if path_matches(validate_path_pattern(candidate), path):
+            assert path_matches(decode_slashes(candidate), decode_slashes(path)), candidate
+
+
+SLASHED = st.sampled_from(["a%2Fb", "b%2fa", "@s%2F~", "a%2F~%2Fb", "a", "b"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(patterns, st.integers(min_value=0), SLASHED, st.lists(SLASHED, max_size=2))
+def test_a_star_never_covers_what_a_slash_decoding_backend_reads_as_more_segments(
+    pattern: str, which: int, filler: str, tail: list[str]
+) -> None:
+    """The same, with the star's own segment holding %2F: the case a star could get wrong."""
+    starred = _starred(pattern, which)
+    if starred == "/":
+        return
+    parts = [filler if part == "*" else part for part in starred.strip("/").split("/")]
+    path = canonical_or_none(("/" + "/".join(parts + tail)).encode())
+    if path is not None and path_matches(starred, path):
+        assert path_matches(decode_slashes(starred), decode_slashes(path)), (starred, path)
+
+
+def _starred(pattern: str, which: int) -> str:
+    if pattern == "/":
+        return pattern
+    parts = pattern.strip("/").split("/")
+    parts[which % len(parts)] = "*"
+    return "/" + "/".join(parts) + ("/" if pattern.endswith("/") else "")
 
 
 @settings(max_examples=300, deadline=None)

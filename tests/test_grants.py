@@ -81,6 +81,14 @@ def test_grant_hosts_may_narrow_a_wildcard_credential(store: Store) -> None:
             "public suffix",
             id="host-only grant over *.com",
         ),
+        pytest.param(
+            {"credential": "gh", "paths": ["/@s%2Fn"], "encoded_slash": True}, InvalidInput,
+            "no path has one", id="encoded_slash without a star path",
+        ),
+        pytest.param(
+            {"credential": "gh", "paths": ["/a%2F..%2Fb"]}, InvalidInput,
+            "between two names", id="a dot-dot part beside an encoded slash",
+        ),
     ],
 )
 def test_bad_grant_is_refused_and_changes_nothing(
@@ -92,6 +100,17 @@ def test_bad_grant_is_refused_and_changes_nothing(
     with pytest.raises(error, match=reason):
         store.add_grant(**kwargs)  # type: ignore[arg-type]
     assert (store.list_grants(), store.change_counter()) == before
+
+
+def test_encoded_slash_is_stored_listed_and_read_into_the_snapshot(store: Store) -> None:
+    plain = seed(store)
+    opted = store.add_grant(
+        "agent", ["GET"], credential="gh", paths=["/@s%2fn", "/r/*/x"], encoded_slash=True
+    )
+    listed = {g.id: (g.paths, g.encoded_slash) for g in store.list_grants()}
+    assert listed == {plain: (["/"], False), opted: (["/@s%2Fn", "/r/*/x"], True)}
+    read = {g.id: (g.paths, g.encoded_slash) for g in store.snapshot().grants}
+    assert read == {plain: (("/",), False), opted: (("/@s%2Fn", "/r/*/x"), True)}
 
 
 def test_revoking_an_unknown_grant_is_not_found(store: Store) -> None:

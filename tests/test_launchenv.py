@@ -58,6 +58,8 @@ def test_the_session_overrides_what_the_caller_had_and_java_keeps_its_options() 
     assert java[0] == "-Xmx1g"
     assert "-Dhttps.proxyHost=127.0.0.1" in java and "-Dhttps.proxyPort=8080" in java
     assert "-Djavax.net.ssl.trustStore=/etc/credproxy/ca.p12" in java
+    assert "-Djdk.http.auth.tunneling.disabledSchemes=" in java
+    assert "tok" not in env["JAVA_TOOL_OPTIONS"]  # the JVM prints it on every start
 
 
 def test_sh_output_reads_back_in_a_shell() -> None:

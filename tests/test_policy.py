@@ -167,6 +167,58 @@ def req(host="api.test", port=443, scheme="https", method="GET", path="/v1/x", u
             Reason.NO_GRANT,
             id="another principal's grant does not apply",
         ),
+        pytest.param([grant(1)], req(method="HEAD"), 1, id="a GET grant allows HEAD"),
+        pytest.param(
+            [grant(1, methods=("HEAD",))],
+            req(method="GET"),
+            Reason.METHOD_NOT_ALLOWED,
+            id="a HEAD grant does not allow GET",
+        ),
+        pytest.param(
+            [grant(1, methods=("POST",))],
+            req(method="HEAD"),
+            Reason.METHOD_NOT_ALLOWED,
+            id="a grant without GET does not allow HEAD",
+        ),
+        pytest.param(
+            [grant(1)],
+            req(method="OPTIONS"),
+            Reason.METHOD_NOT_ALLOWED,
+            id="a GET grant allows no other method",
+        ),
+        pytest.param(
+            [grant(1)], req(method="head"), Reason.METHOD_NOT_ALLOWED, id="HEAD is case-sensitive"
+        ),
+        pytest.param(
+            [grant(1, paths=("/v1/*",))],
+            req(path="/v1/@s%2Fn"),
+            Reason.PATH_NOT_ALLOWED,
+            id="a star skips a segment holding an encoded slash",
+        ),
+        pytest.param(
+            [grant(1, paths=("/v1/*",), encoded_slash=True)],
+            req(path="/v1/@s%2Fn"),
+            1,
+            id="a star of an opted-in grant matches a segment holding an encoded slash",
+        ),
+        pytest.param(
+            [grant(1, paths=("/v1/@s%2Fn",))],
+            req(path="/v1/@s%2Fn"),
+            1,
+            id="a literal encoded slash in the pattern matches",
+        ),
+        pytest.param(
+            [grant(1, paths=("/v1/@s/n",), encoded_slash=True)],
+            req(path="/v1/@s%2Fn"),
+            Reason.PATH_NOT_ALLOWED,
+            id="an encoded slash is never a separator, opted in or not",
+        ),
+        pytest.param(
+            [grant(1, paths=("/v1/*",)), grant(2, paths=("/v1/*",), encoded_slash=True)],
+            req(path="/v1/@s%2Fn"),
+            2,
+            id="only the opted-in grant of two serves an encoded slash",
+        ),
     ],
 )
 def test_decide(grants, request_, expected):
@@ -211,7 +263,7 @@ def reference_decide(p: Policy, principal: str, request: Request, now: datetime)
     # request names its state. One expired longer than the retention is forgotten.
     stages = [
         (Reason.NO_GRANT, lambda r: r.expires_at is None or r.expires_at > now - RETENTION),
-        (Reason.METHOD_NOT_ALLOWED, lambda r: r.methods is None or request.method in r.methods),
+        (Reason.METHOD_NOT_ALLOWED, lambda r: allows(r.methods, request.method)),
         (Reason.PATH_NOT_ALLOWED, lambda r: r.longest_path(request.path) >= 0),
         (Reason.UPGRADE_NOT_ALLOWED, lambda r: not request.upgrade or r.websocket),
         (Reason.INSECURE_SCHEME, lambda r: request.scheme == "https" or r.credential is None),
@@ -230,15 +282,27 @@ def reference_decide(p: Policy, principal: str, request: Request, now: datetime)
     return rule.grant_id
 
 
+def allows(methods: frozenset[str] | None, method: str) -> bool:
+    """The method stage as the README states it: exact, '*' for all, GET allows HEAD."""
+    if methods is None:
+        return True
+    return method in methods or (method == "HEAD" and "GET" in methods)
+
+
 grant_records = st.builds(
-    lambda gid, methods, paths, cred, once, ws, expires, consumed: replace(
+    lambda gid, methods, paths, cred, once, ws, expires, consumed, slash: replace(
         grant(gid, methods=methods, paths=paths, cred=cred, once=once, websocket=ws),
         expires_at=expires,
         consumed=consumed,
+        encoded_slash=slash,
     ),
     st.integers(1, 10**6),
-    st.sampled_from([("GET",), ("GET", "POST"), ("*",), ("DELETE",)]),
-    st.lists(st.sampled_from(["/", "/v1/", "/v1/x", "/v1/*/y", "/v2"]), min_size=1, max_size=3),
+    st.sampled_from([("GET",), ("GET", "POST"), ("*",), ("DELETE",), ("HEAD",)]),
+    st.lists(
+        st.sampled_from(["/", "/v1/", "/v1/x", "/v1/*/y", "/v2", "/v1/a%2Fb"]),
+        min_size=1,
+        max_size=3,
+    ),
     st.booleans(),
     st.booleans(),
     st.booleans(),
@@ -253,14 +317,15 @@ grant_records = st.builds(
         ]
     ),
     st.booleans(),
+    st.booleans(),
 )
 
 
 @settings(max_examples=400, deadline=None)
 @given(
     st.lists(grant_records, min_size=1, max_size=5, unique_by=lambda g: g.id),
-    st.sampled_from(["GET", "POST", "DELETE"]),
-    st.sampled_from(["/", "/v1/x", "/v1/a/y", "/v2", "/v3"]),
+    st.sampled_from(["GET", "POST", "DELETE", "HEAD"]),
+    st.sampled_from(["/", "/v1/x", "/v1/a/y", "/v2", "/v3", "/v1/a%2Fb/y", "/v1/a%2Fb"]),
     st.sampled_from(["https", "http"]),
     st.booleans(),
 )

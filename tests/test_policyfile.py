@@ -117,6 +117,12 @@ def test_the_issues_example_reads_as_written(tmp_path: Path) -> None:
             'policy.toml:21: grant "open": a grant without a credential needs hosts',
             id="a pass-through grant without hosts",
         ),
+        pytest.param(
+            GOOD.replace('purpose = "triage', 'encoded_slash = true\npurpose = "triage'),
+            'policy.toml:16: grant "triage-widgets": encoded_slash only changes what a \'*\' '
+            "segment matches",
+            id="encoded_slash without a star path is refused as the CLI refuses it",
+        ),
     ],
 )
 def test_a_problem_names_file_line_and_field(tmp_path: Path, text: str, expected: str) -> None:

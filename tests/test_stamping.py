@@ -148,3 +148,81 @@ def test_the_secret_is_url_encoded_whole() -> None:
     stamped = stamp_query(b"a=1", "key", b"a&b=c d+e")
     assert dict(parse_qsl(stamped.decode())) == {"a": "1", "key": "a&b=c d+e"}
     assert stamped.count(b"&") == 1
+
+
+# -- the path scheme: the placeholder's one place ------------------------------------------
+
+PATH_SECRET = b"123456:ABC-def_ghi"
+PATH_STAMP = Stamp(
+    CredentialRecord(
+        name="tg",
+        scheme="path",
+        header_name=None,
+        param_name=None,
+        hosts=(),
+        secret=Secret(PATH_SECRET),
+        fingerprint="fp",
+        options={"placeholder": "CREDPROXY_TG", "positions": ["/bot{}", "/file/bot{}"]},
+    )
+)
+
+
+@pytest.mark.parametrize(
+    ("path", "target", "headers", "expected"),
+    [
+        pytest.param(
+            "/botCREDPROXY_TG/getMe",
+            b"/botCREDPROXY_TG/getMe?x=1",
+            {},
+            "/bot123456:ABC-def_ghi/getMe",
+            id="replaced at its position",
+        ),
+        pytest.param(
+            "/botCREDPROXY_TG",
+            b"/botCREDPROXY_TG",
+            {},
+            "/bot123456:ABC-def_ghi",
+            id="the position is the whole path",
+        ),
+        pytest.param(
+            "/file/botCREDPROXY_TG/a.jpg",
+            b"/file/botCREDPROXY_TG/a.jpg",
+            {},
+            "/file/bot123456:ABC-def_ghi/a.jpg",
+            id="a second position",
+        ),
+        pytest.param(
+            "/botCREDPROXY_TGX/getMe", b"/botCREDPROXY_TGX/getMe", {}, None, id="a longer segment"
+        ),
+        pytest.param(
+            "/x/botCREDPROXY_TG/getMe", b"/x/botCREDPROXY_TG/getMe", {}, None, id="not a prefix"
+        ),
+        pytest.param(
+            "/botCREDPROXY_TG/getMe",
+            b"/botCREDPROXY_TG/getMe?q=credproxy%5Ftg",
+            {},
+            None,
+            id="again in the query, encoded, in another case",
+        ),
+        pytest.param(
+            "/botCREDPROXY_TG/getMe",
+            b"/botCREDPROXY_TG/getMe?q=123456%3AABC-def_ghi",
+            {},
+            None,
+            id="the secret itself in the query",
+        ),
+        pytest.param(
+            "/botCREDPROXY_TG/getMe",
+            b"/botCREDPROXY_TG/getMe",
+            {b"x-a": [b"123456:ABC-def_ghi"]},
+            None,
+            id="the secret itself in a header",
+        ),
+        pytest.param("/getMe", b"/getMe", {}, None, id="no placeholder at all"),
+    ],
+)
+def test_path_scheme_placement(
+    path: str, target: bytes, headers: dict[bytes, list[bytes]], expected: str | None
+) -> None:
+    assert PATH_STAMP.placed(path, target, headers) == expected
+    assert PATH_STAMP.fields == ((b"accept-encoding", b"identity"),)

@@ -44,7 +44,11 @@ def make_agent(proxy: Proxy, names) -> Agent:
     name, cred = names("agent"), names("cred")
     proxy.store.add_principal(name)
     proxy.store.add_credential(
-        cred, "bearer", ["api.test"], Secret(SECRET.encode()), placeholder_env="OPENAI_API_KEY"
+        cred,
+        "bearer",
+        ["api.test"],
+        Secret(SECRET.encode()),
+        options={"placeholder_env": "OPENAI_API_KEY"},
     )
     proxy.store.add_grant(name, ["GET", "POST"], credential=cred, paths=["/"])
     proxy.wait_reload()

@@ -14,7 +14,7 @@ import pytest
 
 from store.crypto import Secret
 from tests.e2e.conftest import Proxy
-from tests.e2e.raw import connect, exchange, h2_tunnel, proxy_auth, tunnel
+from tests.e2e.raw import connect, exchange, h2_get, h2_tunnel, proxy_auth, tunnel
 from tests.e2e.upstream import Upstream
 
 pytestmark = pytest.mark.e2e
@@ -291,7 +291,52 @@ CASES = [
         id="leading double slash",
     ),
     pytest.param(
-        "api.test:443", "api.test", req("GET /v1/%2f/items"), 400, "bad-request", id="encoded slash"
+        "api.test:443",
+        "api.test",
+        req("GET /v1/%2f/items"),
+        400,
+        "bad-request",
+        id="a segment that is only an encoded slash",
+    ),
+    pytest.param(
+        "api.test:443",
+        "api.test",
+        req("GET /v1/a%2F..%2F..%2Fadmin"),
+        400,
+        "bad-request",
+        id="dot-dot between encoded slashes",
+    ),
+    pytest.param(
+        "api.test:443",
+        "api.test",
+        req("GET /v1/%2e%2e%2fadmin"),
+        400,
+        "bad-request",
+        id="encoded dot-dot before an encoded slash",
+    ),
+    pytest.param(
+        "api.test:443",
+        "api.test",
+        req("GET /v1/a%2F%2Fb"),
+        400,
+        "bad-request",
+        id="an empty part between encoded slashes",
+    ),
+    pytest.param(
+        "api.test:443",
+        "api.test",
+        req("GET /v1/a%2F%5cb"),
+        400,
+        "bad-request",
+        id="an encoded backslash beside an encoded slash",
+    ),
+    pytest.param(
+        "api.test:443",
+        "api.test",
+        req("GET /repos/group%2Fproject/issues"),
+        403,
+        "path-not-allowed",
+        id="a star never matches a segment holding an encoded slash",
     ),
     pytest.param(
         "api.test:443", "api.test", req("GET /v1/%00"), 400, "bad-request", id="encoded NUL"
@@ -596,6 +641,27 @@ def test_a_well_formed_request_passes(proxy: Proxy, upstream: Upstream, agent):
     [received] = upstream.log.requests
     assert received.target == "/v1/~user/x"
     assert received.header("authorization") == ["Bearer hostile-secret"]
+
+
+def test_an_encoded_slash_reaches_the_upstream_encoded(proxy: Proxy, upstream: Upstream, agent):
+    sock = tunnel(proxy.port, "api.test:443", proxy_auth(*agent), "api.test", proxy.ca_file)
+    with sock:
+        reply = exchange(sock, req("GET /v1/@scope%2fname/-/x?q=%2f"))
+    assert reply.status == 200
+    [received] = upstream.log.requests
+    assert received.target == "/v1/@scope%2Fname/-/x?q=%2f"
+    [line] = [r for r in proxy.requests(agent[0]) if r["path"] == "/v1/@scope%2Fname/-/x"]
+    assert line["decision"] == "allow"
+
+
+def test_an_encoded_slash_from_an_h2_client_reaches_the_upstream_encoded(
+    proxy: Proxy, upstream: Upstream, agent
+):
+    with h2_tunnel(proxy, proxy_auth(*agent), "api.test") as tls:
+        answer = h2_get(tls, "api.test", "/v1/group%2fproject/issues")
+    assert answer.status == 200
+    [received] = upstream.log.requests
+    assert received.target == "/v1/group%2Fproject/issues"
 
 
 @pytest.mark.parametrize(

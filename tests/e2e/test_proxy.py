@@ -128,7 +128,7 @@ def test_plain_http_never_carries_a_credential(proxy: Proxy, upstream: Upstream,
             "path-not-allowed",
             id="encoded dot segments resolved before matching",
         ),
-        pytest.param("GET", "/v1/a%2Fb", "bad-request", id="encoded slash refused"),
+        pytest.param("GET", "/v1/a%2F..%2Fb", "bad-request", id="encoded slash by dot-dot refused"),
         pytest.param("GET", "/v1//x", "bad-request", id="empty segment refused"),
     ],
 )
@@ -343,6 +343,24 @@ def test_curl_with_https_proxy_works_unchanged(proxy: Proxy, upstream: Upstream,
     # upstream per request, so the upstream count is not asserted here.
     assert "Re-using existing connection" in result.stderr
     assert [r.header("authorization") for r in upstream.log.requests] == [[f"Bearer {SECRET}"]] * 2
+
+
+def test_head_is_allowed_where_get_is_and_files_no_access_request(
+    proxy: Proxy, upstream: Upstream, grant
+):
+    g = grant()
+    with proxy.client(g.agent, g.token) as client:
+        head = client.head("https://api.test/v1/pkg-1.0-py3-none-any.whl")
+        post = client.post("https://api.test/v1/x")
+    assert (head.status_code, head.content, post.status_code) == (200, b"", 403)
+    [received] = upstream.log.requests
+    assert (received.method, received.target) == ("HEAD", "/v1/pkg-1.0-py3-none-any.whl")
+    assert received.header("authorization") == [f"Bearer {SECRET}"]
+    lines = [(line["method"], line["decision"]) for line in proxy.requests(g.agent)]
+    assert lines == [("HEAD", "allow"), ("POST", "deny")]
+    # The POST shows that a denial here is recorded; the HEAD left no request behind.
+    asked = [r.method for r in proxy.store.list_access_requests() if r.principal == g.agent]
+    assert asked == ["POST"]
 
 
 def test_audit_lines_are_complete_and_free_of_secrets(proxy: Proxy, upstream: Upstream, grant):

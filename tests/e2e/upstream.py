@@ -8,6 +8,7 @@ import socket
 import ssl
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -23,6 +24,11 @@ class Received:
 
     def header(self, name: str) -> list[str]:
         return [v for k, v in self.headers if k.lower() == name.lower()]
+
+
+# What an app answers: status, header fields, body; None leaves the request to the default.
+Answer = tuple[int, list[tuple[str, str]], bytes]
+App = Callable[[Received], Answer | None]
 
 
 @dataclass
@@ -46,23 +52,28 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:
         pass
 
-    def _handle(self) -> None:
+    def read_body(self) -> bytes:
         length = int(self.headers.get("content-length") or 0)
-        if self.headers.get("transfer-encoding", "").lower() == "chunked":
-            body = b""
-            while True:
-                size = int(self.rfile.readline().strip(), 16)
-                if size == 0:
-                    self.rfile.readline()
-                    break
-                body += self.rfile.read(size)
+        if self.headers.get("transfer-encoding", "").lower() != "chunked":
+            return self.rfile.read(length) if length else b""
+        parts = []
+        while True:
+            size = int(self.rfile.readline().strip(), 16)
+            if size == 0:
                 self.rfile.readline()
-        else:
-            body = self.rfile.read(length) if length else b""
+                return b"".join(parts)
+            parts.append(self.rfile.read(size))
+            self.rfile.readline()
+
+    def _handle(self) -> None:
+        body = self.read_body()
         sni = getattr(self.connection, "credproxy_sni", None)
         received = Received(self.command, self.path, list(self.headers.items()), body, sni)
         with self.server.log.lock:
             self.server.log.requests.append(received)
+        answer = self.server.app(received) if self.server.app is not None else None
+        if answer is not None:
+            return self._answer(*answer)
         if self.path.startswith("/sse"):
             return self._sse()
         encoding = None
@@ -86,7 +97,17 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("content-type", "application/json")
         self.send_header("content-length", str(len(payload)))
         self.end_headers()
-        self.wfile.write(payload)
+        if self.command != "HEAD":
+            self.wfile.write(payload)
+
+    def _answer(self, status: int, fields: list[tuple[str, str]], body: bytes) -> None:
+        self.send_response(status)
+        for name, value in fields:
+            self.send_header(name, value)
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
 
     def _sse(self) -> None:
         self.send_response(200)
@@ -109,6 +130,7 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     log: Log
     context: ssl.SSLContext
+    app: App | None = None
     sse_gap: float = 0.4
 
     def get_request(self) -> tuple[socket.socket, Any]:
@@ -124,24 +146,38 @@ class _Server(ThreadingHTTPServer):
         pass
 
 
+def context_for(ca: Any, names: list[str], on_sni: Callable[[str | None], None]) -> ssl.SSLContext:
+    """HTTP/1.1 over TLS for `names`; each connection's SNI goes to `on_sni` and is kept on
+    the socket (`credproxy_sni`)."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert(*names).configure_cert(context)
+    context.set_alpn_protocols(["http/1.1"])
+
+    def remember_sni(sslobj: ssl.SSLObject, name: str | None, _ctx: ssl.SSLContext) -> None:
+        on_sni(name)
+        sslobj.credproxy_sni = name  # type: ignore[attr-defined]
+
+    context.sni_callback = remember_sni  # type: ignore[assignment]
+    return context
+
+
 class Upstream:
-    """Serves HTTPS for every name in `names` with a certificate from `ca` (trustme)."""
+    """Serves HTTPS for every name in `names` with a certificate from `ca` (trustme).
 
-    def __init__(self, ca: Any, names: list[str]) -> None:
+    `app`, if given, answers first; what it leaves (None) gets the default answers.
+    """
+
+    def __init__(self, ca: Any, names: list[str], app: App | None = None) -> None:
         self.log = Log()
-        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        ca.issue_cert(*names).configure_cert(context)
-        context.set_alpn_protocols(["http/1.1"])
 
-        def remember_sni(sslobj: ssl.SSLObject, name: str | None, _ctx: ssl.SSLContext) -> None:
+        def remember_sni(name: str | None) -> None:
             with self.log.lock:
                 self.log.snis.append(name)
-            sslobj.credproxy_sni = name  # type: ignore[attr-defined]
 
-        context.sni_callback = remember_sni  # type: ignore[assignment]
         self.server = _Server(("127.0.0.1", 0), _Handler)
         self.server.log = self.log
-        self.server.context = context
+        self.server.context = context_for(ca, names, remember_sni)
+        self.server.app = app
         self.port = self.server.server_address[1]
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
