@@ -43,7 +43,20 @@ CREDENTIAL_KEYS = frozenset(
 )
 # Scheme settings kept in the credential's options, by key; schemes that have settings add
 # theirs here.
-CREDENTIAL_OPTION_KEYS: frozenset[str] = frozenset({"placeholder_env"})
+CREDENTIAL_OPTION_KEYS = frozenset(
+    {
+        "region",
+        "service",
+        "assume_role",
+        "external_id",
+        "session_policy",
+        "placeholder",
+        "position",
+        "placeholder_env",
+    }
+)
+# Options that take a list of strings; the others take one string.
+LIST_OPTIONS = frozenset({"position"})
 GRANT_KEYS = frozenset(
     {
         "id",
@@ -456,9 +469,11 @@ def _credential(t: _Table) -> CredentialSpec | None:
         source = SecretSource(file=path if path.is_absolute() else t.problems.path.parent / path)
     placeholder = t.text("placeholder_env")
     if placeholder is not None:
-        with t.checking("placeholder_env"):
+        with t.checking("placeholder_env"):  # here, to name the line
             validation.env_name(placeholder)
-    options = {k: v for k, v in t.values.items() if k in CREDENTIAL_OPTION_KEYS}
+    options = {}
+    for option in CREDENTIAL_OPTION_KEYS & t.values.keys():
+        options[option] = t.texts(option) if option in LIST_OPTIONS else t.text(option)
     if name is None or scheme is None:
         return None
     source_line = t.at("secret_env" if env is not None else "secret_file")

@@ -114,6 +114,8 @@ class _Planner:
         self.prune = prune
         self.problems: list[str] = list(policy.problems)
         self.secrets: dict[str, Secret] = {}
+        # Each credential's scheme settings, as the store keeps them.
+        self.settings: dict[str, dict[str, Any]] = {}
 
     def problem(self, line: int, what: str, message: str) -> None:
         self.problems.append(f"{self.policy.where(line)}: {what}: {message}")
@@ -207,13 +209,12 @@ class _Planner:
         raise_problems(self.problems)
         return Plan(tuple(changes), tuple(untouched))
 
-    def _secret(self, c: CredentialSpec) -> Secret | None:
+    def _secret(self, c: CredentialSpec, settings: dict[str, Any]) -> Secret | None:
         if c.source is None:
             return None
         if c.name not in self.secrets:
             try:
-                secret = c.source.read()
-                validation.secret(c.scheme, secret)
+                secret = validation.scheme_secret(c.scheme, c.source.read(), settings)
             except InvalidInput as e:
                 self.problem(c.source_line, f'credential "{c.name}"', e.worded(KEYS))
                 return None
@@ -221,14 +222,21 @@ class _Planner:
         return self.secrets[c.name]
 
     def _credential(self, c: CredentialSpec, row: Credential | None) -> Change | None:
-        secret = self._secret(c)
         where = f'credential "{c.name}"'
+        try:
+            patterns = validation.credential_hosts(c.hosts)
+            settings = validation.credential_options(c.scheme, c.options, patterns)
+        except InvalidInput as e:
+            self.problem(c.line, where, e.worded(KEYS))
+            return None
+        self.settings[c.name] = settings
+        secret = self._secret(c, settings)
         wanted = {
             "scheme": c.scheme,
             "hosts": list(c.hosts),
             "header": c.header,
             "param": c.param,
-            "options": c.options or None,
+            "options": _settings(settings),
         }
         if row is None:
             if c.source is None:
@@ -245,7 +253,7 @@ class _Planner:
             "hosts": list(row.hosts),
             "header": row.header_name,
             "param": row.param_name,
-            "options": row.options or None,
+            "options": _settings(row.options),
         }
         fields = {k: (have[k], v) for k, v in wanted.items() if have[k] != v}
         if "scheme" in fields and c.source is None:
@@ -295,6 +303,18 @@ def _used_up(g: GrantSpec, row: Grant) -> bool:
     if g.once:
         return row.once or row.uses >= 1  # a grant that was used once is no new once-grant
     return g.limits.max_uses is not None and row.uses >= g.limits.max_uses
+
+
+# What credentials.options holds that comes from the secret, not from the file.
+HINT_KEYS = frozenset({"access_key_id"})
+# Settings kept under another name than the file's (and the CLI's) key.
+FILE_KEYS = {"positions": "position"}
+
+
+def _settings(options: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A credential's scheme settings as the file speaks of them: no secret hint, no nulls."""
+    kept = {k: v for k, v in (options or {}).items() if k not in HINT_KEYS and v is not None}
+    return kept or None
 
 
 def _grant_fields(g: GrantSpec) -> dict[str, Any]:
@@ -366,7 +386,7 @@ def apply(
                 raise Conflict("the store changed since the plan was shown; nothing applied")
             if result.empty:
                 raise _Unchanged
-            tokens = _execute(session, key, policy, planner.secrets, state, result)
+            tokens = _execute(session, key, policy, planner, state, result)
             if tokens and write_tokens is not None:
                 finish = write_tokens(tokens)
     except _Unchanged:
@@ -380,7 +400,7 @@ def _execute(
     session: Session,
     key: MasterKey,
     policy: PolicyFile,
-    secrets: dict[str, Secret],
+    planner: _Planner,
     state: _State,
     result: Plan,
 ) -> dict[str, str]:
@@ -422,13 +442,16 @@ def _execute(
             cred.hosts = list(spec.hosts)
             cred.header_name = spec.header
             cred.param_name = spec.param
-            cred.options = spec.options or None
+            settings = planner.settings[spec.name]
+            hint = {k: v for k, v in (cred.options or {}).items() if k in HINT_KEYS}
             if "secret" in change.fields:
-                secret = secrets[spec.name]
+                secret = planner.secrets[spec.name]
+                hint = validation.secret_hint(spec.scheme, secret)
                 cred.key_id, cred.nonce, cred.ciphertext = keys.seal(key, spec.name, secret)
                 cred.fingerprint = key.fingerprint(secret)
                 if change.action == UPDATE:
                     cred.rotated_at = now
+            cred.options = (settings | hint) or None
             session.flush()
         else:
             if change.action == REVOKE:
@@ -535,8 +558,8 @@ def export(db: Database) -> str:
                 lines.append(f"header = {_toml(c.header_name)}")
             if c.param_name is not None:
                 lines.append(f"param = {_toml(c.param_name)}")
-            for option, value in sorted((c.options or {}).items()):
-                lines.append(f"{option} = {_toml(value)}")
+            for option, value in sorted((_settings(c.options) or {}).items()):
+                lines.append(f"{FILE_KEYS.get(option, option)} = {_toml(value)}")
             env = "CREDPROXY_SECRET_" + "".join(ch if ch.isalnum() else "_" for ch in name.upper())
             lines.append(f"# secret_env = {_toml(env)}")
         for key, (g, principal, credential) in state.grants.items():

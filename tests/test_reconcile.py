@@ -357,3 +357,59 @@ def test_a_file_that_nests_too_deeply_is_one_line(tmp_path: Path) -> None:
     path.write_text("x = " + "[" * 5000 + "]" * 5000 + "\n")
     with pytest.raises(PolicyFileError, match="nests too deeply"):
         load(path)
+
+
+SCHEMES = """\
+[[principal]]
+name = "agent"
+
+[[credential]]
+name = "aws"
+scheme = "sigv4"
+hosts = ["bedrock-runtime.us-east-1.amazonaws.com"]
+secret_env = "CP_TEST_AWS"
+
+[[credential]]
+name = "telegram"
+scheme = "path"
+hosts = ["api.telegram.org"]
+placeholder = "CREDPROXY_TELEGRAM"
+position = ["/bot{}", "/file/bot{}"]
+secret_env = "CP_TEST_BOT"
+
+[[grant]]
+id = "bot"
+principal = "agent"
+credential = "telegram"
+methods = ["POST"]
+paths = ["/botCREDPROXY_TELEGRAM/sendMessage"]
+"""
+
+
+def test_signed_and_path_credentials_take_their_options_from_the_file(
+    store: Store,
+    key: MasterKey,
+    policy_file: Callable[[str], Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    aws_secret = '{"access_key_id": "AKIAEXAMPLEKEY12345", "secret_access_key": "wJalrXUtn/K7"}'
+    monkeypatch.setenv("CP_TEST_AWS", aws_secret)
+    monkeypatch.setenv("CP_TEST_BOT", "123456:ABC-bot-token")
+    _apply(store, key, policy_file(SCHEMES))
+    by_name = {c.name: c for c in store.list_credentials()}
+    assert by_name["aws"].options["access_key_id"] == "…2345"
+    assert by_name["telegram"].options["positions"] == ["/bot{}", "/file/bot{}"]
+    assert reconcile.plan(store.db, key, load(policy_file(SCHEMES))).empty
+    exported = tmp_path / "exported.toml"
+    exported.write_text(reconcile.export(store.db))
+    assert "AKIA" not in exported.read_text() and "2345" not in exported.read_text()
+    assert reconcile.plan(store.db, key, load(exported), prune=True).empty
+    moved = SCHEMES.replace('"/bot{}", "/file/bot{}"', '"/bot{}"')
+    (change,) = reconcile.plan(store.db, key, load(policy_file(moved))).changes
+    assert change.fields.keys() == {"options"}
+    bad = SCHEMES.replace(
+        'hosts = ["bedrock-runtime.us-east-1.amazonaws.com"]', 'hosts = ["aws.example.com"]'
+    )
+    with pytest.raises(PolicyFileError, match="cannot tell the service and region"):
+        reconcile.plan(store.db, key, load(policy_file(bad)))
