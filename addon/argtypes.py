@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 from collections.abc import Callable
+from datetime import timedelta
 
 MAX_ID = 2**63 - 1  # the databases' BIGINT; past it SQLite raises rather than finds nothing
 
@@ -38,3 +40,19 @@ def count(minimum: int, maximum: int = MAX_ID) -> Callable[[str], int]:
         return int(text)
 
     return parse
+
+
+MAX_TTL = timedelta(days=30)
+_TTL_RE = re.compile(r"([1-9][0-9]{0,6})([smhd])")
+_TTL_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}
+
+
+def ttl(text: str) -> timedelta:
+    """A session's lifetime: 30s, 10m, 8h or 7d, at most 30 days."""
+    m = _TTL_RE.fullmatch(text)
+    value = timedelta(**{_TTL_UNITS[m.group(2)]: int(m.group(1))}) if m else None
+    if value is None or value > MAX_TTL:
+        raise argparse.ArgumentTypeError(
+            f"invalid duration {text!r}: use 30s, 10m, 8h or 7d, at most 30d"
+        )
+    return value

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+from datetime import UTC, datetime
 from typing import Any
 
 from mitmproxy import http
@@ -35,7 +36,7 @@ class Auth:
         rec.method = "CONNECT"
         rec.host, rec.port = flow.request.host, flow.request.port
         headers = HeaderScan.scan(flow.request.headers.fields)
-        principal = self._authenticate(flow, headers.get_all(b"proxy-authorization"))
+        principal, token = self._authenticate(flow, headers.get_all(b"proxy-authorization"))
         rec.principal = principal
         policy = self._policy()
         if flow.request.is_http2:
@@ -52,7 +53,8 @@ class Auth:
         rec.host = host
         if not policy.may_connect(principal, host, port):
             raise Denied(Reason.NO_GRANT, "no grant for this host and port")
-        self.clients.state(flow.client_conn).tunnel = Tunnel(principal, host, port)
+        state = self.clients.state(flow.client_conn)
+        state.tunnel, state.token = Tunnel(principal, host, port), token
         self.trail.forget(flow)
 
     @deny_on_error
@@ -65,7 +67,7 @@ class Auth:
         state = self.clients.get(flow.client_conn)
         tunnel = state.tunnel if state is not None else None
         if tunnel is None:
-            principal = self._authenticate(flow, headers.get_all(b"proxy-authorization"))
+            principal, _ = self._authenticate(flow, headers.get_all(b"proxy-authorization"))
             # One client connection, one principal: its upstream connections are shared.
             if state is None:
                 state = self.clients.state(flow.client_conn)
@@ -82,13 +84,18 @@ class Auth:
                 # Never judge one principal's request as another's: credentials inside the
                 # tunnel must be the tunnel's own, or the request is refused.
                 named = self._principal(headers.get_all(b"proxy-authorization"))
-                if named != tunnel.principal:
+                if named is None or named[0] != tunnel.principal:
                     raise Denied(Reason.AUTH_REQUIRED, "credentials differ from the tunnel's")
             principal = tunnel.principal
         rec.principal = principal
         policy = self._policy()
         if principal not in policy.principals():
             raise Denied(Reason.AUTH_REQUIRED, "the principal no longer exists")
+        # A tunnel outlives the check at its CONNECT: a session token revoked or expired since
+        # then ends what the connection may do.
+        if tunnel is not None and state is not None:
+            if not policy.token_live(principal, state.token, datetime.now(UTC)):
+                raise Denied(Reason.AUTH_REQUIRED, "the session token was revoked or has expired")
         if state is not None and state.broken:
             raise Denied(Reason.INTERNAL_ERROR, "internal error")
         STEPS[flow] = Step(headers, principal, tunnel, policy)
@@ -101,8 +108,9 @@ class Auth:
             raise Denied(Reason.STORE_UNAVAILABLE, "the policy is stale and the store unreachable")
         return policy  # type: ignore[no-any-return]
 
-    def _authenticate(self, flow: http.HTTPFlow, values: list[bytes]) -> str:
-        """The principal from Proxy-Authorization, which is removed and never forwarded."""
+    def _authenticate(self, flow: http.HTTPFlow, values: list[bytes]) -> tuple[str, int]:
+        """The principal and its token's id from Proxy-Authorization, which is removed and
+        never forwarded."""
         if not values:
             # What git, Java and curl --proxy-anyauth send first, to learn the scheme: the
             # 407 is a challenge, audited and counted as one, never a denial.
@@ -111,13 +119,14 @@ class Auth:
                 Reason.AUTH_REQUIRED, "proxy authentication required", decision=audit.CHALLENGE
             )
         flow.request.headers.pop("proxy-authorization", None)
-        principal = self._principal(values)
-        if principal is None:
+        found = self._principal(values)
+        if found is None:
             raise Denied(Reason.AUTH_REQUIRED, "the proxy credentials are not valid")
-        return principal
+        return found
 
-    def _principal(self, values: list[bytes]) -> str | None:
-        """Who exactly one valid Basic Proxy-Authorization value names, or None."""
+    def _principal(self, values: list[bytes]) -> tuple[str, int] | None:
+        """Who exactly one valid Basic Proxy-Authorization value names, with which of its
+        live tokens, or None."""
         policy = self._policy()
         if len(values) == 1:
             scheme, _, encoded = values[0].partition(b" ")
@@ -130,6 +139,8 @@ class Auth:
                     )
                 except (binascii.Error, UnicodeDecodeError):
                     sep = ""
-                if sep and policy.authenticate(name, token):
-                    return name
+                if sep:
+                    token_id = policy.token_of(name, token, datetime.now(UTC))
+                    if token_id is not None:
+                        return name, token_id
         return None

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from importlib import metadata
 from typing import Any, NoReturn
 
-from addon import demo, policycmd, runner
+from addon import demo, launch, policycmd, runner
 from addon.argtypes import count
 from store import aws, validation
 from store.ca import PUBLIC_CERT, ensure_ca
@@ -55,6 +55,7 @@ FLAGS = {
     "assume_role": "--assume-role",
     "external_id": "--external-id",
     "session_policy": "--session-policy",
+    "placeholder_env": "--placeholder-env",
 }
 
 Handler = Callable[[argparse.Namespace, Settings], int]
@@ -169,6 +170,20 @@ def build_parser() -> argparse.ArgumentParser:
     p = principal.add_parser("remove", parents=[common], help="disable and revoke its grants")
     p.add_argument("name", help="the principal")
     p.set_defaults(func=cmd_principal_remove)
+    token = principal.add_parser("token", help="further tokens: sessions").add_subparsers(
+        dest="token_action", required=True, parser_class=_Parser, metavar="ACTION", help="one of:"
+    )
+    p = token.add_parser("add", parents=[common], help="prints the token once")
+    p.add_argument("name", help="the principal")
+    p.add_argument("--expires", help="30s, 10m, 2h, 7d or an ISO-8601 time (default: never)")
+    p.add_argument("--note", help="what the token is for")
+    p.set_defaults(func=cmd_token_add)
+    p = token.add_parser("list", parents=[common], help="in every state; never the tokens")
+    p.add_argument("name", nargs="?", help="only this principal's")
+    p.set_defaults(func=cmd_token_list)
+    p = token.add_parser("revoke", parents=[common], help="by id")
+    p.add_argument("id", type=identifier, help="the token's id (principal token list)")
+    p.set_defaults(func=cmd_token_revoke)
 
     credential = sub.add_parser(
         "credential", help="secrets and the hosts they may go to"
@@ -197,6 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         help="path prefix where the placeholder goes, e.g. /bot{}, with --scheme path",
     )
+    p.add_argument("--placeholder-env", help="a variable `credproxy exec` sets to a placeholder")
     p.set_defaults(func=cmd_credential_add)
     p = credential.add_parser("list", parents=[common], help="credentials (never secrets)")
     p.set_defaults(func=cmd_credential_list)
@@ -270,6 +286,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = key.add_parser("rotate", parents=[common], help="re-seal every secret under a new key")
     p.set_defaults(func=cmd_key_rotate)
     policycmd.add_commands(sub, common)
+    launch.add_commands(sub, common)
     runner.add_command(sub, common)  # mitmproxy is imported only when `run` runs
     demo.add_command(sub)
     return parser
@@ -455,6 +472,54 @@ def cmd_principal_remove(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def cmd_token_add(args: argparse.Namespace, settings: Settings) -> int:
+    expires = parse_expiry(args.expires) if args.expires else None
+    token_id, token = settings.store().add_token(args.name, expires, args.note)
+    url = f"http://{args.name}:{token}@{settings.advertise}"
+    _emit(
+        settings,
+        {
+            "id": token_id,
+            "name": args.name,
+            "token": token,
+            "proxy_url": url,
+            "expires_at": expires.isoformat() if expires else None,
+        },
+        [
+            f"principal  {args.name}",
+            f"id         {token_id}",
+            f"token      {token}",
+            f"proxy_url  {url}",
+            "The token is shown once; it is stored only as a hash.",
+        ],
+    )
+    return 0
+
+
+def cmd_token_list(args: argparse.Namespace, settings: Settings) -> int:
+    rows = [
+        {
+            "id": t.id,
+            "principal": t.principal,
+            "note": t.note,
+            "created_at": t.created_at.isoformat(timespec="seconds"),
+            "expires_at": t.expires_at.isoformat() if t.expires_at else None,
+            "revoked_at": t.revoked_at.isoformat() if t.revoked_at else None,
+            "state": t.state,
+        }
+        for t in settings.store().list_tokens(args.name)
+    ]
+    columns = ["id", "principal", "created_at", "expires_at", "state", "note"]
+    _emit(settings, rows, _table(rows, columns))
+    return 0
+
+
+def cmd_token_revoke(args: argparse.Namespace, settings: Settings) -> int:
+    settings.store().revoke_token(args.id)
+    _emit(settings, {"id": args.id, "state": "revoked"}, [f"revoked token {args.id}"])
+    return 0
+
+
 def cmd_credential_add(args: argparse.Namespace, settings: Settings) -> int:
     store = settings.store()
     secret = read_secret()
@@ -466,6 +531,7 @@ def cmd_credential_add(args: argparse.Namespace, settings: Settings) -> int:
         "session_policy": _policy_file(args.session_policy),
         "placeholder": args.placeholder,
         "position": args.position,
+        "placeholder_env": args.placeholder_env,
     }
     fp = store.add_credential(
         args.name, args.scheme, args.host, secret, args.header, args.param, options
@@ -489,6 +555,7 @@ def _credential_row(c: CredentialEntry) -> dict[str, Any]:
         "fingerprint": c.fingerprint,
         "created_at": c.created_at.isoformat(timespec="seconds"),
         "rotated_at": c.rotated_at.isoformat(timespec="seconds") if c.rotated_at else None,
+        "placeholder_env": c.options.get("placeholder_env"),
     }
 
 

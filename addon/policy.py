@@ -6,17 +6,24 @@ Pure: imports neither mitmproxy nor SQLAlchemy, so the hostile-input table can t
 from __future__ import annotations
 
 import enum
+import hmac
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import NamedTuple
 from urllib.parse import unquote_to_bytes
 
 from addon.stamping import Stamp
-from store.crypto import token_matches
+from store.crypto import hash_token, token_matches
 from store.grammar import HostPattern, Rate, path_matches
-from store.records import TOMBSTONE_RETENTION, CredentialRecord, GrantRecord, Snapshot
+from store.records import (
+    TOMBSTONE_RETENTION,
+    CredentialRecord,
+    GrantRecord,
+    SessionToken,
+    Snapshot,
+)
 
 
 class Reason(enum.StrEnum):
@@ -90,6 +97,7 @@ UPSTREAM_REASONS = frozenset(
 )
 
 DEFAULT_PORTS = {"https": 443, "http": 80}
+LONG_LIVED = 0  # the token made by `principal add`; session tokens have ids from 1
 CANDIDATE_CACHE = 1024
 
 
@@ -213,6 +221,9 @@ class Policy:
         self.key_id = snapshot.key_id
         self.unreadable = snapshot.unreadable
         self._tokens = dict(snapshot.token_hashes)
+        self._sessions = {
+            name: {t.id: t for t in found} for name, found in snapshot.sessions.items()
+        }
         self._limits = dict(snapshot.principal_limits)
         # Secrets that go in a path (--scheme path): a target carrying one is refused by the
         # gate, in any encoding, before its path is written anywhere.
@@ -236,10 +247,31 @@ class Policy:
             stamp = self._stamps[credential.name] = Stamp(credential)
         return stamp
 
-    def authenticate(self, name: str, token: str) -> bool:
+    def authenticate(self, name: str, token: str, now: datetime | None = None) -> bool:
+        return self.token_of(name, token, now or datetime.now(UTC)) is not None
+
+    def token_of(self, name: str, token: str, now: datetime) -> int | None:
+        """Which live token of `name` this is (LONG_LIVED or a session's id), or None."""
         token_hash = self._tokens.get(name)
         # Compare against a dummy when the name is unknown, so timing does not reveal names.
-        return token_matches(token, token_hash or "0" * 64) and token_hash is not None
+        if token_matches(token, token_hash or "0" * 64) and token_hash is not None:
+            return LONG_LIVED
+        sessions = self._sessions.get(name)
+        if sessions:
+            digest = hash_token(token)
+            for session in sessions.values():
+                if hmac.compare_digest(digest, session.token_hash) and _unexpired(session, now):
+                    return session.id
+        return None
+
+    def token_live(self, name: str, token_id: int, now: datetime) -> bool:
+        """Is the token a connection authenticated with still live (not revoked, expired)?"""
+        if name not in self._tokens:
+            return False
+        if token_id == LONG_LIVED:
+            return True
+        session = self._sessions.get(name, {}).get(token_id)
+        return session is not None and _unexpired(session, now)
 
     def may_connect(self, principal: str, host: str, port: int) -> bool:
         """The CONNECT gate: does any grant name this host and port (on https)?
@@ -317,6 +349,10 @@ class Policy:
 
     def principals(self) -> Iterable[str]:
         return self._tokens.keys()
+
+
+def _unexpired(session: SessionToken, now: datetime) -> bool:
+    return session.expires_at is None or now < session.expires_at
 
 
 def _compile(grant: GrantRecord, snapshot: Snapshot) -> Rule:

@@ -80,6 +80,7 @@ class ClientState:
     """What one client connection to the proxy carries from request to request."""
 
     tunnel: Tunnel | None = None
+    token: int = 0  # which of the principal's tokens authenticated the tunnel (policy.py)
     principal: str | None = None  # of its plain-proxy (absolute-form) requests
     broken: bool = False  # a TLS hook failed on it: every request is refused
     # dialled address -> the host name to use as upstream SNI

@@ -82,6 +82,19 @@ class Principal(Base):
     )
 
 
+class PrincipalToken(Base):
+    """A principal's further tokens (sessions), beside the long-lived one in principals."""
+
+    __tablename__ = "principal_tokens"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    principal_id: Mapped[int] = mapped_column(ForeignKey("principals.id"), index=True)
+    token_hash: Mapped[str] = mapped_column(String(64))
+    note: Mapped[str | None] = mapped_column(String(200))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
 class Credential(Base):
     __tablename__ = "credentials"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)

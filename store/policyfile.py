@@ -44,7 +44,16 @@ CREDENTIAL_KEYS = frozenset(
 # Scheme settings kept in the credential's options, by key; schemes that have settings add
 # theirs here.
 CREDENTIAL_OPTION_KEYS = frozenset(
-    {"region", "service", "assume_role", "external_id", "session_policy", "placeholder", "position"}
+    {
+        "region",
+        "service",
+        "assume_role",
+        "external_id",
+        "session_policy",
+        "placeholder",
+        "position",
+        "placeholder_env",
+    }
 )
 # Options that take a list of strings; the others take one string.
 LIST_OPTIONS = frozenset({"position"})
@@ -458,6 +467,10 @@ def _credential(t: _Table) -> CredentialSpec | None:
     elif file is not None:
         path = Path(file)
         source = SecretSource(file=path if path.is_absolute() else t.problems.path.parent / path)
+    placeholder = t.text("placeholder_env")
+    if placeholder is not None:
+        with t.checking("placeholder_env"):  # here, to name the line
+            validation.env_name(placeholder)
     options = {}
     for option in CREDENTIAL_OPTION_KEYS & t.values.keys():
         options[option] = t.texts(option) if option in LIST_OPTIONS else t.text(option)

@@ -52,6 +52,15 @@ class GrantRecord:
 
 
 @dataclass(frozen=True)
+class SessionToken:
+    """One of a principal's further tokens, as the proxy checks it."""
+
+    id: int
+    token_hash: str
+    expires_at: datetime | None
+
+
+@dataclass(frozen=True)
 class Snapshot:
     """What the proxy needs, read in one transaction: live principals, credentials, grants."""
 
@@ -61,6 +70,8 @@ class Snapshot:
     credentials: dict[str, CredentialRecord]
     grants: tuple[GrantRecord, ...]
     unreadable: tuple[str, ...]
+    # principal -> its live further tokens, beside the long-lived one in token_hashes
+    sessions: dict[str, tuple[SessionToken, ...]] = field(default_factory=dict)
     # Principals with a rate of their own: name -> (rate, burst).
     principal_limits: dict[str, tuple[Rate, int | None]] = field(default_factory=dict)
 
@@ -71,6 +82,19 @@ class PrincipalEntry:
     created_at: datetime
     rate: str | None = None
     burst: int | None = None
+
+
+@dataclass(frozen=True)
+class TokenEntry:
+    """A further token as listed: never the token, only what it is for and its state."""
+
+    id: int
+    principal: str
+    note: str | None
+    created_at: datetime
+    expires_at: datetime | None
+    revoked_at: datetime | None
+    state: str  # active, expired or revoked
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,16 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from store import access_requests, credentials, grants, keys, principals, schema, snapshot
+from store import (
+    access_requests,
+    credentials,
+    grants,
+    keys,
+    principals,
+    schema,
+    snapshot,
+    tokens,
+)
 from store.crypto import MasterKey, Secret
 from store.engine import Database
 from store.records import (
@@ -17,6 +26,7 @@ from store.records import (
     GrantEntry,
     PrincipalEntry,
     Snapshot,
+    TokenEntry,
 )
 from store.validation import NO_LIMITS, Limits
 
@@ -84,6 +94,17 @@ class Store:
 
     def remove_principal(self, name: str) -> int:
         return principals.remove(self.db, name)
+
+    def add_token(
+        self, principal: str, expires_at: datetime | None, note: str | None = None
+    ) -> tuple[int, str]:
+        return tokens.add(self.db, principal, expires_at, note)
+
+    def list_tokens(self, principal: str | None = None) -> list[TokenEntry]:
+        return tokens.listing(self.db, principal)
+
+    def revoke_token(self, token_id: int) -> None:
+        tokens.revoke(self.db, token_id)
 
     def add_credential(
         self,

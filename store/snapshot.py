@@ -14,8 +14,14 @@ from store.crypto import MasterKey
 from store.engine import Database
 from store.errors import SealError, StoreUnavailable
 from store.grammar import parse_host, parse_rate
-from store.models import Credential, Grant, Principal, StoreState, utcnow
-from store.records import TOMBSTONE_RETENTION, CredentialRecord, GrantRecord, Snapshot
+from store.models import Credential, Grant, Principal, PrincipalToken, StoreState, utcnow
+from store.records import (
+    TOMBSTONE_RETENTION,
+    CredentialRecord,
+    GrantRecord,
+    SessionToken,
+    Snapshot,
+)
 
 T = TypeVar("T")
 
@@ -50,6 +56,19 @@ def _read(db: Database, key: MasterKey) -> Snapshot:
         principals = connection.execute(
             select(Principal.id, Principal.name, Principal.token_hash).where(
                 Principal.disabled_at.is_(None)
+            )
+        ).all()
+        # Expired tokens are left out; the proxy also checks expiry per request, so one that
+        # expires between two reads is refused without waiting for a store change.
+        sessions = connection.execute(
+            select(
+                PrincipalToken.principal_id,
+                PrincipalToken.id,
+                PrincipalToken.token_hash,
+                PrincipalToken.expires_at,
+            ).where(
+                PrincipalToken.revoked_at.is_(None),
+                (PrincipalToken.expires_at.is_(None)) | (PrincipalToken.expires_at > now),
             )
         ).all()
         limited = connection.execute(
@@ -103,6 +122,10 @@ def _read(db: Database, key: MasterKey) -> Snapshot:
     paths_of = _decoded(tuple)
     options_of = _decoded(lambda options: options or {})
     names = {pid: name for pid, name, _ in principals}
+    live_sessions: dict[str, list[SessionToken]] = {}
+    for pid, tid, token_hash, expires in sessions:
+        if pid in names:
+            live_sessions.setdefault(names[pid], []).append(SessionToken(tid, token_hash, expires))
     records: dict[str, CredentialRecord] = {}
     by_id: dict[int, CredentialRecord] = {}
     unreadable = []
@@ -165,6 +188,7 @@ def _read(db: Database, key: MasterKey) -> Snapshot:
         credentials=records,
         grants=tuple(compiled),
         unreadable=tuple(sorted(unreadable)),
+        sessions={name: tuple(found) for name, found in live_sessions.items()},
         principal_limits={name: (rate_of(rate), burst) for name, rate, burst in limited},
     )
 

@@ -69,6 +69,18 @@ def scheme_options(
     return header_name, param_name
 
 
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+
+
+def env_name(name: str) -> str:
+    """A variable name for a placeholder: letters, digits and `_`, not starting with a digit."""
+    if not _ENV_NAME.fullmatch(name):
+        raise InvalidInput(
+            "invalid {placeholder_env} {name!r}", placeholder_env="variable name", name=name
+        )
+    return name
+
+
 def secret(scheme: str, value: Secret) -> None:
     plain = value.reveal()
     if not plain:
@@ -317,6 +329,9 @@ def credential_options(
 ) -> dict[str, Any]:
     """A scheme's settings, checked against its hosts; what goes into credentials.options."""
     given = {name: v for name, v in options.items() if v not in (None, [], ())}
+    # Any scheme may name a variable for `credproxy exec` to set to a placeholder.
+    placeholder_env = given.pop("placeholder_env", None)
+    common = {"placeholder_env": env_name(placeholder_env)} if placeholder_env else {}
     allowed = {
         "sigv4": ("region", "service", "assume_role", "external_id", "session_policy"),
         "path": ("placeholder", "position"),
@@ -328,10 +343,10 @@ def credential_options(
                 **{name: OPTION_INPUTS.get(name, name), "scheme": "scheme"},
             )
     if scheme == "sigv4":
-        return _sigv4_options(given, patterns)
+        return _sigv4_options(given, patterns) | common
     if scheme == "path":
-        return _path_options(given)
-    return {}
+        return _path_options(given) | common
+    return common
 
 
 def _sigv4_options(given: Mapping[str, Any], patterns: Sequence[HostPattern]) -> dict[str, Any]:

@@ -6,6 +6,7 @@ import sqlalchemy as sa
 from alembic.config import Config
 from alembic.script import ScriptDirectory
 
+from addon.policy import LONG_LIVED, Policy
 from store.crypto import MasterKey, hash_token
 from store.errors import StoreUnavailable
 from store.models import UTCDateTime
@@ -13,7 +14,8 @@ from store.repository import Store
 from store.schema import MIGRATIONS, SCHEMA_HEAD
 
 TABLES = {
-    "alembic_version", "store_state", "principals", "credentials", "grants", "access_requests"
+    "alembic_version", "store_state", "principals", "credentials", "grants", "access_requests",
+    "principal_tokens",
 }
 CREATED = datetime(2024, 1, 2, 3, 4, 5, tzinfo=UTC)
 
@@ -137,6 +139,40 @@ def test_upgrade_from_0001_keeps_the_data(bare: Store, key: MasterKey) -> None:
     assert snap.credentials["gh"].secret.reveal() == b"ghp_secret"
     assert [g.id for g in snap.grants] == [1]
     assert snap.token_hashes == {"agent": hash_token("tok")}
+
+
+def test_upgrade_from_0006_keeps_each_principals_token_working(
+    bare: Store, key: MasterKey
+) -> None:
+    bare.migrate("0006")
+    assert "principal_tokens" not in sa.inspect(bare.engine).get_table_names()
+    principals = sa.table(
+        "principals",
+        sa.column("id", sa.Integer),
+        sa.column("name", sa.String),
+        sa.column("token_hash", sa.String),
+        sa.column("created_at", UTCDateTime),
+    )
+    with bare.engine.begin() as conn:
+        conn.execute(
+            sa.update(sa.table("store_state", sa.column("key_id"), sa.column("key_check"))).values(
+                key_id=key.key_id, key_check=key.check_value
+            )
+        )
+        conn.execute(
+            principals.insert().values(
+                id=1, name="agent", token_hash=hash_token("tok"), created_at=CREATED
+            )
+        )
+
+    bare.migrate()
+
+    bare.key = key
+    bare.check_ready()
+    policy = Policy(bare.snapshot())
+    assert policy.token_of("agent", "tok", datetime.now(UTC)) == LONG_LIVED
+    token_id, token = bare.add_token("agent", None)
+    assert Policy(bare.snapshot()).token_of("agent", token, datetime.now(UTC)) == token_id
 
 
 def test_unmigrated_database_is_not_ready(bare: Store) -> None:

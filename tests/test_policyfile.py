@@ -100,6 +100,14 @@ def test_the_issues_example_reads_as_written(tmp_path: Path) -> None:
             id="two secret sources",
         ),
         pytest.param(
+            GOOD.replace(
+                'secret_env = "GITHUB_TOKEN"',
+                'secret_env = "GITHUB_TOKEN"\nplaceholder_env = "NOT-A-NAME"',
+            ),
+            'policy.toml:11: credential "github": invalid variable name',
+            id="a placeholder that is no variable name",
+        ),
+        pytest.param(
             "[[grant]\nid = 1\n",
             "policy.toml:1: invalid TOML",
             id="a file that is not TOML names the line",
@@ -125,6 +133,14 @@ def test_a_problem_names_file_line_and_field(tmp_path: Path, text: str, expected
         problems = tuple(e.problems)
     shown = [p.replace(str(path), "policy.toml") for p in problems]
     assert any(p.startswith(expected) for p in shown), shown
+
+
+def test_a_credentials_placeholder_variable_is_one_of_its_options(tmp_path: Path) -> None:
+    text = GOOD.replace(
+        'secret_env = "GITHUB_TOKEN"', 'secret_env = "GITHUB_TOKEN"\nplaceholder_env = "GH_TOKEN"'
+    )
+    (credential,) = load(_write(tmp_path, text)).credentials
+    assert credential.options == {"placeholder_env": "GH_TOKEN"}
 
 
 def test_every_problem_is_reported_in_one_run(tmp_path: Path) -> None:

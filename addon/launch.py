@@ -1,0 +1,302 @@
+"""`credproxy exec` and `credproxy env`: a session token and a contained environment.
+
+exec creates a session token that expires at --ttl, waits until the proxy accepts it, runs
+CMD in the caller's environment minus anything secret-shaped plus the proxy and trust
+variables, forwards signals, passes CMD's exit status on and revokes the token on the way out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import os
+import signal
+import socket
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from addon import envscrub, launchenv
+from addon.argtypes import ttl
+from addon.truststore import java_truststore
+from store.ca import PUBLIC_CERT
+from store.errors import CredproxyError, InvalidInput
+from store.grammar import BadAuthority, parse_authority
+from store.models import utcnow
+from store.repository import Store
+from store.settings import Settings
+
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+WATCHED = {*FORWARDED, signal.SIGCHLD}
+SI_KERNEL = 0x80  # siginfo's si_code for a signal the kernel sent (a terminal's ^C)
+# How long exec waits for the proxy to load a new session token (it polls every 0.5 s).
+PROBE_TIMEOUT = 15.0
+PROBE_PATH = "/access-requests/0"  # answered by the proxy itself, after authentication
+
+
+class ProxyUnavailable(CredproxyError):
+    pass
+
+
+def add_commands(sub: Any, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser(
+        "exec", parents=[common], help="run a command behind the proxy with a session token"
+    )
+    _session_flags(p)
+    p.add_argument(
+        "--keep-env",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="keep this variable even if it looks like a secret (repeatable)",
+    )
+    p.add_argument(
+        "--isolate", action="store_true", help="no network but the proxy, and no token inside"
+    )
+    p.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD [ARG...]")
+    p.set_defaults(func=cmd_exec)
+    p = sub.add_parser("env", parents=[common], help="print a session's variables")
+    _session_flags(p)
+    p.add_argument(
+        "--format", choices=launchenv.FORMATS, default="sh", help="sh (default), dotenv or json"
+    )
+    p.set_defaults(func=cmd_env)
+
+
+def _session_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--principal", required=True, help="whose session")
+    p.add_argument(
+        "--ttl", type=ttl, default=timedelta(hours=8), help="session lifetime (default 8h)"
+    )
+    p.add_argument("--proxy", metavar="HOST:PORT", help="the proxy [CREDPROXY_ADVERTISE]")
+
+
+# -- the session ---------------------------------------------------------------------
+
+
+def _address(text: str) -> tuple[str, int]:
+    try:
+        host, port = parse_authority(text)
+    except BadAuthority as e:
+        raise InvalidInput(f"invalid --proxy {text!r}: use HOST:PORT") from e
+    if port is None:
+        raise InvalidInput(f"invalid --proxy {text!r}: use HOST:PORT")
+    return host, port
+
+
+def _bracketed(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def _ca_file(settings: Settings) -> Path:
+    ca = settings.certs / PUBLIC_CERT
+    if not ca.is_file():
+        raise InvalidInput(f"no CA at {ca}: run credproxy init")
+    return ca
+
+
+def placeholders(store: Store, principal: str) -> tuple[str, ...]:
+    """The placeholder variables the principal's granted credentials declare."""
+    granted = {g.credential for g in store.list_grants(principal) if g.state == "active"}
+    return launchenv.placeholder_names(
+        c.options["placeholder_env"]
+        for c in store.list_credentials()
+        if c.name in granted and c.options.get("placeholder_env")
+    )
+
+
+def probe(host: str, port: int, principal: str, token: str) -> None:
+    """Return once the proxy accepts the token; ProxyUnavailable if it is down or never does."""
+    auth = base64.b64encode(f"{principal}:{token}".encode()).decode()
+    request = (
+        f"GET http://credproxy.internal{PROBE_PATH} HTTP/1.1\r\nHost: credproxy.internal\r\n"
+        f"Proxy-Authorization: Basic {auth}\r\nConnection: close\r\n\r\n"
+    ).encode()
+    deadline = time.monotonic() + PROBE_TIMEOUT
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=5) as sock:
+                sock.sendall(request)
+                head = b""
+                while b"\r\n" not in head and len(head) < 64:
+                    chunk = sock.recv(64)
+                    if not chunk:
+                        break
+                    head += chunk
+        except OSError as e:
+            raise ProxyUnavailable(
+                f"the proxy at {host}:{port} is unreachable ({e.strerror or type(e).__name__})"
+            ) from e
+        status = head.split(b" ", 2)[1:2]
+        if not head.startswith(b"HTTP/1.") or not status:
+            raise ProxyUnavailable(f"{host}:{port} does not answer as credproxy")
+        if status != [b"407"]:
+            return
+        if time.monotonic() > deadline:
+            raise ProxyUnavailable(
+                f"the proxy at {host}:{port} did not accept the session token within "
+                f"{PROBE_TIMEOUT:g} s: does it use this store?"
+            )
+        time.sleep(0.1)
+
+
+def _note(command: Sequence[str]) -> str:
+    name = os.path.basename(command[0]) if command else ""
+    return "".join(c for c in f"{'exec' if command else 'env'}: {name}" if c.isprintable())[:80]
+
+
+@contextmanager
+def session(
+    store: Store, args: argparse.Namespace, settings: Settings, command: Sequence[str]
+) -> Iterator[launchenv.Session]:
+    """A session token for the principal, accepted by the proxy; revoked at the end for exec."""
+    host, port = _address(args.proxy or settings.advertise)
+    ca = _ca_file(settings)
+    names = placeholders(store, args.principal)
+    token_id, token = store.add_token(args.principal, utcnow() + args.ttl, _note(command))
+    try:
+        probe(host, port, args.principal, token)
+        yield launchenv.Session(
+            proxy_url=f"http://{args.principal}:{token}@{_bracketed(host)}:{port}",
+            proxy_host=host,
+            proxy_port=port,
+            ca_file=ca.resolve(),
+            truststore=java_truststore(
+                ca.resolve(), [ca.parent.resolve(), Path(tempfile.gettempdir())]
+            ),
+            placeholders=names,
+        )
+    except BaseException:
+        _revoke(store, token_id)
+        raise
+    else:
+        if command:
+            _revoke(store, token_id)
+
+
+def _revoke(store: Store, token_id: int) -> None:
+    try:
+        store.revoke_token(token_id)
+    except CredproxyError as e:
+        print(
+            f"credproxy: warning: could not revoke session token {token_id} ({e}); "
+            "it ends at its expiry",
+            file=sys.stderr,
+        )
+
+
+# -- exec ----------------------------------------------------------------------------
+
+
+def _command(raw: Sequence[str]) -> list[str]:
+    # argparse (3.11) keeps the `--` in a REMAINDER: it is how exec knows one was given.
+    if not raw or raw[0] != "--":
+        raise InvalidInput("give the command after --: credproxy exec [...] -- CMD [ARG...]")
+    if len(raw) == 1:
+        raise InvalidInput("no command after --")
+    return list(raw[1:])
+
+
+def cmd_exec(args: argparse.Namespace, settings: Settings) -> int:
+    try:
+        return _exec(args, settings)
+    except CommandFailed as e:
+        print(f"credproxy: error: {e}", file=sys.stderr)
+        return e.status
+
+
+def _exec(args: argparse.Namespace, settings: Settings) -> int:
+    command = _command(args.command)
+    if args.isolate:
+        from addon import isolate
+
+        isolate.check()
+    with held_signals() as previous:
+        store = settings.store()
+        with session(store, args, settings, command) as sess:
+            base, removed = envscrub.scrub(os.environ, set(args.keep_env))
+            if removed:
+                print(f"credproxy: not passed to the command: {' '.join(removed)}", file=sys.stderr)
+            pending = signal.sigpending() & set(FORWARDED)
+            if pending:  # interrupted before CMD started: it never does
+                return 128 + int(min(pending))
+            if args.isolate:
+                from addon import isolate
+
+                return isolate.run(command, base, sess, previous)
+            return supervise(command, launchenv.contained(base, sess), previous)
+
+
+def cmd_env(args: argparse.Namespace, settings: Settings) -> int:
+    store = settings.store()
+    with session(store, args, settings, ()) as sess:
+        env = launchenv.variables(sess)
+        env["JAVA_TOOL_OPTIONS"] = launchenv.java_options(sess, None)
+        sys.stdout.write(launchenv.render(env, "json" if settings.json else args.format))
+    return 0
+
+
+@contextmanager
+def held_signals() -> Iterator[set[int | signal.Signals]]:
+    """Block the signals exec waits for; yields the mask CMD should start with."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, WATCHED)
+    try:
+        yield previous
+    finally:
+        # What arrives after CMD has ended was meant for CMD: drop it rather than die of it.
+        handlers = {s: signal.signal(s, signal.SIG_IGN) for s in FORWARDED}
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        for s, handler in handlers.items():
+            signal.signal(s, handler)
+
+
+def spawn(command: Sequence[str], env: dict[str, str], mask: set[int | signal.Signals]) -> int:
+    """Start CMD with the caller's signal mask and dispositions Python changed reset."""
+    try:
+        return os.posix_spawnp(
+            command[0],
+            list(command),
+            env,
+            setsigmask=mask,
+            setsigdef=(signal.SIGPIPE, signal.SIGXFSZ),
+        )
+    except FileNotFoundError as e:
+        raise CommandFailed(127, f"cannot run {command[0]!r}: command not found") from e
+    except OSError as e:
+        raise CommandFailed(126, f"cannot run {command[0]!r}: {e.strerror}") from e
+
+
+class CommandFailed(CredproxyError):
+    """CMD could not be started; exits with the shell's status for it (127 or 126)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def supervise(command: Sequence[str], env: dict[str, str], mask: set[int | signal.Signals]) -> int:
+    """Run CMD to its end, forwarding signals; its exit status, 128+N for a signal N."""
+    pid = spawn(command, env, mask)
+    return wait_forwarding(pid)
+
+
+def wait_forwarding(pid: int) -> int:
+    while True:
+        info = signal.sigwaitinfo(WATCHED)
+        if info.si_signo == signal.SIGCHLD:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                code = os.waitstatus_to_exitcode(status)
+                return code if code >= 0 else 128 - code
+        elif info.si_code != SI_KERNEL:
+            # A terminal's ^C reaches CMD itself (the same process group): only what was
+            # sent to exec alone is passed on.
+            try:
+                os.kill(pid, info.si_signo)
+            except ProcessLookupError:
+                pass
