@@ -10,7 +10,6 @@ Where namespaces cannot be made, exec stops before anything runs: never un-isola
 from __future__ import annotations
 
 import base64
-import ctypes
 import fcntl
 import os
 import shutil
@@ -32,7 +31,6 @@ from store.errors import CredproxyError
 MAX_HEAD = 64 * 1024  # a proxy request's head, as read by the forwarder
 MAX_CONNECTIONS = 256  # open through the forwarder at once; more are answered 503
 HEAD_TIMEOUT = 30.0  # seconds for a proxy request's head to arrive
-PR_SET_DUMPABLE = 4
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
 
 
@@ -144,7 +142,16 @@ def _answer(client: socket.socket, status: bytes) -> None:
         pass
 
 
-def _serve(listener: socket.socket, proxy: tuple[str, int], authorization: str) -> None:
+def _peer_pid(client: socket.socket) -> int:
+    pid, _uid, _gid = struct.unpack(
+        "3i", client.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
+    )
+    return int(pid)
+
+
+def _serve(
+    listener: socket.socket, proxy: tuple[str, int], authorization: str, helper: list[int]
+) -> None:
     slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
 
     def forward(client: socket.socket) -> None:
@@ -158,6 +165,11 @@ def _serve(listener: socket.socket, proxy: tuple[str, int], authorization: str) 
             client, _ = listener.accept()
         except OSError:
             return
+        if not helper or _peer_pid(client) != helper[0]:
+            # Another process of this user (another sandbox): the session's credentials are
+            # this command's alone.
+            client.close()
+            continue
         if not slots.acquire(blocking=False):
             with client:
                 _answer(client, b"503 Service Unavailable")
@@ -176,8 +188,6 @@ def run(
 
     url = urlsplit(session.proxy_url)
     authorization = "Basic " + base64.b64encode(f"{url.username}:{url.password}".encode()).decode()
-    # CMD runs as this user in its own namespace: it must not read the token from memory.
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
     inside = replace(
         session,
         proxy_url=f"http://127.0.0.1:{session.proxy_port}",
@@ -189,13 +199,15 @@ def run(
         with listener:
             listener.bind(path)
             listener.listen(64)
+            helper: list[int] = []  # the one process whose connections are forwarded
             threading.Thread(
                 target=_serve,
-                args=(listener, (session.proxy_host, session.proxy_port), authorization),
+                args=(listener, (session.proxy_host, session.proxy_port), authorization, helper),
                 daemon=True,
             ).start()
             inner = [sys.executable, "-m", "addon.isolate", path, str(session.proxy_port), "--"]
             pid = spawn([*_unshare(), *inner, *command], launchenv.contained(base, inside), mask)
+            helper.append(pid)  # unshare execs the helper: it keeps this pid
             return wait_forwarding(pid)
 
 

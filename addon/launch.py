@@ -216,12 +216,17 @@ def _exec(args: argparse.Namespace, settings: Settings) -> int:
         from addon import isolate
 
         isolate.check()
+    # CMD runs as this user: it must read neither the token nor the scrubbed variables from
+    # this process (/proc/PID/environ, its memory).
+    undumpable()
     with held_signals() as previous:
         store = settings.store()
         with session(store, args, settings, command) as sess:
             base, removed = envscrub.scrub(os.environ, set(args.keep_env))
             if removed:
-                print(f"credproxy: not passed to the command: {' '.join(removed)}", file=sys.stderr)
+                # Names only, each printable: a name may not forge lines or escape sequences.
+                shown = " ".join(name.encode("unicode_escape").decode("ascii") for name in removed)
+                print(f"credproxy: not passed to the command: {shown}", file=sys.stderr)
             pending = signal.sigpending() & set(FORWARDED)
             if pending:  # interrupted before CMD started: it never does
                 return 128 + int(min(pending))
@@ -230,6 +235,18 @@ def _exec(args: argparse.Namespace, settings: Settings) -> int:
 
                 return isolate.run(command, base, sess, previous)
             return supervise(command, launchenv.contained(base, sess), previous)
+
+
+PR_SET_DUMPABLE = 4
+
+
+def undumpable() -> None:
+    """Make this process undumpable; raises CommandFailed if the kernel refuses."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+        raise CommandFailed(2, "cannot protect exec's memory from the command (prctl)")
 
 
 def cmd_env(args: argparse.Namespace, settings: Settings) -> int:

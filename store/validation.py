@@ -70,6 +70,20 @@ def scheme_options(
 
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+_LAUNCHER_NAMES = frozenset(
+    {
+        "NODE_USE_ENV_PROXY",
+        "NODE_EXTRA_CA_CERTS",
+        "JAVA_TOOL_OPTIONS",
+        "PIP_CERT",
+        "GIT_SSL_CAINFO",
+        "NPM_CONFIG_CAFILE",
+        "SSL_CERT_DIR",
+        "DENO_CERT",
+        "CARGO_HTTP_CAINFO",
+        "UV_SYSTEM_CERTS",
+    }
+)
 
 
 def env_name(name: str) -> str:
@@ -77,6 +91,14 @@ def env_name(name: str) -> str:
     if not _ENV_NAME.fullmatch(name):
         raise InvalidInput(
             "invalid {placeholder_env} {name!r}", placeholder_env="variable name", name=name
+        )
+    upper = name.upper()
+    if upper in _LAUNCHER_NAMES or upper.endswith(("_PROXY", "_CA_BUNDLE", "_CERT_FILE")):
+        # exec sets these itself: a placeholder over one would send clients around the proxy.
+        raise InvalidInput(
+            "{placeholder_env} {name!r} is one exec sets for the proxy itself",
+            placeholder_env="variable name",
+            name=name,
         )
     return name
 

@@ -161,6 +161,21 @@ def test_nothing_secret_shaped_survives_and_nothing_else_is_removed(case) -> Non
         pytest.param("X", "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxIn0.sig", id="a JWT"),
         pytest.param("X", "-----BEGIN PRIVATE KEY-----\nMII", id="a PEM private key"),
         pytest.param("PIP_INDEX_URL", "https://u:p@pypi.example/simple", id="a URL with userinfo"),
+        pytest.param("DB_PASS", "x", id="a PASS name"),
+        pytest.param("MYSQL_PWD", "x", id="a _PWD name, but not PWD itself"),
+        pytest.param("SESSION_COOKIE", "x", id="a COOKIE name"),
+        pytest.param("MSSQL_CONN", "x", id="a _CONN name"),
+        pytest.param("V", "sk_live_" + "a" * 24, id="a Stripe key"),
+        pytest.param("V", "glpat-" + "a" * 20, id="a GitLab token"),
+        pytest.param("V", "hf_" + "a" * 34, id="a Hugging Face token"),
+        pytest.param("V", "AIza" + "a" * 35, id="a Google API key"),
+        pytest.param("V", "npm_" + "a" * 36, id="an npm token"),
+        pytest.param("V", "xapp-1-abcdefgh", id="a Slack app token"),
+        pytest.param("V", "-----BEGIN PGP PRIVATE KEY BLOCK-----", id="a PGP private key"),
+        pytest.param("V", "-----BEGIN private KEY-----", id="a PEM header in lower case"),
+        pytest.param("V", "Server=db;Password=Hunter2!", id="a connection string's password"),
+        pytest.param("V", "DefaultEndpointsProtocol=https;AccountKey=abc", id="an account key"),
+        pytest.param("V", "Authorization: Bearer abc", id="a header line"),
     ],
 )
 def test_secret_shapes_are_removed_by_name_or_value(name: str, value: str) -> None:
@@ -170,5 +185,12 @@ def test_secret_shapes_are_removed_by_name_or_value(name: str, value: str) -> No
 def test_a_kept_name_stays_whatever_its_shape() -> None:
     assert scrub({"SSH_AUTH_SOCK": "/tmp/a"}, keep={"SSH_AUTH_SOCK"}) == (
         {"SSH_AUTH_SOCK": "/tmp/a"},
+        [],
+    )
+
+
+def test_the_shells_working_directory_is_not_a_password() -> None:
+    assert scrub({"PWD": "/home/me", "OLDPWD": "/tmp"}) == (
+        {"PWD": "/home/me", "OLDPWD": "/tmp"},
         [],
     )

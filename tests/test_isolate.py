@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 
@@ -79,8 +80,9 @@ def forwarder(tmp_path, monkeypatch):
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
     listener.listen(8)
+    helper = [os.getpid()]  # these tests connect as the helper would
     threading.Thread(
-        target=isolate._serve, args=(listener, server.getsockname(), AUTH), daemon=True
+        target=isolate._serve, args=(listener, server.getsockname(), AUTH, helper), daemon=True
     ).start()
 
     def connect() -> socket.socket:
@@ -89,6 +91,7 @@ def forwarder(tmp_path, monkeypatch):
         sock.connect(path)
         return sock
 
+    connect.helper = helper  # type: ignore[attr-defined]
     yield connect, received
     listener.close()
     server.close()
@@ -132,3 +135,18 @@ def test_connections_past_the_cap_are_refused(forwarder) -> None:
     finally:
         for sock in held:
             sock.close()
+
+
+def test_only_the_sessions_own_helper_is_forwarded(forwarder) -> None:
+    """Another process of the same user (another sandbox that found the socket) gets nothing:
+    the session's credentials are its command's alone."""
+    connect, received = forwarder
+    connect.helper[0] = os.getpid() + 1_000_000  # not this process
+    with connect() as sock:
+        try:
+            sock.sendall(b"CONNECT api.test:443 HTTP/1.1\r\nHost: api.test:443\r\n\r\n")
+            answer = sock.recv(4096)
+        except OSError:  # closed before the head was even sent
+            answer = b""
+    assert answer == b""
+    assert received == []

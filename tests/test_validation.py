@@ -80,3 +80,12 @@ def test_a_message_without_inputs_reads_the_same_to_the_cli() -> None:
     assert worded(raised.value) == str(raised.value) == (
         "invalid state '{open}': use one of pending, approved, denied"
     )
+
+
+@pytest.mark.parametrize("name", ["HTTPS_PROXY", "no_proxy", "SSL_CERT_FILE", "NODE_USE_ENV_PROXY"])
+def test_a_placeholder_never_takes_the_place_of_a_variable_exec_sets(name: str) -> None:
+    from store.errors import InvalidInput
+    from store.validation import env_name
+
+    with pytest.raises(InvalidInput, match="exec sets for the proxy itself"):
+        env_name(name)

@@ -686,12 +686,17 @@ def test_a_64_kib_secret_with_its_trailing_newline_is_accepted(cli_home: Path):
     assert done.returncode == 0, done.stderr.decode()
 
 
+# The key cases use a command that needs the key: list commands read none.
 @pytest.mark.parametrize(
     ("env", "args"),
     [
-        pytest.param({"CREDPROXY_MASTER_KEY": "!!!"}, ["principal", "list"], id="garbage key"),
-        pytest.param({"CREDPROXY_MASTER_KEY": "AAAA"}, ["principal", "list"], id="short key"),
-        pytest.param({"CREDPROXY_KEY_FILE": "/tmp"}, ["principal", "list"], id="key is a dir"),
+        pytest.param(
+            {"CREDPROXY_MASTER_KEY": "!!!"}, ["principal", "add", "eve"], id="garbage key"
+        ),
+        pytest.param({"CREDPROXY_MASTER_KEY": "AAAA"}, ["principal", "add", "eve"], id="short key"),
+        pytest.param(
+            {"CREDPROXY_KEY_FILE": "/tmp"}, ["principal", "add", "eve"], id="key is a dir"
+        ),
         pytest.param({"CREDPROXY_DB": "mysql://x/y"}, ["principal", "list"], id="foreign db"),
         pytest.param(
             {"CREDPROXY_DB": "postgresql://u:sekrit@127.0.0.1:1/db"},
