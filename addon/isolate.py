@@ -165,7 +165,11 @@ def _serve(
             client, _ = listener.accept()
         except OSError:
             return
-        if not helper or _peer_pid(client) != helper[0]:
+        try:
+            ours = bool(helper) and _peer_pid(client) == helper[0]
+        except OSError:  # no credentials to read: not known to be the helper
+            ours = False
+        if not ours:
             # Another process of this user (another sandbox): the session's credentials are
             # this command's alone.
             client.close()
