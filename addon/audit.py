@@ -37,6 +37,7 @@ BYTES_IN = "bytes_in"
 BYTES_OUT = "bytes_out"
 DURATION_MS = "duration_ms"
 DNS_MS = "dns_ms"
+APPROVAL = "approval"
 
 REQUEST_EVENT = "request"
 

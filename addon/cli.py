@@ -21,6 +21,7 @@ from store.crypto import KEY_ENV, MasterKey, Secret, write_key_file
 from store.errors import CredproxyError, InvalidInput, MasterKeyError
 from store.grammar import parse_expiry
 from store.records import (
+    ACCESS,
     APPROVED,
     DENIED,
     REQUEST_STATES,
@@ -48,6 +49,8 @@ FLAGS = {
     "burst": "--burst",
     "once": "--once",
     "max_uses": "--max-uses",
+    "approval": "--approval",
+    "hold": "--hold",
     "region": "--region",
     "service": "--service",
     "placeholder": "--placeholder",
@@ -253,6 +256,17 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="usable by exactly N requests across replicas (--once is --max-uses 1)",
     )
+    p.add_argument(
+        "--approval",
+        choices=validation.APPROVALS,
+        help="hold each request, or the first of each kind, until an owner approves it",
+    )
+    p.add_argument(
+        "--hold",
+        metavar="DURATION",
+        help=f"how long a request waits for approval: 90s, 2m (default "
+        f"{validation.DEFAULT_HOLD}s, at most {validation.MAX_HOLD}s)",
+    )
     p.set_defaults(func=cmd_grant_add)
     p = grant.add_parser("list", parents=[common], help="grants in every state")
     p.add_argument("--principal", help="only this principal's")
@@ -267,13 +281,28 @@ def build_parser() -> argparse.ArgumentParser:
     p = request.add_parser("list", parents=[common], help="access requests, by id")
     p.add_argument("--state", choices=REQUEST_STATES, help="only those in this state")
     p.set_defaults(func=cmd_request_list)
-    p = request.add_parser("approve", parents=[common], help="turn it into a grant")
+    p = request.add_parser(
+        "approve", parents=[common], help="turn it into a grant, or let a held request go on"
+    )
     p.add_argument("id", type=identifier, help="the request's id")
     p.add_argument("--credential", help="stamp this credential (its hosts must cover the host)")
     p.add_argument("--path", help="path pattern, instead of the requested path")
     lifetime = p.add_mutually_exclusive_group()
     lifetime.add_argument("--once", action="store_true", help="usable by exactly one request")
     lifetime.add_argument("--expires", help="30s, 10m, 2h, 7d or an ISO-8601 time")
+    cover = p.add_mutually_exclusive_group()
+    cover.add_argument(
+        "--next",
+        type=count(1, validation.MAX_BURST),
+        metavar="N",
+        help="a held request of an approval-first grant: approve the next N of its kind too",
+    )
+    cover.add_argument(
+        "--for",
+        dest="cover_for",
+        metavar="DURATION",
+        help="a held request of an approval-first grant: approve its kind for 30s, 10m, 2h, 7d",
+    )
     p.set_defaults(func=cmd_request_approve)
     p = request.add_parser("deny", parents=[common], help="refuse it")
     p.add_argument("id", type=identifier, help="the request's id")
@@ -618,7 +647,9 @@ def cmd_credential_rotate(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_grant_add(args: argparse.Namespace, settings: Settings) -> int:
     expires = parse_expiry(args.expires) if args.expires else None
-    limits = validation.limits(args.rate, args.burst, args.max_uses, args.once)
+    limits = validation.limits(
+        args.rate, args.burst, args.max_uses, args.once, args.approval, args.hold
+    )
     store = settings.store()
     grant_id = store.add_grant(
         args.principal,
@@ -666,6 +697,8 @@ def _grant_row(g: GrantEntry) -> dict[str, Any]:
         "burst": g.burst,
         "max_uses": g.max_uses,
         "uses": g.uses,
+        "approval": g.approval,
+        "hold": g.hold,
     }
 
 
@@ -713,25 +746,43 @@ def _request_row(r: AccessRequestEntry) -> dict[str, Any]:
         "decided_at": r.decided_at.isoformat() if r.decided_at else None,
         "decision_reason": r.decision_reason,
         "grant_id": r.grant_id,
+        "kind": r.kind,
+        "hold_until": r.hold_until.isoformat() if r.hold_until else None,
+        "cover_until": r.cover_until.isoformat() if r.cover_until else None,
+        "cover_uses": r.cover_uses,
+        "covered": r.covered,
     }
 
 
 def cmd_request_list(args: argparse.Namespace, settings: Settings) -> int:
     rows = [_request_row(r) for r in settings.reader().list_access_requests(args.state)]
     columns = ["id", "principal", "method", "host", "port", "path", "source", "state", "count"]
-    _emit(settings, rows, _table(rows, columns + ["last_seen", "grant_id", "purpose"]))
+    _emit(settings, rows, _table(rows, columns + ["last_seen", "grant_id", "kind", "purpose"]))
     return 0
 
 
 def cmd_request_approve(args: argparse.Namespace, settings: Settings) -> int:
     expires = parse_expiry(args.expires) if args.expires else None
-    grant_id = settings.store().approve_access_request(
-        args.id, credential=args.credential, path=args.path, once=args.once, expires_at=expires
+    until = None
+    if args.cover_for:
+        try:
+            until = parse_expiry(args.cover_for)
+        except InvalidInput as e:
+            raise InvalidInput(f"invalid --for {args.cover_for!r}: use 30s, 10m, 2h or 7d") from e
+    kind, grant_id = settings.store().approve_request(
+        args.id,
+        credential=args.credential,
+        path=args.path,
+        once=args.once,
+        expires_at=expires,
+        next_uses=args.next,
+        cover_until=until,
     )
+    said = f"added grant {grant_id}" if kind == ACCESS else f"it goes on under grant {grant_id}"
     _emit(
         settings,
-        {"id": args.id, "grant_id": grant_id, "state": APPROVED},
-        [f"approved request {args.id}; added grant {grant_id}"],
+        {"id": args.id, "grant_id": grant_id, "state": APPROVED, "kind": kind},
+        [f"approved request {args.id}; {said}"],
     )
     return 0
 

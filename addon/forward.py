@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable
 from mitmproxy import http
 
 from addon import audit, wire, wsredact
+from addon.approval import Holds
 from addon.assume import RoleSession, Unavailable
 from addon.dns import DEFAULT_TTL, FORBIDDEN, LookupFailed, Resolver
 from addon.failclosed import Denied, deny_on_error
@@ -42,7 +43,9 @@ class Forward:
         dns_ttl: float = DEFAULT_TTL,
         limiter: Limiter | None = None,
         signing: Signing | None = None,
+        holds: Holds | None = None,
     ) -> None:
+        self.holds = holds
         self.limiter = limiter or Limiter()
         self.live = live
         self.resolve = resolve
@@ -87,7 +90,8 @@ class Forward:
                 address = self.resolver.cached(v.host, v.port)
             except LookupFailed as e:
                 raise _refusal(e, rec, v.rule) from e
-        if address is None or v.rule.once or v.rule.max_uses is not None or role is not None:
+        waits = role is not None or v.rule.approval is not None  # keys, or an owner
+        if address is None or v.rule.once or v.rule.max_uses is not None or waits:
             return self._vet_then_forward(flow, step, rec, address, plan, role)
         self._forward(flow, step, rec, address, plan)
         return None
@@ -130,6 +134,10 @@ class Forward:
     ) -> None:
         v = step.verdict
         assert v is not None and v.host is not None and v.port is not None and v.rule is not None
+        if v.rule.approval is not None:
+            if self.holds is None:
+                raise Denied(Reason.APPROVAL_DENIED, "this proxy holds no requests")
+            await self.holds.wait(flow, step, rec)  # before anything is spent or dialled
         if role is not None:
             try:
                 await role.ensure()

@@ -48,6 +48,8 @@ class LimitSettings:
     upstream_timeout: float = 30.0
     max_connections: int = 4096
     max_tunnels: int = 256  # per principal
+    max_holds: int = 256  # requests held for approval at once
+    max_held: int = 8  # of them per principal
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> LimitSettings:
@@ -73,6 +75,8 @@ LIMIT_FLAGS: dict[str, tuple[str, str, float, str]] = {  # dest: flag, metavar, 
     ),
     "max_connections": ("--max-connections", "N", 4096, "client connections in total"),
     "max_tunnels": ("--max-tunnels", "N", 256, "open CONNECT tunnels per principal"),
+    "max_holds": ("--max-holds", "N", 256, "requests held for approval at once"),
+    "max_held": ("--max-held", "N", 8, "requests held for approval at once, per principal"),
 }
 
 
@@ -247,6 +251,10 @@ class Limits:
 
     def websocket_end(self, flow: http.HTTPFlow) -> None:
         self._idle(flow.client_conn, "ws:" + flow.id)
+
+    def hold(self, flow: http.HTTPFlow) -> None:
+        """A request held for approval: no head deadline while it waits."""
+        self._busy(flow.client_conn, flow.id)
 
     def _busy(self, client: connection.Client, key: str) -> None:
         conn = self.conns.get(client)

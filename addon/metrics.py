@@ -8,7 +8,7 @@ from collections import defaultdict, deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.utils import floatToGoString
 
@@ -18,6 +18,7 @@ from addon import audit
 FAILURE_REASONS = frozenset({"internal-error", "store-unavailable", "audit-unavailable"})
 
 
+HOLD_BUCKETS = (1, 2, 5, 10, 30, 60, 120, 300, 600)
 DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 
@@ -67,6 +68,25 @@ class Metrics:
             registry=self.registry,
         )
         audit_up.set_function(lambda: 1.0 if audit.writable() else 0.0)
+        self.held: Callable[[], int] = lambda: 0  # requests held now, set by the holds
+        pending = Gauge(
+            "credproxy_holds_pending",
+            "Requests held for an owner's approval now",
+            registry=self.registry,
+        )
+        pending.set_function(lambda: float(self.held()))
+        self.holds = Counter(
+            "credproxy_holds",
+            "Requests held for approval, by outcome: approved, denied, timeout",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.hold_seconds = Histogram(
+            "credproxy_hold_duration_seconds",
+            "How long held requests waited for a decision",
+            buckets=HOLD_BUCKETS,
+            registry=self.registry,
+        )
 
     def observe(self, line: dict[str, Any]) -> None:
         decision = line[audit.DECISION]

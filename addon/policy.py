@@ -19,6 +19,7 @@ from store.crypto import hash_token, token_matches
 from store.grammar import HostPattern, Rate, path_matches
 from store.records import (
     TOMBSTONE_RETENTION,
+    Coverage,
     CredentialRecord,
     GrantRecord,
     SessionToken,
@@ -60,6 +61,10 @@ class Reason(enum.StrEnum):
     SIGNING_UNSUPPORTED = "signing-unsupported"
     CREDENTIALS_IN_RESPONSE = "credentials-in-response"
     CREDENTIALS_UNAVAILABLE = "credentials-unavailable"
+    # Requests held for an owner's approval (grant add --approval).
+    APPROVAL_DENIED = "approval-denied"
+    APPROVAL_TIMEOUT = "approval-timeout"
+    TOO_MANY_HOLDS = "too-many-holds"
 
 
 STATUS = {
@@ -83,6 +88,7 @@ STATUS = {
     Reason.SIGNING_UNSUPPORTED: 400,
     Reason.CREDENTIALS_IN_RESPONSE: 502,
     Reason.CREDENTIALS_UNAVAILABLE: 502,
+    Reason.TOO_MANY_HOLDS: 429,
 }
 # The grant allowed the request and the upstream failed it: never a denial.
 UPSTREAM_REASONS = frozenset(
@@ -118,6 +124,8 @@ class Rule:
     rate: Rate | None = None
     burst: int | None = None
     max_uses: int | None = None
+    approval: str | None = None  # each or first: requests wait for an owner
+    hold: int = 0  # seconds they wait
 
     def allows_host(self, host: str, port: int, scheme: str) -> bool:
         default = DEFAULT_PORTS.get(scheme, 443)
@@ -225,6 +233,8 @@ class Policy:
             name: {t.id: t for t in found} for name, found in snapshot.sessions.items()
         }
         self._limits = dict(snapshot.principal_limits)
+        self._coverage = snapshot.coverage
+        self._rules: dict[int, Rule] = {}
         # Secrets that go in a path (--scheme path): a target carrying one is refused by the
         # gate, in any encoding, before its path is written anywhere.
         self.path_secrets = tuple(
@@ -235,7 +245,8 @@ class Policy:
             rules = self._principals.get(grant.principal)
             if rules is None:
                 rules = self._principals[grant.principal] = PrincipalPolicy()
-            rules.add(_compile(grant, snapshot))
+            rule = self._rules[grant.id] = _compile(grant, snapshot)
+            rules.add(rule)
         self.grant_count = len(snapshot.grants)
         self._stamps: dict[str, Stamp] = {}
         self._allowed: dict[int, Decision] = {}
@@ -343,6 +354,20 @@ class Policy:
         decoded = unquote_to_bytes(target)
         return any(s.reveal() in target or s.reveal() in decoded for s in self.path_secrets)
 
+    def rule(self, grant_id: int) -> Rule | None:
+        """The grant's compiled rule, if the snapshot holds it (a tombstone included)."""
+        return self._rules.get(grant_id)
+
+    def covering(
+        self, grant_id: int, method: str, host: str, port: int, path: str, now: datetime
+    ) -> Coverage | None:
+        """An owner's approval that lets this request of a `first` grant go without a hold."""
+        for found in self._coverage.get(grant_id, ()):
+            if (found.method, found.host, found.port, found.path) == (method, host, port, path):
+                if found.until is None or now < found.until:
+                    return found
+        return None
+
     def principal_limit(self, principal: str) -> tuple[Rate, int | None] | None:
         """The principal's own rate and burst, if it has one."""
         return self._limits.get(principal)
@@ -370,6 +395,8 @@ def _compile(grant: GrantRecord, snapshot: Snapshot) -> Rule:
         rate=grant.rate,
         burst=grant.burst,
         max_uses=grant.max_uses,
+        approval=grant.approval,
+        hold=grant.hold or 0,
     )
 
 

@@ -217,6 +217,7 @@ def build_chain(
     import time
 
     from addon.access import AccessEndpoint, AccessRequests
+    from addon.approval import Holds, HoldSettings
     from addon.assume import SESSIONS
     from addon.auth import Auth
     from addon.chain import Chain, Lifecycle
@@ -242,9 +243,22 @@ def build_chain(
     access = AccessRequests(live, log)
     limiter = Limiter()
     signing = Signing(trail) if max_signed_body is None else Signing(trail, max_signed_body)
+    limits = limits or LimitSettings()
+    holds = Holds(live, metrics, HoldSettings(limits.max_holds, limits.max_held))
     forward = Forward(
-        live, resolve, guard, clients, trail, metrics, dns_ttl, limiter=limiter, signing=signing
+        live,
+        resolve,
+        guard,
+        clients,
+        trail,
+        metrics,
+        dns_ttl,
+        limiter=limiter,
+        signing=signing,
+        holds=holds,
     )
+    deadlines = Limits(limits, clients, trail)
+    holds.on_hold = deadlines.hold
     SESSIONS.dial = forward.dial  # AssumeRole calls go out as the requests do
     return Chain(
         [
@@ -259,8 +273,9 @@ def build_chain(
             signing,  # request: sign a held body (sigv4) once it is whole
             Responses(),  # responseheaders, response, websocket_message: redaction
             trail,  # response, error: the audit line
+            holds,  # done: the poller of held requests' decisions
             # caps and deadlines, last: it sees what the others did
-            Limits(limits or LimitSettings(), clients, trail),
+            deadlines,
         ],
     )
 

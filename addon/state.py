@@ -53,6 +53,7 @@ class Record:
     # refused, so that the agent never gets keys minted with the stored ones.
     minting: bool = False
     replaced: bool = False  # credproxy answered in the upstream's place
+    approval: int | None = None  # the held request (its approval) that let it through
 
 
 def record(flow: http.HTTPFlow) -> Record | None:

@@ -108,6 +108,8 @@ class Trail:
         }
         if rec.dns_ms is not None:
             line[audit.DNS_MS] = rec.dns_ms
+        if rec.approval is not None:
+            line[audit.APPROVAL] = rec.approval
         audit.emit(audit.REQUEST_EVENT, line)
         self.metrics.observe(line)
         self.alerts.observe(rec.principal, decision, line.get(audit.REASON))

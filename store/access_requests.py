@@ -7,12 +7,12 @@ from datetime import datetime
 from sqlalchemy import Select, func, select
 from sqlalchemy.orm import Session
 
-from store import grants, principals, validation
+from store import approvals, grants, principals, validation
 from store.engine import Database
 from store.errors import InvalidInput, NotFound
 from store.grammar import HostPattern
 from store.models import AccessRequest, Principal, utcnow
-from store.records import APPROVED, DENIED, PENDING, AccessRequestEntry
+from store.records import ACCESS, APPROVED, DENIED, HOLD, PENDING, AccessRequestEntry
 
 MAX_PENDING_PER_PRINCIPAL = 50
 
@@ -41,6 +41,7 @@ def record(
         row = session.scalars(
             select(AccessRequest).where(
                 AccessRequest.principal_id == owner.id,
+                AccessRequest.kind == ACCESS,
                 AccessRequest.state == PENDING,
                 AccessRequest.host == host,
                 AccessRequest.port == port,
@@ -59,7 +60,11 @@ def record(
         pending = session.scalar(
             select(func.count())
             .select_from(AccessRequest)
-            .where(AccessRequest.principal_id == owner.id, AccessRequest.state == PENDING)
+            .where(
+                AccessRequest.principal_id == owner.id,
+                AccessRequest.kind == ACCESS,
+                AccessRequest.state == PENDING,
+            )
         )
         if (pending or 0) >= MAX_PENDING_PER_PRINCIPAL:
             return None
@@ -121,10 +126,33 @@ def approve(
     path: str | None = None,
     once: bool = False,
     expires_at: datetime | None = None,
-) -> int:
-    """Turn a pending request into a grant, narrowed to `path` if given; returns its id."""
+    next_uses: int | None = None,
+    cover_until: datetime | None = None,
+) -> tuple[str, int | None]:
+    """Turn a pending access request into a grant, narrowed to `path` if given, or let a
+    held request go on; returns the kind and the grant's id (a new grant for an access
+    request, the grant it was held under for a hold)."""
     with db.change() as session:
         row = _pending(session, request_id)
+        if row.kind == HOLD:
+            given: dict[str, object] = {"credential": credential, "path": path}
+            given |= {"once": once or None, "expires": expires_at}
+            for flag, value in given.items():
+                if value is not None:
+                    raise InvalidInput(
+                        f"{{{flag}}} goes with access requests: request {request_id} is a "
+                        "held request",
+                        **{flag: flag},
+                    )
+            approvals.approve(session, row, next_uses, cover_until)
+            return HOLD, row.grant_id
+        if next_uses is not None or cover_until is not None:
+            raise InvalidInput(
+                f"{{next}} and {{until}} go with held requests: request {request_id} is an "
+                "access request",
+                next="--next",
+                until="--for",
+            )
         if path is None:
             validation.approvable_path(request_id, row.path)
         host = HostPattern(row.host, None if row.port == 443 else row.port)
@@ -140,7 +168,7 @@ def approve(
             purpose=purpose,
         )
         row.state, row.decided_at, row.grant_id = APPROVED, utcnow(), grant_id
-        return grant_id
+        return ACCESS, grant_id
 
 
 def deny(db: Database, request_id: int, reason: str | None = None) -> None:
@@ -186,4 +214,9 @@ def _entry(row: AccessRequest, principal: str) -> AccessRequestEntry:
         decided_at=row.decided_at,
         decision_reason=row.decision_reason,
         grant_id=row.grant_id,
+        kind=row.kind,
+        hold_until=row.hold_until,
+        cover_until=row.cover_until,
+        cover_uses=row.cover_uses,
+        covered=row.covered,
     )

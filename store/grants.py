@@ -39,6 +39,7 @@ def add(
             row = session.get(Grant, grant_id)
             assert row is not None
             row.rate, row.burst, row.max_uses = limits.rate, limits.burst, limits.max_uses
+            row.approval, row.hold = limits.approval, limits.hold
         return grant_id
 
 
@@ -118,6 +119,8 @@ def listing(db: Database, principal: str | None = None) -> list[GrantEntry]:
                 burst=g.burst,
                 max_uses=g.max_uses,
                 uses=g.uses,
+                approval=g.approval,
+                hold=g.hold,
             )
             for g, p_name, c_name in session.execute(query).all()
         ]

@@ -149,6 +149,10 @@ class Grant(Base):
     # With max_uses, `uses` counts the requests let through; the last one marks it consumed.
     max_uses: Mapped[int | None] = mapped_column(Integer)
     uses: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+    # Requests wait for an owner's decision: "each" one, or the "first" of each kind; at most
+    # `hold` seconds.
+    approval: Mapped[str | None] = mapped_column(String(8))
+    hold: Mapped[int | None] = mapped_column(Integer)
 
     __table_args__ = (
         Index(
@@ -180,5 +184,13 @@ class AccessRequest(Base):
     decided_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     decision_reason: Mapped[str | None] = mapped_column(Text)
     grant_id: Mapped[int | None] = mapped_column(ForeignKey("grants.id"))
+    # "access" (asked for, or recorded on a denial) or "hold" (a request held for approval
+    # under grant_id, until hold_until). An approved hold of a "first" grant covers later
+    # requests of its kind until cover_until, or for cover_uses of them (covered counts).
+    kind: Mapped[str] = mapped_column(String(8), default="access", server_default="access")
+    hold_until: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    cover_until: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    cover_uses: Mapped[int | None] = mapped_column(Integer)
+    covered: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
 
     __table_args__ = (Index("ix_access_requests_principal_state", "principal_id", "state"),)

@@ -17,7 +17,9 @@ from store.grammar import HostPattern, Rate
 # than reading as never granted; then every replica forgets it alike.
 TOMBSTONE_RETENTION = timedelta(days=7)
 PENDING, APPROVED, DENIED = "pending", "approved", "denied"
-REQUEST_STATES = (PENDING, APPROVED, DENIED)
+EXPIRED = "expired"  # a held request no owner decided on in time
+REQUEST_STATES = (PENDING, APPROVED, DENIED, EXPIRED)
+ACCESS, HOLD = "access", "hold"  # access_requests.kind
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,21 @@ class GrantRecord:
     rate: Rate | None = None
     burst: int | None = None
     max_uses: int | None = None
+    approval: str | None = None  # each or first
+    hold: int | None = None  # seconds
+
+
+@dataclass(frozen=True)
+class Coverage:
+    """An owner's approval of a `first` grant's request: later ones of its kind pass."""
+
+    id: int  # the approved held request
+    method: str
+    host: str
+    port: int
+    path: str
+    until: datetime | None
+    counted: bool  # limited to a number of requests, spent in the store
 
 
 @dataclass(frozen=True)
@@ -74,6 +91,8 @@ class Snapshot:
     sessions: dict[str, tuple[SessionToken, ...]] = field(default_factory=dict)
     # Principals with a rate of their own: name -> (rate, burst).
     principal_limits: dict[str, tuple[Rate, int | None]] = field(default_factory=dict)
+    # grant id -> the approvals that cover its requests (grants with approval "first")
+    coverage: dict[int, tuple[Coverage, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -134,6 +153,8 @@ class GrantEntry:
     burst: int | None = None
     max_uses: int | None = None
     uses: int = 0
+    approval: str | None = None
+    hold: int | None = None
 
 
 @dataclass(frozen=True)
@@ -153,3 +174,8 @@ class AccessRequestEntry:
     decided_at: datetime | None
     decision_reason: str | None
     grant_id: int | None
+    kind: str = ACCESS  # or HOLD: a request held for approval under grant_id
+    hold_until: datetime | None = None
+    cover_until: datetime | None = None
+    cover_uses: int | None = None
+    covered: int = 0

@@ -10,6 +10,7 @@ from sqlalchemy import Engine
 
 from store import (
     access_requests,
+    approvals,
     credentials,
     grants,
     keys,
@@ -200,8 +201,53 @@ class Store:
         path: str | None = None,
         once: bool = False,
         expires_at: datetime | None = None,
-    ) -> int:
-        return access_requests.approve(self.db, request_id, credential, path, once, expires_at)
+        next_uses: int | None = None,
+        cover_until: datetime | None = None,
+    ) -> int | None:
+        """The new grant of an access request; for a held request, the grant it waits on."""
+        return self.approve_request(
+            request_id, credential, path, once, expires_at, next_uses, cover_until
+        )[1]
+
+    def approve_request(
+        self,
+        request_id: int,
+        credential: str | None = None,
+        path: str | None = None,
+        once: bool = False,
+        expires_at: datetime | None = None,
+        next_uses: int | None = None,
+        cover_until: datetime | None = None,
+    ) -> tuple[str, int | None]:
+        return access_requests.approve(
+            self.db, request_id, credential, path, once, expires_at, next_uses, cover_until
+        )
+
+    # -- requests held for approval --------------------------------------------------
+
+    def hold_request(
+        self,
+        principal: str,
+        grant_id: int,
+        host: str,
+        port: int,
+        method: str,
+        path: str,
+        seconds: int,
+        share: bool,
+    ) -> tuple[int, bool]:
+        return approvals.hold(
+            self.db, principal, grant_id, host, port, method, path, seconds, share
+        )
+
+    def hold_states(self, ids: Sequence[int]) -> dict[int, str]:
+        return approvals.states(self.db, ids)
+
+    def settle_hold(self, request_id: int) -> str:
+        return approvals.settle(self.db, request_id)
+
+    def use_approval(self, request_id: int) -> bool:
+        return approvals.use_cover(self.db, request_id)
 
     def deny_access_request(self, request_id: int, reason: str | None = None) -> None:
         access_requests.deny(self.db, request_id, reason)

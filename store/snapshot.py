@@ -14,9 +14,20 @@ from store.crypto import MasterKey
 from store.engine import Database
 from store.errors import SealError, StoreUnavailable
 from store.grammar import parse_host, parse_rate
-from store.models import Credential, Grant, Principal, PrincipalToken, StoreState, utcnow
+from store.models import (
+    AccessRequest,
+    Credential,
+    Grant,
+    Principal,
+    PrincipalToken,
+    StoreState,
+    utcnow,
+)
 from store.records import (
+    APPROVED,
+    HOLD,
     TOMBSTONE_RETENTION,
+    Coverage,
     CredentialRecord,
     GrantRecord,
     SessionToken,
@@ -110,11 +121,43 @@ def _read(db: Database, key: MasterKey) -> Snapshot:
                 Grant.rate,
                 Grant.burst,
                 Grant.max_uses,
+                Grant.approval,
+                Grant.hold,
             ).where(
                 Grant.revoked_at.is_(None),
                 (Grant.expires_at.is_(None)) | (Grant.expires_at > now - TOMBSTONE_RETENTION),
             )
         ).all()
+        # Approvals of a `first` grant's held requests that still cover later ones: the
+        # proxy checks `until` per request; a counted one is spent in the store.
+        covering = connection.execute(
+            select(
+                AccessRequest.grant_id,
+                AccessRequest.id,
+                AccessRequest.method,
+                AccessRequest.host,
+                AccessRequest.port,
+                AccessRequest.path,
+                AccessRequest.cover_until,
+                AccessRequest.cover_uses.is_not(None),
+            )
+            .join(Grant, AccessRequest.grant_id == Grant.id)
+            .where(
+                AccessRequest.kind == HOLD,
+                AccessRequest.state == APPROVED,
+                Grant.approval == "first",
+                Grant.revoked_at.is_(None),
+                (AccessRequest.cover_until.is_(None)) | (AccessRequest.cover_until > now),
+                (AccessRequest.cover_uses.is_(None))
+                | (AccessRequest.covered < AccessRequest.cover_uses),
+            )
+            .order_by(AccessRequest.id)
+        ).all()
+    coverage: dict[int, tuple[Coverage, ...]] = {}
+    for gid, rid, method, host, port, path, until, counted in covering:
+        assert gid is not None  # joined to its grant
+        found = Coverage(rid, method, host, port, path, until, bool(counted))
+        coverage[gid] = (*coverage.get(gid, ()), found)
     # Thousands of grants repeat a few lists: each distinct text is decoded and parsed once.
     parse = cache(parse_host)
     hosts_of = _decoded(lambda hosts: tuple(parse(h) for h in hosts or ()))
@@ -151,7 +194,7 @@ def _read(db: Database, key: MasterKey) -> Snapshot:
     rate_of = cache(parse_rate)
     for row in grants:
         gid, pid, cred_id, hosts, methods, paths, once, ws, expires, consumed, slash = row[:11]
-        rate, burst, max_uses = row[11:]
+        rate, burst, max_uses, approval, hold = row[11:]
         # A spent once- or use-counted grant stays, as a tombstone (grant-consumed).
         if pid not in names or (consumed and not once and max_uses is None):
             continue
@@ -179,6 +222,8 @@ def _read(db: Database, key: MasterKey) -> Snapshot:
                 rate=rate_of(rate) if rate is not None else None,
                 burst=burst,
                 max_uses=max_uses,
+                approval=approval,
+                hold=hold,
             )
         )
     return Snapshot(
@@ -190,6 +235,7 @@ def _read(db: Database, key: MasterKey) -> Snapshot:
         unreadable=tuple(sorted(unreadable)),
         sessions={name: tuple(found) for name, found in live_sessions.items()},
         principal_limits={name: (rate_of(rate), burst) for name, rate, burst in limited},
+        coverage=coverage,
     )
 
 

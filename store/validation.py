@@ -135,13 +135,23 @@ class Limits:
     rate: str | None = None
     burst: int | None = None
     max_uses: int | None = None
+    approval: str | None = None  # each or first: requests wait for an owner's decision
+    hold: int | None = None  # seconds a request waits for it (with approval)
 
 
 NO_LIMITS = Limits()
+APPROVALS = ("each", "first")
+DEFAULT_HOLD = 120
+MAX_HOLD = 600  # below mitmproxy's 10-minute inactivity timeout of a connection
 
 
 def limits(
-    rate: str | None, burst: int | None, max_uses: int | None = None, once: bool = False
+    rate: str | None,
+    burst: int | None,
+    max_uses: int | None = None,
+    once: bool = False,
+    approval: str | None = None,
+    hold: str | None = None,
 ) -> Limits:
     if rate is not None:
         parse_rate(rate)
@@ -159,7 +169,27 @@ def limits(
             raise InvalidInput(
                 f"invalid {{max_uses}} {max_uses}: 1 to {MAX_BURST}", max_uses="max-uses"
             )
-    return Limits(rate, burst, max_uses)
+    held = None
+    if approval is not None:
+        if approval not in APPROVALS:
+            raise InvalidInput(
+                f"invalid {{approval}} {approval!r}: use each or first", approval="approval"
+            )
+        held = hold_seconds(hold) if hold is not None else DEFAULT_HOLD
+    elif hold is not None:
+        raise InvalidInput("{hold} goes with {approval}", hold="a hold", approval="an approval")
+    return Limits(rate, burst, max_uses, approval, held)
+
+
+def hold_seconds(text: str) -> int:
+    """`120`, `120s`, `2m`: whole seconds from 1 to MAX_HOLD."""
+    m = re.fullmatch(r"([0-9]{1,4})([sm]?)", text)
+    seconds = int(m.group(1)) * (60 if m.group(2) == "m" else 1) if m else 0
+    if not 1 <= seconds <= MAX_HOLD:
+        raise InvalidInput(
+            f"invalid {{hold}} {text!r}: 1s to {MAX_HOLD}s, as 90s or 2m", hold="hold"
+        )
+    return seconds
 
 
 def grant_spec(

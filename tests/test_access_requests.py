@@ -465,6 +465,7 @@ def test_cli_approve_prints_the_request_and_its_new_grant(cli_round: Round) -> N
     (grant,) = cli_round.grants
     assert cli_round.approved == {
         "id": cli_round.ids["approve"], "grant_id": grant["id"], "state": "approved",
+        "kind": "access",
     }
     assert (grant["principal"], grant["credential"], grant["hosts"]) == (
         "agent", "gh", ["api.github.com"],

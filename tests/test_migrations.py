@@ -202,3 +202,50 @@ def test_a_schema_from_a_newer_credproxy_is_refused_in_one_line(store: Store) ->
         with pytest.raises(StoreUnavailable, match="at schema 9999, newer than") as info:
             attempt()
         assert "\n" not in str(info.value)
+
+
+def test_upgrade_from_0007_keeps_grants_and_requests_and_holds_nothing(
+    bare: Store, key: MasterKey
+) -> None:
+    bare.migrate("0007")
+    assert "approval" not in {c["name"] for c in sa.inspect(bare.engine).get_columns("grants")}
+    with bare.engine.begin() as conn:
+        conn.execute(
+            sa.update(sa.table("store_state", sa.column("key_id"), sa.column("key_check"))).values(
+                key_id=key.key_id, key_check=key.check_value
+            )
+        )
+        conn.execute(
+            sa.text(
+                "INSERT INTO principals (id, name, token_hash, created_at) "
+                "VALUES (1, 'agent', :h, :c)"
+            ),
+            {"h": hash_token("tok"), "c": CREATED.replace(tzinfo=None)},
+        )
+        conn.execute(
+            sa.text(
+                "INSERT INTO grants (id, principal_id, hosts, methods, paths, once, websocket, "
+                "encoded_slash, created_at, uses) VALUES (1, 1, '[\"api.test\"]', '[\"GET\"]', "
+                "'[\"/\"]', false, false, false, :c, 0)"
+            ),
+            {"c": CREATED.replace(tzinfo=None)},
+        )
+        conn.execute(
+            sa.text(
+                "INSERT INTO access_requests (id, principal_id, host, port, method, path, "
+                "source, state, count, first_seen, last_seen) VALUES (1, 1, 'api.test', 443, "
+                "'GET', '/x', 'auto', 'pending', 1, :c, :c)"
+            ),
+            {"c": CREATED.replace(tzinfo=None)},
+        )
+
+    bare.migrate()
+
+    assert bare.schema_revision() == _head()
+    bare.key = key
+    (grant,) = bare.list_grants()
+    assert (grant.approval, grant.hold) == (None, None)
+    (request,) = bare.list_access_requests()
+    assert (request.kind, request.state, request.covered) == ("access", "pending", 0)
+    (compiled,) = bare.snapshot().grants
+    assert compiled.approval is None

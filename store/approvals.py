@@ -1,0 +1,146 @@
+"""Requests held for an owner's approval: rows of access_requests of kind "hold".
+
+A proxy records a held request (`hold`), polls its state (`states`), and settles it at its
+deadline (`settle`); the owner decides with the access-request commands (`approve` here, or
+access_requests.deny). An approved hold of a `first` grant covers later requests of its kind
+(same grant, method, host, port and path) for good, until a time, or for a number of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+
+from sqlalchemy import case, select, update
+from sqlalchemy.orm import Session
+
+from store import principals
+from store.engine import Database
+from store.errors import InvalidInput
+from store.models import AccessRequest, Grant, StoreState, utcnow
+from store.records import APPROVED, EXPIRED, HOLD, PENDING
+
+
+def hold(
+    db: Database,
+    principal: str,
+    grant_id: int,
+    host: str,
+    port: int,
+    method: str,
+    path: str,
+    seconds: int,
+    share: bool,
+) -> tuple[int, bool]:
+    """Record a held request; returns (id, created). With `share`, one of the same kind
+    still pending is joined instead (its count goes up): one decision answers them all.
+    Not a policy change: the change counter stays."""
+    now = utcnow()
+    with db.session() as session, session.begin():
+        owner = principals.need(session, principal, lock=True)
+        if share:
+            row = session.scalars(
+                select(AccessRequest).where(
+                    AccessRequest.principal_id == owner.id,
+                    AccessRequest.kind == HOLD,
+                    AccessRequest.state == PENDING,
+                    AccessRequest.grant_id == grant_id,
+                    AccessRequest.host == host,
+                    AccessRequest.port == port,
+                    AccessRequest.method == method,
+                    AccessRequest.path == path,
+                    AccessRequest.hold_until > now,
+                )
+            ).first()
+            if row is not None:
+                row.count += 1
+                row.last_seen = now
+                return row.id, False
+        row = AccessRequest(
+            principal_id=owner.id,
+            kind=HOLD,
+            grant_id=grant_id,
+            host=host,
+            port=port,
+            method=method,
+            path=path,
+            source="auto",
+            state=PENDING,
+            count=1,
+            first_seen=now,
+            last_seen=now,
+            hold_until=now + timedelta(seconds=seconds),
+        )
+        session.add(row)
+        session.flush()
+        return row.id, True
+
+
+def states(db: Database, ids: Sequence[int]) -> dict[int, str]:
+    """The state of each of these held requests."""
+    if not ids:
+        return {}
+    with db.session() as session:
+        rows = session.execute(
+            select(AccessRequest.id, AccessRequest.state).where(AccessRequest.id.in_(ids))
+        ).all()
+        return {rid: state for rid, state in rows}
+
+
+def settle(db: Database, request_id: int) -> str:
+    """At the holder's deadline: a still pending hold expires. Returns its final state (a
+    decision that landed first stands)."""
+    with db.session() as session, session.begin():
+        session.execute(
+            update(AccessRequest)
+            .where(AccessRequest.id == request_id, AccessRequest.state == PENDING)
+            .values(state=EXPIRED, decided_at=utcnow())
+        )
+        state = session.scalar(select(AccessRequest.state).where(AccessRequest.id == request_id))
+        return state or EXPIRED
+
+
+def use_cover(db: Database, request_id: int) -> bool:
+    """Spend one request of an approval counted with --next: True for exactly that many
+    callers across replicas. The last one moves the change counter (every proxy drops the
+    approval)."""
+    with db.session() as session, session.begin():
+        spent = session.execute(
+            update(AccessRequest)
+            .where(
+                AccessRequest.id == request_id,
+                AccessRequest.state == APPROVED,
+                AccessRequest.cover_uses.is_not(None),
+                AccessRequest.covered < AccessRequest.cover_uses,
+            )
+            .values(
+                covered=AccessRequest.covered + 1,
+                last_seen=utcnow(),
+            )
+            .returning(case((AccessRequest.covered >= AccessRequest.cover_uses, True), else_=False))
+        ).all()
+        if not spent:
+            return False
+        if spent[0][0]:
+            session.execute(
+                update(StoreState)
+                .where(StoreState.id == 1)
+                .values(change_counter=StoreState.change_counter + 1)
+            )
+        return True
+
+
+def approve(
+    session: Session, row: AccessRequest, next_uses: int | None, until: datetime | None
+) -> None:
+    """Approve a pending hold (inside the caller's change transaction)."""
+    grant = session.get(Grant, row.grant_id) if row.grant_id is not None else None
+    first = grant is not None and grant.approval == "first"
+    if not first and (next_uses is not None or until is not None):
+        raise InvalidInput(
+            "{next} and {until} go with grants held with approval first",
+            next="--next",
+            until="--for",
+        )
+    row.state, row.decided_at = APPROVED, utcnow()
+    row.cover_uses, row.cover_until = next_uses, until

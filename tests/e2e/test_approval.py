@@ -1,0 +1,314 @@
+"""Requests held for an owner's approval, end to end: a real proxy, a real upstream that
+counts what reaches it, and the owner's decision from the CLI in a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import trustme
+
+from store import validation
+from store.crypto import Secret
+from tests.e2e.conftest import CREDPROXY, NAMES, Proxy, start_proxy, stop_proxy
+from tests.e2e.relay import pg_database
+from tests.e2e.upstream import Upstream
+
+pytestmark = pytest.mark.e2e
+
+SECRET = b"sk-held-e2e-secret"
+# Shorter than the holds below: a held request must outlive the head deadline.
+HEAD_TIMEOUT = "2"
+
+
+@pytest.fixture(scope="module")
+def held_proxy(
+    tmp_path_factory: pytest.TempPathFactory,
+    shared_upstream: Upstream,
+    upstream_ca: trustme.CA,
+    initialised_home: Path,
+) -> Iterator[Proxy]:
+    resolve = [f"{name}=127.0.0.1:{shared_upstream.port}" for name in NAMES if name != "localhost"]
+    home = tmp_path_factory.mktemp("held")
+    extra = ["--head-timeout", HEAD_TIMEOUT, "--max-held", "2"]
+    running = start_proxy(home, upstream_ca, resolve, extra, template=initialised_home)
+    yield running
+    stop_proxy(running)
+
+
+def cli(proxy: Proxy, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*CREDPROXY, *args], env=proxy.env, cwd=proxy.home, capture_output=True, text=True
+    )
+
+
+def _granted(proxy: Proxy, names: Callable[[str], str], approval: str, hold: str = "20s") -> Any:
+    agent, cred = names("agent"), names("cred")
+    token = proxy.store.add_principal(agent)
+    proxy.store.add_credential(cred, "bearer", ["api.test"], Secret(SECRET))
+    limits = validation.limits(None, None, approval=approval, hold=hold)
+    grant_id = proxy.store.add_grant(agent, ["GET"], credential=cred, paths=["/v1/"], limits=limits)
+    proxy.wait_reload()
+    return agent, token, grant_id
+
+
+def _pending(proxy: Proxy, agent: str, count: int = 1, timeout: float = 10.0) -> list[dict]:
+    """The approval.pending events of `agent`, once there are `count` of them."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = [
+            line
+            for line in proxy.audit()
+            if line.get("event") == "approval.pending" and line.get("principal") == agent
+        ]
+        if len(found) >= count:
+            return found
+        time.sleep(0.05)
+    raise AssertionError("no approval.pending event")
+
+
+def _reached(upstream: Upstream, path: str) -> int:
+    return sum(1 for r in upstream.log.requests if r.target.startswith(path))
+
+
+def _send(proxy: Proxy, agent: str, token: str, url: str) -> Future[httpx.Response]:
+    pool = ThreadPoolExecutor(1)
+
+    def one() -> httpx.Response:
+        with proxy.client(agent, token, timeout=60) as client:
+            return client.get(url)
+
+    future = pool.submit(one)
+    pool.shutdown(wait=False)
+    return future
+
+
+def test_a_held_request_approved_from_the_cli_completes_stamped(
+    held_proxy: Proxy, upstream: Upstream, names
+) -> None:
+    agent, token, grant_id = _granted(held_proxy, names, "each")
+    path = f"/v1/{agent}/held"
+    answer = _send(held_proxy, agent, token, f"https://api.test{path}")
+    (event,) = _pending(held_proxy, agent)
+    assert (event["grant_id"], event["method"], event["path"]) == (grant_id, "GET", path)
+    # Held past the head deadline, and nothing has gone upstream.
+    time.sleep(float(HEAD_TIMEOUT) + 1)
+    assert not answer.done()
+    assert _reached(upstream, path) == 0
+    listed = json.loads(cli(held_proxy, "request", "list", "--state", "pending", "--json").stdout)
+    [row] = [r for r in listed if r["id"] == event["id"]]
+    assert (row["kind"], row["grant_id"], row["path"]) == ("hold", grant_id, path)
+    approved = cli(held_proxy, "request", "approve", str(event["id"]))
+    assert approved.returncode == 0, approved.stderr
+    response = answer.result(timeout=10)
+    assert response.status_code == 200
+    assert _reached(upstream, path) == 1
+    [received] = [r for r in upstream.log.requests if r.target.startswith(path)]
+    assert received.header("authorization") == [f"Bearer {SECRET.decode()}"]
+    [line] = held_proxy.requests(agent)
+    assert (line["decision"], line["grant_id"], line["approval"]) == (
+        "allow",
+        grant_id,
+        event["id"],
+    )
+    # `each`: the next request is held again.
+    again = _send(held_proxy, agent, token, f"https://api.test{path}")
+    _pending(held_proxy, agent, 2)
+    assert not again.done()
+    cli(held_proxy, "request", "deny", str(_pending(held_proxy, agent, 2)[1]["id"]))
+    assert again.result(timeout=10).status_code == 403
+
+
+def test_a_denied_request_never_reaches_the_upstream(
+    held_proxy: Proxy, upstream: Upstream, names
+) -> None:
+    agent, token, grant_id = _granted(held_proxy, names, "each")
+    path = f"/v1/{agent}/denied"
+    answer = _send(held_proxy, agent, token, f"https://api.test{path}")
+    (event,) = _pending(held_proxy, agent)
+    denied = cli(held_proxy, "request", "deny", str(event["id"]), "--reason", "not today")
+    assert denied.returncode == 0, denied.stderr
+    response = answer.result(timeout=10)
+    assert response.status_code == 403
+    assert response.headers["x-credproxy-reason"] == "approval-denied"
+    assert response.json()["access_request"] == {"id": event["id"], "state": "denied"}
+    assert _reached(upstream, path) == 0
+    assert SECRET not in response.content
+    [line] = held_proxy.requests(agent)
+    assert (line["decision"], line["reason"], line["approval"]) == (
+        "deny",
+        "approval-denied",
+        event["id"],
+    )
+
+
+def test_a_request_no_one_decides_on_times_out_and_never_reaches_the_upstream(
+    held_proxy: Proxy, upstream: Upstream, names
+) -> None:
+    agent, token, _ = _granted(held_proxy, names, "each", hold="3s")
+    path = f"/v1/{agent}/timeout"
+    started = time.monotonic()
+    with held_proxy.client(agent, token, timeout=30) as client:
+        response = client.get(f"https://api.test{path}")
+    assert time.monotonic() - started >= 2.5
+    assert response.status_code == 403
+    assert response.headers["x-credproxy-reason"] == "approval-timeout"
+    assert _reached(upstream, path) == 0
+    (event,) = _pending(held_proxy, agent)
+    listed = json.loads(cli(held_proxy, "request", "list", "--json").stdout)
+    [row] = [r for r in listed if r["id"] == event["id"]]
+    assert row["state"] == "expired"
+    late = cli(held_proxy, "request", "approve", str(event["id"]))
+    assert late.returncode == 2 and "expired, not pending" in late.stderr
+
+
+def test_beyond_the_cap_a_principals_requests_are_refused_at_once(
+    held_proxy: Proxy, upstream: Upstream, names
+) -> None:
+    agent, token, _ = _granted(held_proxy, names, "each")
+    path = f"/v1/{agent}/cap"
+    held = [_send(held_proxy, agent, token, f"https://api.test{path}/{i}") for i in range(2)]
+    events = _pending(held_proxy, agent, 2)
+    with held_proxy.client(agent, token) as client:
+        third = client.get(f"https://api.test{path}/3")
+    assert third.status_code == 429
+    assert third.headers["x-credproxy-reason"] == "too-many-holds"
+    assert len(_pending(held_proxy, agent, 2)) == 2  # the third was never recorded
+    for event in events:
+        cli(held_proxy, "request", "deny", str(event["id"]))
+    assert [f.result(timeout=10).status_code for f in held] == [403, 403]
+    assert _reached(upstream, path) == 0
+
+
+def test_first_holds_the_first_of_a_kind_and_next_n_covers_that_many(
+    held_proxy: Proxy, upstream: Upstream, names
+) -> None:
+    agent, token, grant_id = _granted(held_proxy, names, "first")
+    path = f"/v1/{agent}/first"
+    answer = _send(held_proxy, agent, token, f"https://api.test{path}")
+    (event,) = _pending(held_proxy, agent)
+    approved = cli(held_proxy, "request", "approve", str(event["id"]), "--next", "2")
+    assert approved.returncode == 0, approved.stderr
+    assert answer.result(timeout=10).status_code == 200
+    held_proxy.wait_reload()
+    with held_proxy.client(agent, token) as client:
+        covered = [client.get(f"https://api.test{path}").status_code for _ in range(2)]
+    assert covered == [200, 200]
+    # Spent: the next one is held again.
+    fourth = _send(held_proxy, agent, token, f"https://api.test{path}")
+    (_, second) = _pending(held_proxy, agent, 2)
+    assert not fourth.done()
+    cli(held_proxy, "request", "deny", str(second["id"]))
+    assert fourth.result(timeout=10).status_code == 403
+    assert _reached(upstream, path) == 3
+    lines = [line for line in held_proxy.requests(agent) if line["decision"] == "allow"]
+    assert {line["approval"] for line in lines} == {event["id"]}
+
+
+def test_a_denied_hold_never_spends_a_use(held_proxy: Proxy, upstream: Upstream, names) -> None:
+    agent, cred = names("agent"), names("cred")
+    token = held_proxy.store.add_principal(agent)
+    held_proxy.store.add_credential(cred, "bearer", ["api.test"], Secret(SECRET))
+    limits = validation.limits(None, None, 1, approval="each")
+    grant_id = held_proxy.store.add_grant(
+        agent, ["GET"], credential=cred, paths=["/v1/"], limits=limits
+    )
+    held_proxy.wait_reload()
+    answer = _send(held_proxy, agent, token, f"https://api.test/v1/{agent}")
+    (event,) = _pending(held_proxy, agent)
+    cli(held_proxy, "request", "deny", str(event["id"]))
+    assert answer.result(timeout=10).status_code == 403
+    (entry,) = [g for g in held_proxy.store.list_grants() if g.id == grant_id]
+    assert entry.uses == 0
+
+
+def test_a_request_body_waits_in_the_client_while_held(
+    held_proxy: Proxy, upstream: Upstream, names
+) -> None:
+    agent, cred = names("agent"), names("cred")
+    token = held_proxy.store.add_principal(agent)
+    held_proxy.store.add_credential(cred, "bearer", ["api.test"], Secret(SECRET))
+    limits = validation.limits(None, None, approval="each")
+    held_proxy.store.add_grant(agent, ["POST"], credential=cred, paths=["/v1/"], limits=limits)
+    held_proxy.wait_reload()
+    body = b"x" * (64 * 1024 * 1024)
+    sent = threading.Event()
+
+    def upload() -> httpx.Response:
+        def chunks() -> Iterator[bytes]:
+            for i in range(0, len(body), 65536):
+                yield body[i : i + 65536]
+            sent.set()
+
+        with held_proxy.client(agent, token, timeout=60) as client:
+            return client.post(f"https://api.test/v1/{agent}/upload", content=chunks())
+
+    pool = ThreadPoolExecutor(1)
+    answer = pool.submit(upload)
+    (event,) = _pending(held_proxy, agent)
+    time.sleep(1.0)
+    # The proxy does not read a held request's connection: the body cannot all be sent.
+    assert not sent.is_set()
+    cli(held_proxy, "request", "approve", str(event["id"]))
+    response = answer.result(timeout=20)
+    pool.shutdown()
+    assert response.status_code == 200
+    [received] = [r for r in upstream.log.requests if r.target.endswith("/upload")]
+    assert received.body == body
+
+
+@pytest.fixture(scope="module")
+def replicas(
+    tmp_path_factory: pytest.TempPathFactory,
+    shared_upstream: Upstream,
+    upstream_ca: trustme.CA,
+    initialised_home: Path,
+) -> Iterator[list[Proxy]]:
+    with pg_database("credproxy_held_", required_in_ci=True) as pg_url:
+        shared = tmp_path_factory.mktemp("held-shared")
+        shutil.copy2(initialised_home / "credproxy.key", shared / "credproxy.key")
+        key_file = str(shared / "credproxy.key")
+        env = {**os.environ, "CREDPROXY_DB": pg_url, "CREDPROXY_KEY_FILE": key_file}
+        subprocess.run([*CREDPROXY, "init"], env=env, cwd=shared, check=True, capture_output=True)
+        resolve = [f"{n}=127.0.0.1:{shared_upstream.port}" for n in NAMES if n != "localhost"]
+        extra = ["--key-file", key_file]
+        running = []
+        for label in ("a", "b"):
+            home = tmp_path_factory.mktemp(f"held-replica-{label}")
+            running.append(
+                start_proxy(home, upstream_ca, resolve, extra, template=initialised_home, db=pg_url)
+            )
+        yield running
+        for proxy in running:
+            stop_proxy(proxy)
+
+
+def test_held_on_one_replica_approved_from_the_cli_goes_on_within_a_second(
+    replicas: list[Proxy], upstream: Upstream, names
+) -> None:
+    a, b = replicas
+    agent, token, grant_id = _granted(a, names, "each", hold="60s")
+    b.wait_reload()
+    path = f"/v1/{agent}/replicas"
+    answer = _send(a, agent, token, f"https://api.test{path}")
+    (event,) = _pending(a, agent)
+    assert _pending(b, agent, 0) == []  # held on A only
+    # The owner's CLI talks to the store, as it would from another machine.
+    approved = cli(b, "request", "approve", str(event["id"]))
+    assert approved.returncode == 0, approved.stderr
+    # Long before the 60 s hold ends: the decision came through the store.
+    response = answer.result(timeout=10)
+    assert response.status_code == 200
+    assert _reached(upstream, path) == 1
+    [line] = a.requests(agent)
+    assert (line["grant_id"], line["approval"]) == (grant_id, event["id"])

@@ -1,0 +1,171 @@
+"""Requests held for approval, in the store: recorded, decided, expired, covering later ones."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+
+import pytest
+
+from addon.policy import Policy
+from store import validation
+from store.errors import InvalidInput
+from store.models import utcnow
+from store.repository import Store
+from tests.stores import SECRET
+
+PATH = "/v1/items"
+
+
+def _grant(store: Store, approval: str, hold: str | None = None) -> int:
+    store.add_principal("agent")
+    store.add_credential("gh", "bearer", ["api.github.com"], SECRET)
+    limits = validation.limits(None, None, approval=approval, hold=hold)
+    return store.add_grant("agent", ["GET"], credential="gh", limits=limits)
+
+
+def _hold(store: Store, grant_id: int, share: bool, path: str = PATH) -> tuple[int, bool]:
+    return store.hold_request("agent", grant_id, "api.github.com", 443, "GET", path, 60, share)
+
+
+@pytest.mark.parametrize(
+    ("approval", "hold", "says"),
+    [
+        pytest.param("every", None, "invalid approval 'every': use each or first", id="bad mode"),
+        pytest.param(None, "30s", "a hold goes with an approval", id="a hold needs an approval"),
+        pytest.param("each", "0s", "invalid hold '0s'", id="no zero hold"),
+        pytest.param("each", "11m", "invalid hold '11m'", id="at most ten minutes"),
+        pytest.param("each", "-5", "invalid hold '-5'", id="no negative hold"),
+    ],
+)
+def test_bad_approval_settings_are_refused(approval: str | None, hold: str | None, says: str):
+    with pytest.raises(InvalidInput, match=says):
+        validation.limits(None, None, approval=approval, hold=hold)
+
+
+def test_a_grant_keeps_its_approval_and_hold_and_the_snapshot_carries_them(store: Store) -> None:
+    grant_id = _grant(store, "first", "90s")
+    (entry,) = store.list_grants()
+    assert (entry.approval, entry.hold) == ("first", 90)
+    (record,) = store.snapshot().grants
+    assert (record.id, record.approval, record.hold) == (grant_id, "first", 90)
+    assert validation.limits(None, None, approval="each").hold == validation.DEFAULT_HOLD
+
+
+def test_each_hold_is_its_own_request_and_holds_are_not_access_requests(store: Store) -> None:
+    grant_id = _grant(store, "each")
+    first, created = _hold(store, grant_id, share=False)
+    second, again = _hold(store, grant_id, share=False)
+    assert created and again and first != second
+    recorded = store.record_access_request("agent", "api.github.com", 443, "GET", PATH)
+    assert recorded is not None and recorded[0] not in (first, second)
+    kinds = {r.id: r.kind for r in store.list_access_requests("pending")}
+    assert kinds == {first: "hold", second: "hold", recorded[0]: "access"}
+
+
+def test_first_holds_of_a_kind_share_one_request(store: Store) -> None:
+    grant_id = _grant(store, "first")
+    first, _ = _hold(store, grant_id, share=True)
+    joined, created = _hold(store, grant_id, share=True)
+    other, other_created = _hold(store, grant_id, share=True, path="/v1/other")
+    assert (joined, created) == (first, False)
+    assert other_created and other != first
+
+
+def test_approving_a_hold_adds_no_grant_and_denying_ends_it(store: Store) -> None:
+    grant_id = _grant(store, "each")
+    approved, _ = _hold(store, grant_id, share=False)
+    denied, _ = _hold(store, grant_id, share=False)
+    counter = store.change_counter()
+    assert store.approve_request(approved) == ("hold", grant_id)
+    store.deny_access_request(denied, "no")
+    assert store.change_counter() == counter + 2  # every proxy hears of both
+    assert store.hold_states([approved, denied]) == {approved: "approved", denied: "denied"}
+    assert [g.id for g in store.list_grants()] == [grant_id]
+
+
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        pytest.param({"credential": "gh"}, "credential goes with access requests", id="credential"),
+        pytest.param({"path": "/v1/"}, "path goes with access requests", id="path"),
+        pytest.param({"once": True}, "once goes with access requests", id="once"),
+        pytest.param({"next_uses": 3}, "--next and --for go with grants held", id="next on each"),
+    ],
+)
+def test_a_hold_of_an_each_grant_takes_no_grant_options(
+    store: Store, options: dict, says: str
+) -> None:
+    held, _ = _hold(store, _grant(store, "each"), share=False)
+    with pytest.raises(InvalidInput, match=says):
+        store.approve_request(held, **options)
+    assert store.hold_states([held]) == {held: "pending"}
+
+
+def test_an_access_request_takes_no_next(store: Store) -> None:
+    _grant(store, "each")
+    recorded = store.record_access_request("agent", "api.github.com", 443, "GET", "/v2")
+    assert recorded is not None
+    with pytest.raises(InvalidInput, match="--next and --for go with held requests"):
+        store.approve_request(recorded[0], next_uses=2)
+
+
+def test_settling_expires_a_pending_hold_and_keeps_a_decision(store: Store) -> None:
+    grant_id = _grant(store, "each")
+    waiting, _ = _hold(store, grant_id, share=False)
+    decided, _ = _hold(store, grant_id, share=False)
+    store.approve_request(decided)
+    assert store.settle_hold(waiting) == "expired"
+    assert store.settle_hold(decided) == "approved"
+    with pytest.raises(InvalidInput, match="is expired, not pending"):
+        store.approve_request(waiting)
+
+
+def test_an_approval_of_first_covers_its_kind_in_the_snapshot(store: Store) -> None:
+    grant_id = _grant(store, "first")
+    forever, _ = _hold(store, grant_id, share=True)
+    timed, _ = _hold(store, grant_id, share=True, path="/v1/timed")
+    counted, _ = _hold(store, grant_id, share=True, path="/v1/counted")
+    store.approve_request(forever)
+    store.approve_request(timed, cover_until=utcnow() + timedelta(minutes=5))
+    store.approve_request(counted, next_uses=2)
+    policy = Policy(store.snapshot())
+    now = utcnow()
+
+    def cover(path: str, method: str = "GET", when=now):  # type: ignore[no-untyped-def]
+        return policy.covering(grant_id, method, "api.github.com", 443, path, when)
+
+    assert cover(PATH) is not None and cover(PATH).id == forever
+    assert cover(PATH, "POST") is None and cover("/v1/items/x") is None
+    assert cover("/v1/timed").id == timed
+    assert cover("/v1/timed", when=now + timedelta(minutes=6)) is None
+    assert cover("/v1/counted").counted
+
+
+def test_a_counted_approval_serves_exactly_its_number_across_callers(store: Store) -> None:
+    grant_id = _grant(store, "first")
+    held, _ = _hold(store, grant_id, share=True)
+    store.approve_request(held, next_uses=3)
+    counter = store.change_counter()
+    with ThreadPoolExecutor(8) as pool:
+        won = list(pool.map(lambda _: store.use_approval(held), range(12)))
+    assert won.count(True) == 3
+    assert store.change_counter() == counter + 1  # only the last use moves it
+    assert (
+        Policy(store.snapshot()).covering(grant_id, "GET", "api.github.com", 443, PATH, utcnow())
+        is None
+    )
+
+
+def test_an_approval_of_a_revoked_grant_covers_nothing(store: Store) -> None:
+    grant_id = _grant(store, "first")
+    held, _ = _hold(store, grant_id, share=True)
+    store.approve_request(held)
+    store.revoke_grant(grant_id)
+    assert store.snapshot().coverage == {}
+
+
+def test_removing_the_principal_denies_its_holds(store: Store) -> None:
+    held, _ = _hold(store, _grant(store, "each"), share=False)
+    store.remove_principal("agent")
+    assert store.hold_states([held]) == {held: "denied"}
