@@ -73,6 +73,8 @@ GRANT_KEYS = frozenset(
         "rate",
         "burst",
         "max_uses",
+        "approval",
+        "hold",
     }
 )
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
@@ -431,8 +433,19 @@ def _limits(t: _Table, *, uses: bool = False) -> validation.Limits:
         t.problem(key, f"{key} must be a whole number")
     burst = None if "burst" in bad else burst
     max_uses = None if "max_uses" in bad else max_uses
-    with t.checking("rate"):
-        return validation.limits(rate, burst, max_uses, bool(t.values.get("once")))
+    approval, hold = (t.text("approval"), t.values.get("hold")) if uses else (None, None)
+    if hold is not None and (isinstance(hold, bool) or not isinstance(hold, int | str)):
+        t.problem("hold", 'hold must be seconds or a duration, e.g. hold = "2m"')
+        hold = None
+    with t.checking("approval" if approval is not None else "rate"):
+        return validation.limits(
+            rate,
+            burst,
+            max_uses,
+            bool(t.values.get("once")),
+            approval,
+            str(hold) if hold is not None else None,
+        )
     return validation.NO_LIMITS
 
 

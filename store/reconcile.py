@@ -288,6 +288,8 @@ class _Planner:
             "rate": row.rate,
             "burst": row.burst,
             "max_uses": row.max_uses,
+            "approval": row.approval,
+            "hold": row.hold,
         }
         fields = {k: (have[k], v) for k, v in wanted.items() if have[k] != v}
         if "expires" in fields and g.expires_at is not None and g.expires_at <= now:
@@ -332,6 +334,8 @@ def _grant_fields(g: GrantSpec) -> dict[str, Any]:
         "rate": g.limits.rate,
         "burst": g.limits.burst,
         "max_uses": g.limits.max_uses,
+        "approval": g.limits.approval,
+        "hold": g.limits.hold,
     }
 
 
@@ -475,6 +479,7 @@ def _execute(
             grant.purpose = g.purpose
             grant.rate, grant.burst = g.limits.rate, g.limits.burst
             grant.max_uses = g.limits.max_uses
+            grant.approval, grant.hold = g.limits.approval, g.limits.hold
             if "state" in change.fields:
                 grant.consumed_at = None
             if current is None:
@@ -579,9 +584,11 @@ def export(db: Database) -> str:
                 lines.append(f"expires = {_instant(g.expires_at)}")
             if g.purpose is not None:
                 lines.append(f"purpose = {_toml(g.purpose)}")
-            for limit in ("rate", "burst", "max_uses"):
+            for limit in ("rate", "burst", "max_uses", "approval"):
                 if getattr(g, limit) is not None:
                     lines.append(f"{limit} = {_toml(getattr(g, limit))}")
+            if g.hold is not None:
+                lines.append(f'hold = "{g.hold}s"')
     return "\n".join(lines) + "\n"
 
 

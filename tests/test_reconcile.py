@@ -413,3 +413,35 @@ def test_signed_and_path_credentials_take_their_options_from_the_file(
     )
     with pytest.raises(PolicyFileError, match="cannot tell the service and region"):
         reconcile.plan(store.db, key, load(policy_file(bad)))
+
+
+def test_approvals_round_trip_through_a_policy_file(
+    store: Store, key: MasterKey, policy_file: Callable[[str], Path], tmp_path: Path
+) -> None:
+    held = POLICY + 'approval = "first"\nhold = "2m"\n'
+    _apply(store, key, policy_file(held))
+    (grant,) = store.list_grants()
+    assert (grant.approval, grant.hold) == ("first", 120)
+    exported = tmp_path / "exported.toml"
+    exported.write_text(reconcile.export(store.db))
+    assert 'approval = "first"' in exported.read_text()
+    assert reconcile.plan(store.db, key, load(exported), prune=True).empty
+    each = held.replace('"first"', '"each"').replace('"2m"', "30")
+    (change,) = reconcile.plan(store.db, key, load(policy_file(each))).changes
+    assert change.fields == {"approval": ("first", "each"), "hold": (120, 30)}
+
+
+@pytest.mark.parametrize(
+    ("lines", "says"),
+    [
+        pytest.param('approval = "always"\n', "invalid approval 'always'", id="bad mode"),
+        pytest.param('hold = "30s"\n', "a hold goes with an approval", id="hold alone"),
+        pytest.param('approval = "each"\nhold = "1h"\n', "invalid hold '1h'", id="too long"),
+        pytest.param('approval = "each"\nhold = true\n', "hold must be seconds", id="not a time"),
+    ],
+)
+def test_bad_approvals_in_a_policy_file_name_their_line(
+    policy_file: Callable[[str], Path], lines: str, says: str
+) -> None:
+    (problem,) = load(policy_file(POLICY + lines)).problems
+    assert says in problem and ":" in problem
