@@ -232,6 +232,21 @@ def test_a_denied_hold_never_spends_a_use(held_proxy: Proxy, upstream: Upstream,
     assert entry.uses == 0
 
 
+def test_a_grant_revoked_while_its_request_is_held_serves_nothing_on_approval(
+    held_proxy: Proxy, upstream: Upstream, names
+) -> None:
+    agent, token, grant_id = _granted(held_proxy, names, "each")
+    path = f"/v1/{agent}/revoked"
+    answer = _send(held_proxy, agent, token, f"https://api.test{path}")
+    (event,) = _pending(held_proxy, agent)
+    held_proxy.store.revoke_grant(grant_id)
+    held_proxy.wait_reload()
+    cli(held_proxy, "request", "approve", str(event["id"]))
+    response = answer.result(timeout=10)
+    assert (response.status_code, response.headers["x-credproxy-reason"]) == (403, "no-grant")
+    assert _reached(upstream, path) == 0
+
+
 def test_a_request_body_waits_in_the_client_while_held(
     held_proxy: Proxy, upstream: Upstream, names
 ) -> None:
