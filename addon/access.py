@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from mitmproxy import http
@@ -47,6 +47,8 @@ class AccessRequests:
         self.live = live
         self.log = log
         self._recent: OrderedDict[_Key, tuple[float, int]] = OrderedDict()
+        # Called with each new access request's event and fields (the notifier).
+        self.notify: Callable[[str, dict[str, Any]], None] = lambda event, fields: None
 
     def _within_window(self, key: _Key) -> int | None:
         """The request id written for `key` less than RECORD_WINDOW ago, if any."""
@@ -83,16 +85,7 @@ class AccessRequests:
         request_id, state = recorded
         self._written(key, request_id)
         if not seen_before:
-            self.log.info(
-                "access_request.recorded",
-                id=request_id,
-                principal=principal,
-                host=host,
-                port=port,
-                method=method,
-                path=path,
-                source="auto",
-            )
+            self._recorded(request_id, principal, host, port, method, path, "auto")
         return {"id": request_id, "state": state}
 
     async def handle(self, flow: http.HTTPFlow, principal: str, path: str) -> http.Response:
@@ -158,17 +151,30 @@ class AccessRequests:
             return _refused(flow, Reason.TOO_MANY_ACCESS_REQUESTS, TOO_MANY_PENDING)
         request_id, state = recorded
         self._written(key, request_id)
-        self.log.info(
-            "access_request.recorded",
-            id=request_id,
-            principal=principal,
-            host=host,
-            port=port,
-            method=fields["method"],
-            path=path,
-            source="explicit",
-        )
+        self._recorded(request_id, principal, host, port, fields["method"], path, "explicit")
         return _reply(202, {"id": request_id, "state": state})
+
+    def _recorded(
+        self,
+        request_id: int,
+        principal: str,
+        host: str,
+        port: int,
+        method: str,
+        path: str,
+        source: str,
+    ) -> None:
+        event = {
+            "id": request_id,
+            "principal": principal,
+            "host": host,
+            "port": port,
+            "method": method,
+            "path": path,
+            "source": source,
+        }
+        self.log.info("access_request.recorded", **event)
+        self.notify("access_request.recorded", event)
 
 
 class AccessEndpoint:

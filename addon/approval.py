@@ -55,8 +55,8 @@ class Holds:
         self.log = audit.logger()
         # Called with a flow as it starts to wait: the limits addon suspends its head deadline.
         self.on_hold: Callable[[http.HTTPFlow], None] = lambda flow: None
-        # Called with each new held request's event fields (the notifier).
-        self.notify: Callable[[dict[str, Any]], None] = lambda event: None
+        # Called with each new held request's event and fields (the notifier).
+        self.notify: Callable[[str, dict[str, Any]], None] = lambda event, fields: None
         self._held: dict[str, int] = {}  # principal -> requests held now
         self._waiters: dict[int, list[asyncio.Future[str]]] = {}
         self._poller: asyncio.Task[None] | None = None
@@ -150,7 +150,7 @@ class Holds:
         }
         self.log.info("approval.pending", **event)
         if created:
-            self.notify(event)
+            self.notify("approval.pending", event)
         return request_id
 
     async def _spend(self, request_id: int) -> bool:

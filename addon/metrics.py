@@ -81,6 +81,12 @@ class Metrics:
             ["outcome"],
             registry=self.registry,
         )
+        self.notifications = Counter(
+            "credproxy_notifications",
+            "Webhook notifications (--notify), by outcome: sent, failed, dropped",
+            ["outcome"],
+            registry=self.registry,
+        )
         self.hold_seconds = Histogram(
             "credproxy_hold_duration_seconds",
             "How long held requests waited for a decision",

@@ -23,6 +23,7 @@ from addon.dns import DEFAULT_TTL
 from addon.guard import DestinationGuard
 from addon.hosts import ResolveMap
 from addon.limits import LimitSettings, add_limit_flags
+from addon.notify import Webhook
 from store.errors import CredproxyError, InvalidInput
 from store.repository import Store
 from store.settings import Settings
@@ -54,6 +55,7 @@ class RunConfig:
     limits: LimitSettings = LimitSettings()
     dns_ttl: float = DEFAULT_TTL
     max_signed_body: int = 8 * 1024 * 1024
+    notify: Webhook | None = None
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, settings: Settings) -> RunConfig:
@@ -84,6 +86,7 @@ class RunConfig:
             LimitSettings.from_args(args),
             args.dns_ttl,
             args.max_signed_body if args.max_signed_body is not None else cls.max_signed_body,
+            Webhook.parse(args.notify) if args.notify else None,
         )
 
 
@@ -180,6 +183,13 @@ def add_command(sub: Any, common: argparse.ArgumentParser) -> None:
         metavar="BYTES",
         help="hold and sign AWS request bodies up to this size (default 8388608, 8 MiB)",
     )
+    p.add_argument(
+        "--notify",
+        metavar="URL",
+        default=os.environ.get("CREDPROXY_NOTIFY"),
+        help="post new access requests and held requests to this https webhook "
+        "(default: $CREDPROXY_NOTIFY; prefer it for a URL that holds a token)",
+    )
     add_limit_flags(p)
     p.set_defaults(func=cmd_run)
 
@@ -212,6 +222,8 @@ def build_chain(
     limits: LimitSettings | None = None,
     dns_ttl: float = DEFAULT_TTL,
     max_signed_body: int | None = None,
+    notify: Webhook | None = None,
+    cafile: str | None = None,
 ) -> Chain:
     """credproxy's addons, in the order they run for each hook."""
     import time
@@ -225,6 +237,7 @@ def build_chain(
     from addon.gate import Gate
     from addon.limits import Limits
     from addon.metrics import Metrics, StreakAlerts
+    from addon.notify import Notifier
     from addon.pinning import Pinning
     from addon.ratelimit import Limiter
     from addon.responses import Responses
@@ -259,6 +272,10 @@ def build_chain(
     )
     deadlines = Limits(limits, clients, trail)
     holds.on_hold = deadlines.hold
+    notifier = None
+    if notify is not None:
+        notifier = Notifier(notify, forward.dial, metrics, cafile)
+        holds.notify = access.notify = notifier.post
     SESSIONS.dial = forward.dial  # AssumeRole calls go out as the requests do
     return Chain(
         [
@@ -276,6 +293,7 @@ def build_chain(
             holds,  # done: the poller of held requests' decisions
             # caps and deadlines, last: it sees what the others did
             deadlines,
+            *([notifier] if notifier is not None else []),  # running, done: the sender
         ],
     )
 
@@ -342,6 +360,8 @@ async def serve(config: RunConfig, started: asyncio.Event | None = None) -> int:
         config.limits,
         config.dns_ttl,
         config.max_signed_body,
+        config.notify,
+        update.get("ssl_verify_upstream_trusted_ca"),
     )
     master.addons.add(chain)
     forward, trail = chain.part(Forward), chain.part(Trail)

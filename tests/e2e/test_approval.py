@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import threading
 import time
@@ -327,3 +328,108 @@ def test_held_on_one_replica_approved_from_the_cli_goes_on_within_a_second(
     assert _reached(upstream, path) == 1
     [line] = a.requests(agent)
     assert (line["grant_id"], line["approval"]) == (grant_id, event["id"])
+
+
+@pytest.fixture(scope="module")
+def receiver(upstream_ca: trustme.CA) -> Iterator[Upstream]:
+    with Upstream(upstream_ca, ["hooks.test"]) as hook:
+        yield hook
+
+
+def _notifying_proxy(
+    tmp_path_factory: pytest.TempPathFactory,
+    shared_upstream: Upstream,
+    upstream_ca: trustme.CA,
+    initialised_home: Path,
+    hook_port: int,
+) -> Proxy:
+    resolve = [f"{name}=127.0.0.1:{shared_upstream.port}" for name in NAMES if name != "localhost"]
+    resolve.append(f"hooks.test=127.0.0.1:{hook_port}")
+    home = tmp_path_factory.mktemp("notify")
+    extra = ["--notify", f"https://hooks.test/hook/{HOOK_TOKEN}"]
+    return start_proxy(home, upstream_ca, resolve, extra, template=initialised_home)
+
+
+HOOK_TOKEN = "T000-hook-token-in-the-url"
+
+
+@pytest.fixture(scope="module")
+def notifying(
+    tmp_path_factory: pytest.TempPathFactory,
+    shared_upstream: Upstream,
+    upstream_ca: trustme.CA,
+    initialised_home: Path,
+    receiver: Upstream,
+) -> Iterator[Proxy]:
+    running = _notifying_proxy(
+        tmp_path_factory, shared_upstream, upstream_ca, initialised_home, receiver.port
+    )
+    yield running
+    stop_proxy(running)
+
+
+def _events(receiver: Upstream, agent: str, count: int, timeout: float = 10.0) -> list[dict]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = [json.loads(r.body) for r in receiver.log.requests]
+        mine = [e for e in found if e.get("principal") == agent]
+        if len(mine) >= count:
+            return mine
+        time.sleep(0.05)
+    raise AssertionError(f"the webhook got {len(mine)} events of {agent}, not {count}")
+
+
+def test_a_webhook_on_loopback_gets_held_and_access_requests(
+    notifying: Proxy, receiver: Upstream, upstream: Upstream, names
+) -> None:
+    agent, token, grant_id = _granted(notifying, names, "each")
+    answer = _send(notifying, agent, token, f"https://api.test/v1/{agent}/notified")
+    (event,) = _pending(notifying, agent)
+    with notifying.client(agent, token) as client:
+        assert client.get(f"https://api.test/v2/{agent}?key=query-value").status_code == 403
+    held, asked = _events(receiver, agent, 2)
+    assert held["event"] == "approval.pending" and held["id"] == event["id"]
+    assert (held["grant_id"], held["path"]) == (grant_id, f"/v1/{agent}/notified")
+    assert f"credproxy request approve {event['id']}" in held["text"]
+    assert asked["event"] == "access_request.recorded"
+    assert asked["path"] == f"/v2/{agent}"
+    for r in receiver.log.requests:
+        assert r.target == f"/hook/{HOOK_TOKEN}" and r.sni == "hooks.test"
+        for secret in (SECRET.decode(), token, "query-value"):
+            assert secret not in r.body.decode()
+    assert HOOK_TOKEN not in notifying.output()
+    cli(notifying, "request", "approve", str(event["id"]))
+    assert answer.result(timeout=10).status_code == 200
+
+
+@pytest.fixture
+def dead_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])  # closed again: nothing listens there
+
+
+def test_a_dead_webhook_changes_nothing_for_requests(
+    tmp_path_factory: pytest.TempPathFactory,
+    shared_upstream: Upstream,
+    upstream_ca: trustme.CA,
+    initialised_home: Path,
+    upstream: Upstream,
+    dead_port: int,
+    names,
+) -> None:
+    proxy = _notifying_proxy(
+        tmp_path_factory, shared_upstream, upstream_ca, initialised_home, dead_port
+    )
+    try:
+        agent, token, _ = _granted(proxy, names, "each")
+        with proxy.client(agent, token, timeout=10) as client:
+            denied = [client.get(f"https://api.test/v2/{agent}/{i}") for i in range(5)]
+        assert [r.status_code for r in denied] == [403] * 5
+        assert all("access_request" in r.json() for r in denied)
+        answer = _send(proxy, agent, token, f"https://api.test/v1/{agent}/dead")
+        (event,) = _pending(proxy, agent)
+        cli(proxy, "request", "approve", str(event["id"]))
+        assert answer.result(timeout=10).status_code == 200
+    finally:
+        stop_proxy(proxy)
