@@ -41,7 +41,7 @@ def held_proxy(
 ) -> Iterator[Proxy]:
     resolve = [f"{name}=127.0.0.1:{shared_upstream.port}" for name in NAMES if name != "localhost"]
     home = tmp_path_factory.mktemp("held")
-    extra = ["--head-timeout", HEAD_TIMEOUT, "--max-held", "2"]
+    extra = ["--head-timeout", HEAD_TIMEOUT, "--max-held", "2", "--admin", "127.0.0.1:0"]
     running = start_proxy(home, upstream_ca, resolve, extra, template=initialised_home)
     yield running
     stop_proxy(running)
@@ -151,6 +151,15 @@ def test_a_denied_request_never_reaches_the_upstream(
         "approval-denied",
         event["id"],
     )
+    metrics = _metrics(held_proxy)
+    assert 'credproxy_holds_total{outcome="denied"}' in metrics
+    assert "credproxy_hold_duration_seconds_count" in metrics
+    assert "credproxy_holds_pending 0.0" in metrics
+
+
+def _metrics(proxy: Proxy) -> str:
+    [started] = [line for line in proxy.audit() if line.get("event") == "proxy.started"]
+    return httpx.get(f"http://{started['admin'][0]}/metrics").text
 
 
 def test_a_request_no_one_decides_on_times_out_and_never_reaches_the_upstream(
@@ -185,6 +194,7 @@ def test_beyond_the_cap_a_principals_requests_are_refused_at_once(
     assert third.status_code == 429
     assert third.headers["x-credproxy-reason"] == "too-many-holds"
     assert len(_pending(held_proxy, agent, 2)) == 2  # the third was never recorded
+    assert "credproxy_holds_pending 2.0" in _metrics(held_proxy)
     for event in events:
         cli(held_proxy, "request", "deny", str(event["id"]))
     assert [f.result(timeout=10).status_code for f in held] == [403, 403]
