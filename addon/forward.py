@@ -20,7 +20,7 @@ from addon.hosts import ResolveMap
 from addon.live import LivePolicy
 from addon.metrics import Metrics
 from addon.policy import Reason, Rule
-from addon.ratelimit import Limiter, grant_limit
+from addon.ratelimit import Limit, Limiter, grant_limit
 from addon.redact import Redactor
 from addon.signing import Signing, role_unavailable
 from addon.sigv4 import MINTING_SERVICES, Plan, signed_query
@@ -80,9 +80,8 @@ class Forward:
         plan = self._plan(flow, step)
         # A role without valid temporary keys yet: fetched first, before anything is spent.
         role = plan.role if isinstance(plan, Plan) and plan.role and not plan.role.now() else None
-        limit = grant_limit(v.rule)
-        limits = step.limits if limit is None else (*step.limits, limit)
-        if limits:
+        limits = _limits(step)
+        if limits and not self.limiter.shared:
             self.limiter.check(limits)  # every limit's token, or none
         address = self.resolve.lookup(v.host, v.port)
         if address is None:
@@ -90,7 +89,8 @@ class Forward:
                 address = self.resolver.cached(v.host, v.port)
             except LookupFailed as e:
                 raise _refusal(e, rec, v.rule) from e
-        waits = role is not None or v.rule.approval is not None  # keys, or an owner
+        # AWS keys, an owner's approval, or the store's rate buckets
+        waits = role is not None or v.rule.approval is not None or self.limiter.shared
         if address is None or v.rule.once or v.rule.max_uses is not None or waits:
             return self._vet_then_forward(flow, step, rec, address, plan, role)
         self._forward(flow, step, rec, address, plan)
@@ -134,6 +134,8 @@ class Forward:
     ) -> None:
         v = step.verdict
         assert v is not None and v.host is not None and v.port is not None and v.rule is not None
+        if self.limiter.shared and (limits := _limits(step)):
+            await self.limiter.take(limits)
         if v.rule.approval is not None:
             if self.holds is None:
                 raise Denied(Reason.APPROVAL_DENIED, "this proxy holds no requests")
@@ -239,6 +241,13 @@ class Forward:
             self.metrics.once_consumed.inc()
         else:
             self.metrics.grant_uses.inc()
+
+
+def _limits(step: Step) -> tuple[Limit, ...]:
+    """The principal's rate and the grant's: a request takes a token from each, or none."""
+    assert step.verdict is not None and step.verdict.rule is not None
+    limit = grant_limit(step.verdict.rule)
+    return step.limits if limit is None else (*step.limits, limit)
 
 
 def _refusal(e: LookupFailed, rec: Record, rule: Rule) -> Denied:

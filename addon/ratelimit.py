@@ -10,11 +10,16 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Hashable, Sequence
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from addon.failclosed import Denied
 from addon.policy import Reason, Rule
+from store.errors import CredproxyError
 from store.grammar import Rate
+from store.rates import Bucket
+
+if TYPE_CHECKING:
+    from addon.live import LivePolicy
 
 # Buckets kept at most; past it the oldest is dropped (it starts again full). Keys are grant
 # ids and principal names, so this bounds only what the store itself bounds.
@@ -59,8 +64,13 @@ class Buckets:
 class Limiter:
     """The proxy's buckets; a refused request raises Denied(rate-limited) with Retry-After."""
 
+    shared = False  # True: the buckets are in the store, taken with `await take(...)`
+
     def __init__(self, buckets: Buckets | None = None) -> None:
         self.buckets = buckets or Buckets()
+
+    async def take(self, limits: Sequence[Limit]) -> None:
+        self.check(limits)
 
     def check(self, limits: Sequence[Limit], *, take: bool = True) -> None:
         refused = self.buckets.take(limits, take=take)
@@ -71,6 +81,46 @@ class Limiter:
                 f"over the {limit.what}",
                 {"retry_after": max(1, math.ceil(wait))},
             )
+
+
+class SharedLimiter(Limiter):
+    """`run --shared-rates`: buckets in the store, exact across replicas, one store round trip
+    per request. Only requests a grant allows are counted (the forwarder takes their tokens);
+    the gate's early look at a principal's rate finds nothing to refuse."""
+
+    shared = True
+
+    def __init__(self, live: LivePolicy) -> None:
+        super().__init__()
+        self.live = live
+
+    def check(self, limits: Sequence[Limit], *, take: bool = True) -> None:
+        return None
+
+    async def take(self, limits: Sequence[Limit]) -> None:
+        buckets = [
+            Bucket(
+                _stored_key(limit), limit.rate.per_second, float(limit.burst or limit.rate.count)
+            )
+            for limit in limits
+        ]
+        try:
+            refused = await self.live.call(self.live.store.take_rates, buckets, time.time())
+        except CredproxyError as e:
+            raise Denied(Reason.STORE_UNAVAILABLE, "shared rates need the store") from e
+        if refused is not None:
+            index, wait = refused
+            raise Denied(
+                Reason.RATE_LIMITED,
+                f"over the {limits[index].what}",
+                {"retry_after": max(1, math.ceil(wait))},
+            )
+
+
+def _stored_key(limit: Limit) -> str:
+    assert isinstance(limit.key, tuple)  # ("grant", id) or ("principal", name)
+    kind, name = limit.key
+    return f"{kind}:{name}:{limit.rate.text}:{limit.burst or limit.rate.count}"
 
 
 def principal_limit(principal: str, rate: Rate, burst: int | None) -> Limit:

@@ -56,6 +56,7 @@ class RunConfig:
     dns_ttl: float = DEFAULT_TTL
     max_signed_body: int = 8 * 1024 * 1024
     notify: Webhook | None = None
+    shared_rates: bool = False
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, settings: Settings) -> RunConfig:
@@ -87,6 +88,7 @@ class RunConfig:
             args.dns_ttl,
             args.max_signed_body if args.max_signed_body is not None else cls.max_signed_body,
             Webhook.parse(args.notify) if args.notify else None,
+            args.shared_rates,
         )
 
 
@@ -190,6 +192,11 @@ def add_command(sub: Any, common: argparse.ArgumentParser) -> None:
         help="post new access requests and held requests to this https webhook "
         "(default: $CREDPROXY_NOTIFY; prefer it for a URL that holds a token)",
     )
+    p.add_argument(
+        "--shared-rates",
+        action="store_true",
+        help="keep --rate buckets in the store: exact across replicas, one store call a request",
+    )
     add_limit_flags(p)
     p.set_defaults(func=cmd_run)
 
@@ -224,6 +231,7 @@ def build_chain(
     max_signed_body: int | None = None,
     notify: Webhook | None = None,
     cafile: str | None = None,
+    shared_rates: bool = False,
 ) -> Chain:
     """credproxy's addons, in the order they run for each hook."""
     import time
@@ -239,7 +247,7 @@ def build_chain(
     from addon.metrics import Metrics, StreakAlerts
     from addon.notify import Notifier
     from addon.pinning import Pinning
-    from addon.ratelimit import Limiter
+    from addon.ratelimit import Limiter, SharedLimiter
     from addon.responses import Responses
     from addon.signing import Signing
     from addon.state import Clients
@@ -254,7 +262,7 @@ def build_chain(
     trail = Trail(metrics, StreakAlerts(alert_streak, log))
     clients = Clients()
     access = AccessRequests(live, log)
-    limiter = Limiter()
+    limiter = SharedLimiter(live) if shared_rates else Limiter()
     signing = Signing(trail) if max_signed_body is None else Signing(trail, max_signed_body)
     limits = limits or LimitSettings()
     holds = Holds(live, metrics, HoldSettings(limits.max_holds, limits.max_held))
@@ -362,6 +370,7 @@ async def serve(config: RunConfig, started: asyncio.Event | None = None) -> int:
         config.max_signed_body,
         config.notify,
         update.get("ssl_verify_upstream_trusted_ca"),
+        config.shared_rates,
     )
     master.addons.add(chain)
     forward, trail = chain.part(Forward), chain.part(Trail)

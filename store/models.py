@@ -10,6 +10,7 @@ from sqlalchemy import (
     Boolean,
     DateTime,
     Dialect,
+    Float,
     ForeignKey,
     Index,
     Integer,
@@ -163,6 +164,15 @@ class Grant(Base):
             postgresql_where=text("revoked_at IS NULL AND key IS NOT NULL"),
         ),
     )
+
+
+class RateBucket(Base):
+    """A token bucket shared by every replica (`run --shared-rates`): its level at `at`."""
+
+    __tablename__ = "rate_buckets"
+    key: Mapped[str] = mapped_column(String(160), primary_key=True)
+    tokens: Mapped[float] = mapped_column(Float)
+    at: Mapped[float] = mapped_column(Float)  # Unix time of the last take
 
 
 class AccessRequest(Base):

@@ -15,6 +15,7 @@ from store import (
     grants,
     keys,
     principals,
+    rates,
     schema,
     snapshot,
     tokens,
@@ -248,6 +249,11 @@ class Store:
 
     def use_approval(self, request_id: int) -> bool:
         return approvals.use_cover(self.db, request_id)
+
+    def take_rates(
+        self, buckets: Sequence[rates.Bucket], now: float
+    ) -> tuple[int, float] | None:
+        return rates.take(self.db, buckets, now)
 
     def deny_access_request(self, request_id: int, reason: str | None = None) -> None:
         access_requests.deny(self.db, request_id, reason)

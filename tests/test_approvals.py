@@ -11,6 +11,7 @@ from addon.policy import Policy
 from store import validation
 from store.errors import InvalidInput
 from store.models import utcnow
+from store.rates import Bucket
 from store.repository import Store
 from tests.stores import SECRET
 
@@ -169,3 +170,30 @@ def test_removing_the_principal_denies_its_holds(store: Store) -> None:
     held, _ = _hold(store, _grant(store, "each"), share=False)
     store.remove_principal("agent")
     assert store.hold_states([held]) == {held: "denied"}
+
+
+# -- shared rate buckets (run --shared-rates) ----------------------------------------------
+
+
+def test_shared_buckets_admit_exactly_their_burst_across_callers(store: Store) -> None:
+    bucket = Bucket("grant:1:5/h:5", 5 / 3600, 5.0)
+    now = 1_000_000.0
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda _: store.take_rates([bucket], now), range(16)))
+    assert answers.count(None) == 5
+    refused = [a for a in answers if a is not None]
+    assert {index for index, _ in refused} == {0}
+    assert all(710 < wait <= 720 for _, wait in refused)  # a fifth of an hour: one token
+    assert store.take_rates([bucket], now + 720) is None  # refilled by one
+
+
+def test_a_shared_take_spends_from_every_bucket_or_from_none(store: Store) -> None:
+    wide = Bucket("principal:agent:100/s:100", 100.0, 100.0)
+    narrow = Bucket("grant:2:1/h:1", 1 / 3600, 1.0)
+    now = 2_000_000.0
+    assert store.take_rates([wide, narrow], now) is None
+    index, _ = store.take_rates([wide, narrow], now) or (None, None)
+    assert index == 1
+    # The refused request spent nothing of the wide bucket: 99 are left, not 98.
+    assert all(store.take_rates([wide], now) is None for _ in range(99))
+    assert store.take_rates([wide], now) is not None

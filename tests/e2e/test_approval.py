@@ -307,7 +307,7 @@ def replicas(
         env = {**os.environ, "CREDPROXY_DB": pg_url, "CREDPROXY_KEY_FILE": key_file}
         subprocess.run([*CREDPROXY, "init"], env=env, cwd=shared, check=True, capture_output=True)
         resolve = [f"{n}=127.0.0.1:{shared_upstream.port}" for n in NAMES if n != "localhost"]
-        extra = ["--key-file", key_file]
+        extra = ["--key-file", key_file, "--shared-rates"]
         running = []
         for label in ("a", "b"):
             home = tmp_path_factory.mktemp(f"held-replica-{label}")
@@ -443,3 +443,29 @@ def test_a_dead_webhook_changes_nothing_for_requests(
         assert answer.result(timeout=10).status_code == 200
     finally:
         stop_proxy(proxy)
+
+
+def test_shared_rates_hold_exactly_across_replicas(
+    replicas: list[Proxy], upstream: Upstream, names
+) -> None:
+    a, b = replicas
+    agent, cred = names("agent"), names("cred")
+    token = a.store.add_principal(agent)
+    a.store.add_credential(cred, "bearer", ["api.test"], Secret(SECRET))
+    limits = validation.limits("4/h", None)
+    a.store.add_grant(agent, ["GET"], credential=cred, paths=["/v1/"], limits=limits)
+    a.wait_reload()
+    b.wait_reload()
+    path = f"/v1/{agent}/shared"
+    barrier = threading.Barrier(16)
+
+    def one(i: int) -> int:
+        with (a if i % 2 else b).client(agent, token) as client:
+            barrier.wait()
+            return client.get(f"https://api.test{path}").status_code
+
+    with ThreadPoolExecutor(16) as pool:
+        statuses = list(pool.map(one, range(16)))
+    assert statuses.count(200) == 4
+    assert statuses.count(429) == 12
+    assert _reached(upstream, path) == 4

@@ -1,4 +1,5 @@
-"""Approvals: grants whose requests wait for an owner, and the held requests they record
+"""Approvals: grants whose requests wait for an owner, and the held requests they record;
+rate buckets shared by replicas (run --shared-rates)
 
 Revision ID: 0008
 Revises: 0007
@@ -25,9 +26,16 @@ def upgrade() -> None:
         batch.add_column(sa.Column("cover_until", UTCDateTime, nullable=True))
         batch.add_column(sa.Column("cover_uses", sa.Integer, nullable=True))
         batch.add_column(sa.Column("covered", sa.Integer, nullable=False, server_default="0"))
+    op.create_table(
+        "rate_buckets",
+        sa.Column("key", sa.String(160), primary_key=True),
+        sa.Column("tokens", sa.Float, nullable=False),
+        sa.Column("at", sa.Float, nullable=False),
+    )
 
 
 def downgrade() -> None:
+    op.drop_table("rate_buckets")
     with op.batch_alter_table("access_requests") as batch:
         for name in ("covered", "cover_uses", "cover_until", "hold_until", "kind"):
             batch.drop_column(name)
