@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 from store import principals
 from store.engine import Database
 from store.errors import InvalidInput
-from store.models import AccessRequest, Grant, StoreState, utcnow
+from store.models import AccessRequest, Grant, Principal, StoreState, utcnow
 from store.records import APPROVED, EXPIRED, HOLD, PENDING
 
 
@@ -38,6 +38,9 @@ def hold(
     now = utcnow()
     with db.session() as session, session.begin():
         owner = principals.need(session, principal, lock=True)
+        # A write first: SQLite takes its write lock here (FOR UPDATE is PostgreSQL's), so one
+        # principal's holds are recorded one at a time there too, and a kind is shared.
+        session.execute(update(Principal).where(Principal.id == owner.id).values(id=Principal.id))
         if share:
             row = session.scalars(
                 select(AccessRequest).where(

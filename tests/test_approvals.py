@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
@@ -13,6 +14,7 @@ from store.errors import InvalidInput
 from store.models import utcnow
 from store.rates import Bucket
 from store.repository import Store
+from tests.clihelp import Call, Cli
 from tests.stores import SECRET
 
 PATH = "/v1/items"
@@ -197,3 +199,51 @@ def test_a_shared_take_spends_from_every_bucket_or_from_none(store: Store) -> No
     # The refused request spent nothing of the wide bucket: 99 are left, not 98.
     assert all(store.take_rates([wide], now) is None for _ in range(99))
     assert store.take_rates([wide], now) is not None
+
+
+# -- the CLI --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cli(tmp_path_factory: pytest.TempPathFactory) -> Cli:
+    cli = Cli(tmp_path_factory.mktemp("approvals-cli"))
+    cli.ok(Call(("init",)))
+    cli.ok(Call(("principal", "add", "agent")))
+    cli.ok(Call(("credential", "add", "gh", "--scheme", "bearer", "--host", "api.test"), b"s3"))
+    return cli
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        pytest.param(("--approval", "always"), "argument --approval: invalid choice", id="mode"),
+        pytest.param(("--hold", "30s"), "--hold goes with --approval", id="hold alone"),
+        pytest.param(("--approval", "each", "--hold", "11m"), "invalid --hold '11m'", id="long"),
+        pytest.param(("--approval", "each", "--hold", "nan"), "invalid --hold 'nan'", id="nan"),
+    ],
+)
+def test_grant_add_refuses_bad_approvals_in_one_line(
+    cli: Cli, args: tuple[str, ...], says: str
+) -> None:
+    done = cli.run(Call(("grant", "add", "agent", "--credential", "gh", "--method", "GET", *args)))
+    assert done.returncode == 2
+    assert says in done.stderr and done.stderr.count("\n") == 1
+    assert "Traceback" not in done.stderr
+    assert cli.store().list_grants() == []
+
+
+def test_grant_add_and_list_show_the_approval(cli: Cli) -> None:
+    args = ("--credential", "gh", "--method", "GET", "--approval", "first", "--hold", "2m")
+    (added,) = cli.ok(Call(("grant", "add", "agent", *args, "--json")))
+    (listed,) = cli.ok(Call(("grant", "list", "--json")))
+    [row] = [g for g in json.loads(listed) if g["id"] == json.loads(added)["id"]]
+    assert (row["approval"], row["hold"]) == ("first", 120)
+    cli.ok(Call(("grant", "revoke", str(row["id"]))))
+
+
+def test_concurrent_first_holds_of_a_kind_share_one_request(store: Store) -> None:
+    grant_id = _grant(store, "first")
+    with ThreadPoolExecutor(8) as pool:
+        held = list(pool.map(lambda _: _hold(store, grant_id, share=True), range(8)))
+    assert len({request_id for request_id, _ in held}) == 1
+    assert [created for _, created in held].count(True) == 1

@@ -130,6 +130,19 @@ def test_a_held_request_approved_from_the_cli_completes_stamped(
     assert again.result(timeout=10).status_code == 403
 
 
+def test_requests_of_one_kind_held_together_go_on_with_one_approval(
+    held_proxy: Proxy, upstream: Upstream, names
+) -> None:
+    agent, token, _ = _granted(held_proxy, names, "first")
+    path = f"/v1/{agent}/together"
+    answers = [_send(held_proxy, agent, token, f"https://api.test{path}") for _ in range(2)]
+    events = _pending(held_proxy, agent, 2)
+    assert len({e["id"] for e in events}) == 1  # one kind, one decision
+    cli(held_proxy, "request", "approve", str(events[0]["id"]))
+    assert [a.result(timeout=10).status_code for a in answers] == [200, 200]
+    assert _reached(upstream, path) == 2
+
+
 def test_a_denied_request_never_reaches_the_upstream(
     held_proxy: Proxy, upstream: Upstream, names
 ) -> None:
