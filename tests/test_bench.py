@@ -141,3 +141,18 @@ def test_instruction_counts_run(tmp_path: Path) -> None:
     assert "| mitmproxy | " in table and "| credproxy-10 | " in table
     counts = [line.split("|")[2] for line in table.splitlines()[2:]]
     assert all(float(c.strip().removesuffix(" M")) > 0 for c in counts)
+
+
+def test_shared_rates_cost_runs() -> None:
+    """python -m bench.shared_rates, tiny: in memory and SQLite at least, each with a figure."""
+    result = subprocess.run(
+        [sys.executable, "-m", "bench.shared_rates", "--takes", "20"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = result.stdout.splitlines()[2:]
+    assert {row.split("|")[1].strip() for row in rows} >= {"in memory (per replica)", "SQLite"}
+    assert all(float(row.split("|")[3]) > 0 for row in rows)
