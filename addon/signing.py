@@ -19,9 +19,11 @@ from mitmproxy import http
 from addon import audit
 from addon.failclosed import Denied, deny_on_error
 from addon.policy import Reason
+from addon.redact import Redactor
 from addon.sigv4 import DEFAULT_BODY_LIMIT, HELD, Plan, Signer, Unsignable, too_large
 from addon.state import record
 from addon.trail import Trail
+from addon.wsredact import REDACTORS
 
 _MARK = "_credproxy_signing"
 ROLE_UNAVAILABLE = "the role's temporary credentials could not be renewed"
@@ -129,6 +131,9 @@ def sign(flow: http.HTTPFlow, signer: Signer, plan: Plan, body: bytes | None) ->
         if temporary is None:  # expired while the body arrived: never sign with it
             raise role_unavailable()
         credentials = temporary.credentials
+        # The keys may have been renewed since the redactor was made (a body arriving
+        # slowly): it must look for the ones that sign, before anything is sent.
+        REDACTORS[flow] = Redactor((*signer.secrets, *temporary.secrets))
     fields = request.headers.fields
     method = request.data.method.decode("ascii")
     added = signer.sign(method, url, fields, body, plan, credentials)
