@@ -40,10 +40,11 @@ def unframed(request: Any, end_stream: bool) -> bool:
 def _framed(original: Callable[..., Generator[Any, Any, None]]) -> Callable[..., Any]:
     from mitmproxy.proxy.layers.http._events import RequestHeaders
 
+    # Not a generator itself: it hands back mitmproxy's, one frame less on every command.
     def send(self: Any, event: Any) -> Generator[Any, Any, None]:
         if isinstance(event, RequestHeaders) and unframed(event.request, event.end_stream):
             # The client sees this request object as its own: its chunks are framed too.
             event.request.headers["transfer-encoding"] = "chunked"
-        return (yield from original(self, event))
+        return original(self, event)
 
     return send

@@ -14,6 +14,7 @@ import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from addon import audit
@@ -50,6 +51,23 @@ class LimitSettings:
     max_tunnels: int = 256  # per principal
     max_holds: int = 256  # requests held for approval at once
     max_held: int = 8  # of them per principal
+
+    # The timers' messages, made once: a float formatted per request is not free.
+    @cached_property
+    def body_stalled(self) -> str:
+        return f"{TIMEOUT_PREFIX}: the request body stalled for {self.upstream_timeout:g} s"
+
+    @cached_property
+    def body_not_sent(self) -> str:
+        return f"request timeout: the body was not sent in {self.head_timeout:g} s"
+
+    @cached_property
+    def no_response(self) -> str:
+        return f"{TIMEOUT_PREFIX}: no response in {self.upstream_timeout:g} s"
+
+    @cached_property
+    def response_stalled(self) -> str:
+        return f"{TIMEOUT_PREFIX}: the response stalled for {self.upstream_timeout:g} s"
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> LimitSettings:
@@ -211,20 +229,17 @@ class Limits:
         if callable(request.stream):
             # Streamed upstream: the body may not stall longer than the upstream may.
             wait = self.settings.upstream_timeout
-            message = f"{TIMEOUT_PREFIX}: the request body stalled for {wait:g} s"
-            timer = self.flows[flow] = _Timer(now + wait, message)
+            timer = self.flows[flow] = _Timer(now + wait, self.settings.body_stalled)
             request.stream = _touching(request.stream, timer, wait)
         else:
             # Held whole (credproxy.internal, 16 KiB at most): within the head deadline.
             wait = self.settings.head_timeout
-            message = f"request timeout: the body was not sent in {wait:g} s"
-            self.flows[flow] = _Timer(now + wait, message)
+            self.flows[flow] = _Timer(now + wait, self.settings.body_not_sent)
 
     def request(self, flow: http.HTTPFlow) -> None:
         if flow.response is None:  # it goes upstream
             wait = self.settings.upstream_timeout
-            message = f"{TIMEOUT_PREFIX}: no response in {wait:g} s"
-            self.flows[flow] = _Timer(time.monotonic() + wait, message)
+            self.flows[flow] = _Timer(time.monotonic() + wait, self.settings.no_response)
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         timer = self.flows.get(flow)
@@ -233,7 +248,7 @@ class Limits:
             return
         wait = self.settings.upstream_timeout
         timer.deadline = time.monotonic() + wait
-        timer.message = f"{TIMEOUT_PREFIX}: the response stalled for {wait:g} s"
+        timer.message = self.settings.response_stalled
         stream = response.stream
         if callable(stream):
             response.stream = _touching(stream, timer, wait)

@@ -19,9 +19,11 @@ from mitmproxy import http
 from addon import audit
 from addon.failclosed import Denied, deny_on_error
 from addon.policy import Reason
+from addon.redact import Redactor
 from addon.sigv4 import DEFAULT_BODY_LIMIT, HELD, Plan, Signer, Unsignable, too_large
 from addon.state import record
 from addon.trail import Trail
+from addon.wsredact import REDACTORS
 
 _MARK = "_credproxy_signing"
 ROLE_UNAVAILABLE = "the role's temporary credentials could not be renewed"
@@ -129,6 +131,9 @@ def sign(flow: http.HTTPFlow, signer: Signer, plan: Plan, body: bytes | None) ->
         if temporary is None:  # expired while the body arrived: never sign with it
             raise role_unavailable()
         credentials = temporary.credentials
+        # The keys may have been renewed since the redactor was made (a body arriving
+        # slowly): it must look for the ones that sign, before anything is sent.
+        REDACTORS[flow] = Redactor((*signer.secrets, *temporary.secrets))
     fields = request.headers.fields
     method = request.data.method.decode("ascii")
     added = signer.sign(method, url, fields, body, plan, credentials)
@@ -150,28 +155,27 @@ def install() -> None:
     ):
         raise RuntimeError("mitmproxy's HttpStream has no request_body_buf: held bodies unbounded")
 
+    def over_limit(self: Any, held: _Held) -> Generator[Any, Any, None]:
+        del PENDING[self.flow]
+        self.request_body_buf.clear()
+        try:
+            held.refuse(self.flow)
+        except Exception as e:  # noqa: BLE001 - fail closed: refused all the same
+            audit.logger().error("hook.failed", hook="held_body", error_type=type(e).__name__)
+            self.flow.response = http.Response.make(413)
+        yield from _answer_now(self)
+
+    # Not a generator itself: a body not held for signing goes to mitmproxy's own, one frame
+    # less on every command it yields.
     def state_consume_request_body(self: Any, event: Any) -> Generator[Any, Any, None]:
-        if isinstance(event, RequestData):
+        if isinstance(event, RequestData) and PENDING:
             held = PENDING.get(self.flow)
-            over = held is not None and (
-                len(self.request_body_buf) + len(event.data) > held.limit
-                or not BUDGET.take(len(event.data))
-            )
-            if held is not None and not over:
-                held.counted += len(event.data)
-            if held is not None and over:
-                del PENDING[self.flow]
-                self.request_body_buf.clear()
-                try:
-                    held.refuse(self.flow)
-                except Exception as e:  # noqa: BLE001 - fail closed: refused all the same
-                    audit.logger().error(
-                        "hook.failed", hook="held_body", error_type=type(e).__name__
-                    )
-                    self.flow.response = http.Response.make(413)
-                yield from _answer_now(self)
-                return
-        yield from original(self, event)
+            if held is not None:
+                n = len(event.data)
+                if len(self.request_body_buf) + n > held.limit or not BUDGET.take(n):
+                    return over_limit(self, held)
+                held.counted += n
+        return original(self, event)  # type: ignore[no-any-return]
 
     setattr(state_consume_request_body, _MARK, True)
     HttpStream.state_consume_request_body = state_consume_request_body  # type: ignore[method-assign]

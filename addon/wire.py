@@ -400,20 +400,30 @@ def _pass_informational(original: Callable[..., Any]) -> Callable[..., Any]:
     from mitmproxy.proxy import events
     from mitmproxy.proxy.layers.http._base import ReceiveHttp
 
-    def read_headers(self: Any, event: Any) -> Generator[Any, Any, None]:
-        if isinstance(event, events.DataReceived) and self.request is not None:
-            # 101 stays: it is final for an upgrade. Each other 1xx goes to the stream whole,
-            # as an Informational event, and the real response is read after it.
-            while _INFORMATIONAL_RE.match(bytes(self.buf)):
-                lines = self.buf.maybe_extract_lines()
-                if lines is None:
-                    break  # not complete yet: wait for more
-                try:
-                    response = http1.read_response_head([bytes(x) for x in lines])
-                except ValueError:
-                    continue  # a malformed hint is dropped; the final response decides
-                yield ReceiveHttp(Informational(self.stream_id, response))
+    def informational(self: Any, event: Any) -> Generator[Any, Any, None]:
+        # 101 stays: it is final for an upgrade. Each other 1xx goes to the stream whole,
+        # as an Informational event, and the real response is read after it.
+        while _INFORMATIONAL_RE.match(bytes(self.buf)):
+            lines = self.buf.maybe_extract_lines()
+            if lines is None:
+                break  # not complete yet: wait for more
+            try:
+                response = http1.read_response_head([bytes(x) for x in lines])
+            except ValueError:
+                continue  # a malformed hint is dropped; the final response decides
+            yield ReceiveHttp(Informational(self.stream_id, response))
         yield from original(self, event)
+
+    # Not a generator itself: the common case hands back mitmproxy's own, one frame less on
+    # every command it yields.
+    def read_headers(self: Any, event: Any) -> Generator[Any, Any, None]:
+        if (
+            isinstance(event, events.DataReceived)
+            and self.request is not None
+            and _INFORMATIONAL_RE.match(bytes(self.buf))
+        ):
+            return informational(self, event)
+        return original(self, event)  # type: ignore[no-any-return]
 
     return read_headers
 
@@ -426,9 +436,13 @@ def _forward_informational(original: Callable[..., Any]) -> Callable[..., Any]:
     from addon.wsredact import REDACTORS
 
     def _handle_event(self: Any, event: Any) -> Generator[Any, Any, None]:
+        # Not a generator itself: every other event goes to mitmproxy's own, one frame less
+        # on each command it yields.
         if not isinstance(event, Informational):
-            yield from original(self, event)
-            return
+            return original(self, event)  # type: ignore[no-any-return]
+        return informational(self, event)
+
+    def informational(self: Any, event: Informational) -> Generator[Any, Any, None]:
         request = self.flow.request
         # 100 answers an Expect that mitmproxy already answered itself; HTTP/1.0 knows no 1xx.
         if event.response.status_code == 100 or request.http_version == "HTTP/1.0":

@@ -50,13 +50,15 @@ class Running:
         return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
+        for process in (self.process, self.extra.get("reader")):
+            if process is None or process.poll() is not None:
+                continue
+            process.terminate()
             try:
-                self.process.wait(10)
+                process.wait(10)
             except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+                process.kill()
+                process.wait()
 
 
 def rss_mb(pid: int) -> float:
@@ -95,15 +97,28 @@ def start(
     out = output.open("wb")
     began = time.perf_counter()
     cpus = AFFINITY[role] if AFFINITY else None
+    reader = None
+    if role == "proxy":
+        # A proxy's stdout is a pipe, read by another process, as in a container: `cat`
+        # copies it to the file, on the client's CPUs.
+        others = AFFINITY["client"] if AFFINITY else None
+        reader = subprocess.Popen(
+            ["cat"],
+            stdin=subprocess.PIPE,
+            stdout=out,
+            preexec_fn=(lambda: os.sched_setaffinity(0, others)) if others else None,
+        )
     process = subprocess.Popen(
         args,
         env=env,
         cwd=ROOT,
-        stdout=out,
+        stdout=reader.stdin if reader is not None else out,
         stderr=subprocess.STDOUT,
         # Set in the child before exec, so every thread the proxy starts inherits it.
         preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
     )
+    if reader is not None and reader.stdin is not None:
+        reader.stdin.close()  # the proxy holds the only write end: cat ends when it does
     out.close()
     deadline = time.monotonic() + START_TIMEOUT
     while time.monotonic() < deadline:
@@ -113,12 +128,18 @@ def start(
                     announce = json.loads(line)
                 except json.JSONDecodeError:
                     continue
-                return Running(name, process, output, announce, time.perf_counter() - began)
+                found = Running(name, process, output, announce, time.perf_counter() - began)
+                found.extra["reader"] = reader
+                return found
         if process.poll() is not None:
+            if reader is not None:
+                reader.wait(5)
             raise BenchError(f"{name} exited with {process.returncode}: {_tail(output)}")
         time.sleep(0.005)
     process.kill()
     process.wait()
+    if reader is not None:
+        reader.wait(5)
     raise BenchError(f"{name} did not start within {START_TIMEOUT:.0f} s: {_tail(output)}")
 
 

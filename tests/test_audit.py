@@ -10,6 +10,7 @@ import fcntl
 import json
 import logging
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -319,3 +320,66 @@ def test_a_foreign_traceback_is_reduced_to_its_type(sink: Sink) -> None:
     [line] = sink.lines()
     assert line["error_type"] == "ValueError"
     assert "text-from-a-peer" not in json.dumps(line)
+
+
+async def _read_lines(fd: int, count: int) -> bytes:
+    received = bytearray()
+    while len(received.splitlines()) < count:
+        received += await asyncio.get_running_loop().run_in_executor(None, os.read, fd, 1 << 16)
+    return bytes(received)
+
+
+async def test_a_pipe_that_is_read_takes_lines_from_the_event_loop_not_the_thread(
+    setup: Callable[..., audit.AuditWriter],
+) -> None:
+    """No thread wake-up per request: the loop writes through a non-blocking second open of
+    the pipe, and stdout's own description stays blocking for everyone who shares it."""
+    read_end, write_end = os.pipe()
+    thread_writes: list[int] = []
+
+    def counted(fd: int, data: bytes) -> int:
+        thread_writes.append(len(data))
+        return os.write(fd, data)
+
+    writer = setup(write_end, write=counted)
+    try:
+        for n in range(200):
+            audit.emit("request", {"n": n})
+            await asyncio.sleep(0)
+            await asyncio.sleep(0)
+        received = await _read_lines(read_end, 200)
+        assert request_ids(received) == list(range(200))
+        assert thread_writes == []
+        assert writer.direct_writes >= 100
+        assert not fcntl.fcntl(write_end, fcntl.F_GETFL) & os.O_NONBLOCK
+    finally:
+        writer.close()
+        os.close(write_end)
+        os.close(read_end)
+
+
+async def test_a_stream_socket_takes_lines_from_the_event_loop_and_keeps_their_order(
+    setup: Callable[..., audit.AuditWriter],
+) -> None:
+    """systemd gives stdout as a socket: MSG_DONTWAIT per send, the rest to the thread."""
+    ours, theirs = socket.socketpair()
+    ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    writer = setup(ours.fileno(), limit=1 << 20)
+    try:
+        for n in range(2_000):  # far more than the buffers hold: some go by the thread
+            audit.emit("request", {"n": n, "pad": "x" * 100})
+            await asyncio.sleep(0)
+        assert writer.direct_writes > 0
+        received = await _read_lines(theirs.fileno(), 2_000)
+        assert request_ids(received) == list(range(2_000))
+        assert ours.getblocking()
+    finally:
+        writer.close()
+        ours.close()
+        theirs.close()
+
+
+def test_no_second_writer_for_a_regular_file_or_a_closed_descriptor(tmp_path) -> None:
+    with open(tmp_path / "audit.log", "wb") as f:
+        assert audit.nonblocking(f.fileno()) is None
+    assert audit.nonblocking(-1) is None

@@ -118,3 +118,37 @@ def test_bodies_held_for_signing_share_one_ceiling_and_give_their_bytes_back() -
     del held
     gc.collect()
     assert signing.BUDGET.held == before
+
+
+async def test_keys_renewed_while_a_body_arrives_are_the_ones_redacted() -> None:
+    """The redactor is made when the head is forwarded; a role renewed before the held body
+    is whole signs with new keys, and the redactor must look for those."""
+    import time
+
+    from botocore.credentials import Credentials
+
+    from addon.assume import Temporary
+    from addon.wsredact import REDACTORS
+
+    role_cred = replace(AWS, options={**AWS.options, "assume_role": "arn:aws:iam::1:role/r"})
+    policy = snapshot_policy(grant(1, methods=("POST",)), cred=role_cred)
+    c = Chain(StaticLive(policy), ResolveMap.parse(["api.test=127.0.0.1:9443"]))
+
+    def temporary(n: int) -> Temporary:
+        key, secret, token = f"ASIAOLDNEW{n:010d}", f"temp-secret-{n}", f"temp-token-{n}"
+        creds = Credentials(key, secret, token)
+        return Temporary(creds, time.time() + 3600, (secret.encode(), token.encode()))
+
+    signer = policy.stamp(role_cred).signer
+    assert signer is not None and signer.role is not None
+    signer.role.current = temporary(1)
+    with taddons.context(c.entry):
+        flow = agent_flow(c, b"Action=SendMessage")
+        await c.requestheaders(flow)
+        assert flow.request.stream is False  # held: signed in the request hook
+        signer.role.current = temporary(2)  # renewed while the body arrived
+        await c.request(flow)
+    sent = dict((k.lower(), v) for k, v in forwarded(flow)[1])
+    assert sent["x-amz-security-token"] == "temp-token-2"
+    redacted = REDACTORS[flow].whole(b"echo temp-token-2 temp-secret-2")
+    assert b"temp-token-2" not in redacted and b"temp-secret-2" not in redacted

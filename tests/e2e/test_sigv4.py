@@ -329,6 +329,79 @@ def test_the_agents_signature_and_dummy_key_never_reach_the_upstream(
         assert f"Credential={REAL.access_key_id}/" in checked.received.header("authorization")[0]
 
 
+def _h2_exchange(
+    tls: Any, requests: list[tuple[str, str, str, bytes]]
+) -> list[tuple[int, dict[str, str], bytes]]:
+    """Each (method, host, path, body) as a stream of one HTTP/2 connection, in turn; a body
+    goes as DATA frames with no Content-Length. Replies: status, fields, body."""
+    import h2.connection
+    import h2.events
+
+    conn = h2.connection.H2Connection()
+    conn.initiate_connection()
+    replies = []
+    for method, host, path, body in requests:
+        sid = conn.get_next_available_stream_id()
+        fields = [(":method", method), (":scheme", "https"), (":authority", host), (":path", path)]
+        conn.send_headers(sid, fields, end_stream=not body)
+        if body:
+            half = len(body) // 2
+            conn.send_data(sid, body[:half])
+            conn.send_data(sid, body[half:], end_stream=True)
+        tls.sendall(conn.data_to_send())
+        status, headers, received, ended = 0, {}, b"", False
+        while not ended:
+            data = tls.recv(65536)
+            assert data, "the proxy closed the h2 connection"
+            for event in conn.receive_data(data):
+                if isinstance(event, h2.events.ResponseReceived) and event.stream_id == sid:
+                    headers = {k.decode(): v.decode() for k, v in event.headers}
+                    status = int(headers[":status"])
+                elif isinstance(event, h2.events.DataReceived):
+                    conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+                    received += event.data
+                elif isinstance(event, h2.events.StreamEnded | h2.events.StreamReset):
+                    ended = ended or event.stream_id == sid
+            tls.sendall(conn.data_to_send())
+        replies.append((status, headers, received))
+    return replies
+
+
+def test_requests_over_http2_are_signed_like_http1(sandbox: Sandbox, aws: FakeAws):
+    """An h2 client inside the tunnel: a body sent as DATA frames without Content-Length is
+    held, hashed, signed, and framed for the HTTP/1 upstream; the fake checks each signature."""
+    from tests.e2e.raw import h2_tunnel, proxy_auth
+
+    auth = proxy_auth("agent", sandbox.agent)
+    with h2_tunnel(sandbox.proxy, auth, S3) as tls:
+        assert tls.selected_alpn_protocol() == "h2"
+        put, got, refused = _h2_exchange(
+            tls,
+            [
+                ("PUT", S3, "/mybucket/data/h2.txt", b"over h2"),
+                ("GET", S3, "/mybucket/data/h2.txt", b""),
+                ("GET", S3, "/otherbucket/x", b""),
+            ],
+        )
+    with h2_tunnel(sandbox.proxy, auth, BEDROCK) as tls:
+        ((converse_status, _, _),) = _h2_exchange(
+            tls, [("POST", BEDROCK, f"/model/{MODEL}/converse", b"{}")]
+        )
+    assert (put[0], got[0], converse_status) == (200, 200, 200)
+    assert got[2] == b"over h2"
+    assert (refused[0], refused[1]["x-credproxy-reason"]) == (403, "path-not-allowed")
+    checked = _verified(aws.checked)
+    assert [(c.received.method, c.scope) for c in checked] == [
+        ("PUT", ("eu-west-1", "s3")),
+        ("GET", ("eu-west-1", "s3")),
+        ("POST", ("us-east-1", "bedrock")),
+    ]
+    # No Content-Length: of unknown length, so S3 gets UNSIGNED-PAYLOAD, streamed (README);
+    # Bedrock's body was held and its hash signed (the fake checked the signature over it).
+    assert checked[0].received.header("x-amz-content-sha256") == ["UNSIGNED-PAYLOAD"]
+    assert checked[2].received.body == b"{}"
+
+
 # -- grants narrow, before anything is signed ---------------------------------------------
 
 
