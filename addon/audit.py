@@ -37,6 +37,8 @@ BYTES_IN = "bytes_in"
 BYTES_OUT = "bytes_out"
 DURATION_MS = "duration_ms"
 DNS_MS = "dns_ms"
+TOKEN_MS = "token_ms"  # noqa: S105 - a field name
+TOKEN_FP = "token_fp"  # noqa: S105 - a field name
 
 REQUEST_EVENT = "request"
 

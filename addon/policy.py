@@ -225,6 +225,7 @@ class Policy:
             name: {t.id: t for t in found} for name, found in snapshot.sessions.items()
         }
         self._limits = dict(snapshot.principal_limits)
+        self.fingerprints = {c.name: c.fingerprint for c in snapshot.credentials.values()}
         # Secrets that go in a path (--scheme path): a target carrying one is refused by the
         # gate, in any encoding, before its path is written anywhere.
         self.path_secrets = tuple(

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Engine
 
@@ -29,6 +29,8 @@ from store.records import (
     TokenEntry,
 )
 from store.validation import NO_LIMITS, Limits
+
+T = TypeVar("T")
 
 
 class Store:
@@ -123,6 +125,14 @@ class Store:
 
     def list_credentials(self) -> list[CredentialEntry]:
         return credentials.listing(self.db)
+
+    def exchange_credential(
+        self,
+        name: str,
+        fingerprint: str,
+        step: Callable[[dict[str, Any]], tuple[T, dict[str, Any] | None]],
+    ) -> T:
+        return credentials.exchange(self.db, keys.need(self.key), name, fingerprint, step)
 
     def rotate_credential(self, name: str, secret: Secret) -> str:
         return credentials.rotate(self.db, keys.need(self.key), name, secret)

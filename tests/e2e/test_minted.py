@@ -1,0 +1,312 @@
+"""Minted tokens end to end: a real credproxy, a fake OAuth 2 / Google / GitHub provider on
+loopback (tests/e2e/fakeoauth.py), real clients. Secrets are only asserted with `not in`.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+import trustme
+
+from tests.e2e.conftest import CREDPROXY, Proxy, start_proxy, stop_proxy
+from tests.e2e.fakeoauth import API, AUTH, BODY_MARK, GH, TOKEN_URL, Provider
+from tests.e2e.upstream import Upstream
+
+pytestmark = pytest.mark.e2e
+
+DOWN = "down.mint.test"  # --resolve'd to a port nothing listens on
+
+
+class Sandbox:
+    def __init__(self, proxy: Proxy, provider: Provider, home: Path) -> None:
+        self.proxy, self.provider, self.home = proxy, provider, home
+        self.secrets: list[str] = []
+
+    def client_credential(self, name: str, *extra: str, via_cli: bool = True) -> str:
+        """An oauth2-client credential for api.mint.test and a grant on it for a new agent;
+        returns the agent's token."""
+        client_secret = "cs-" + secrets.token_urlsafe(24)
+        self.provider.clients[name] = client_secret
+        self.secrets.append(client_secret)
+        secret = json.dumps({"client_id": name, "client_secret": client_secret})
+        self.cli(
+            "credential", "add", name, "--scheme", "oauth2-client", "--host", API,
+            "--token-url", TOKEN_URL, *extra, stdin=secret.encode(),
+        )  # fmt: skip
+        store = self.proxy.store
+        token = store.add_principal(name)
+        store.add_grant(name, ["GET"], credential=name, paths=["/v1/"])
+        self.proxy.wait_reload()
+        return token
+
+    def cli(self, *args: str, stdin: bytes = b"", check: bool = True) -> str:
+        done = subprocess.run(
+            [*CREDPROXY, *args], input=stdin, env=self.proxy.env, cwd=self.home,
+            capture_output=True, check=False,
+        )  # fmt: skip
+        text = done.stdout.decode() + done.stderr.decode()
+        if check:
+            assert done.returncode == 0, text
+        return text
+
+    def client(self, name: str, token: str) -> httpx.Client:
+        return self.proxy.client(name, token, timeout=30)
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def sandbox(
+    tmp_path_factory: pytest.TempPathFactory, upstream_ca: trustme.CA, initialised_home: Path
+) -> Iterator[Sandbox]:
+    provider = Provider()
+    with Upstream(upstream_ca, [AUTH, GH, API, DOWN], app=provider) as server:
+        home = tmp_path_factory.mktemp("minted")
+        resolve = [f"{name}=127.0.0.1:{server.port}" for name in (AUTH, GH, API)]
+        resolve.append(f"{DOWN}=127.0.0.1:{_closed_port()}")
+        proxy = start_proxy(home, upstream_ca, resolve, template=initialised_home)
+        try:
+            yield Sandbox(proxy, provider, home)
+        finally:
+            stop_proxy(proxy)
+
+
+@pytest.fixture
+def provider(sandbox: Sandbox) -> Iterator[Provider]:
+    p = sandbox.provider
+    p.lifetime, p.delay, p.mode = 3600.0, 0.0, None
+    yield p
+    p.lifetime, p.delay, p.mode = 3600.0, 0.0, None
+
+
+def _no_secret_anywhere(sandbox: Sandbox, *seen: str) -> None:
+    """Neither the long-lived secrets nor any minted token in the proxy's output (audit lines
+    and logs) or in what the agent saw."""
+    text = sandbox.proxy.output()
+    minted = list(sandbox.provider.issued)
+    assert minted
+    for value in [*sandbox.secrets, *minted, *sandbox.provider.refresh, BODY_MARK]:
+        assert value not in text
+        for answer in seen:
+            assert value not in answer
+
+
+# -- oauth2-client ---------------------------------------------------------------------
+
+
+def test_client_credentials_mint_on_first_use_and_stamp_a_bearer(
+    sandbox: Sandbox, provider: Provider
+):
+    token = sandbox.client_credential("cc", "--scope", "read", "--scope", "write")
+    assert provider.count("cc") == 0  # nothing minted before a request needs it
+    with sandbox.client("cc", token) as client:
+        first = client.get(f"https://{API}/v1/items")
+        assert first.status_code == 200 and first.json()["who"] == "cc"
+        echoed = client.get(f"https://{API}/v1/echo", headers={"Authorization": "Bearer agent"})
+    assert provider.count("cc") == 1
+    [(value, issued)] = [(v, i) for v, i in provider.issued.items() if i.who == "cc"]
+    assert issued.scope == "read write"
+    # The agent's own Authorization was replaced; the token it would see is redacted.
+    assert value not in echoed.text and "[REDACTED]" in echoed.json()["authorization"]
+    lines = [r for r in sandbox.proxy.requests("cc") if r["path"].startswith("/v1/")]
+    assert [line["decision"] for line in lines] == ["allow", "allow"]
+    assert lines[0]["credential"] == "cc" and lines[0]["credential_fp"].startswith("fp-")
+    assert lines[0]["token_fp"] == lines[1]["token_fp"] and lines[0]["token_fp"].startswith("tok-")
+    assert "token_ms" in lines[0] and "token_ms" not in lines[1]
+    events = [e for e in sandbox.proxy.audit() if e.get("event") == "token.minted"]
+    assert any(e["credential"] == "cc" for e in events)
+    _no_secret_anywhere(sandbox, first.text, echoed.text)
+
+
+def test_a_custom_header_and_prefix(sandbox: Sandbox, provider: Provider):
+    token = sandbox.client_credential("prefixed", "--token-prefix", "token ")
+    with sandbox.client("prefixed", token) as client:
+        echoed = client.get(f"https://{API}/v1/echo")
+    assert echoed.status_code == 200 and echoed.json()["prefix"] == "token"
+
+
+def test_short_lived_tokens_are_refreshed_ahead_never_stamped_expired(
+    sandbox: Sandbox, provider: Provider
+):
+    """Tokens living 3 s for 12 s of steady requests: every request succeeds, none carries an
+    expired token, and only the first one waited for the token endpoint."""
+    provider.lifetime = 3.0
+    token = sandbox.client_credential("short")
+    statuses = []
+    with sandbox.client("short", token) as client:
+        deadline = time.monotonic() + 12
+        while time.monotonic() < deadline:
+            statuses.append(client.get(f"https://{API}/v1/tick").status_code)
+            time.sleep(0.05)
+    assert set(statuses) == {200}
+    assert provider.expired_uses == 0
+    assert provider.count("short") >= 4
+    lines = [r for r in sandbox.proxy.requests("short") if r["path"] == "/v1/tick"]
+    assert len(lines) == len(statuses)
+    assert ["token_ms" in line for line in lines] == [True] + [False] * (len(lines) - 1)
+    assert len({line["token_fp"] for line in lines}) >= 4
+
+
+def test_a_hundred_parallel_first_requests_share_one_mint(sandbox: Sandbox, provider: Provider):
+    provider.delay = 1.0  # a slow endpoint: every request arrives while the mint runs
+    token = sandbox.client_credential("parallel")
+    barrier = threading.Barrier(100)
+
+    def one(_: int) -> int:
+        with sandbox.client("parallel", token) as client:
+            barrier.wait(timeout=30)
+            return client.get(f"https://{API}/v1/p").status_code
+
+    with ThreadPoolExecutor(100) as pool:
+        statuses = list(pool.map(one, range(100)))
+    assert statuses == [200] * 100
+    assert provider.count("parallel") == 1
+
+
+def test_an_upstream_401_drops_the_token_once_per_cooldown(sandbox: Sandbox, provider: Provider):
+    token = sandbox.client_credential("rejected")
+    with sandbox.client("rejected", token) as client:
+        assert client.get(f"https://{API}/v1/ok").status_code == 200
+        assert client.get(f"https://{API}/v1/reject").status_code == 401
+        assert client.get(f"https://{API}/v1/ok").status_code == 200  # a fresh token
+        for _ in range(5):  # a provider that keeps refusing is not hammered
+            assert client.get(f"https://{API}/v1/reject").status_code == 401
+    assert provider.count("rejected") == 2
+    fps = [r["token_fp"] for r in sandbox.proxy.requests("rejected") if "token_fp" in r]
+    assert fps[0] == fps[1] != fps[2] == fps[-1]
+    dropped = [e for e in sandbox.proxy.audit() if e.get("event") == "token.dropped"]
+    assert [e["cause"] for e in dropped if e["credential"] == "rejected"] == ["upstream-401"]
+
+
+@pytest.mark.parametrize(
+    ("mode", "detail"),
+    [
+        pytest.param(
+            "invalid_grant", "the token endpoint answered 400 (invalid_grant)",
+            id="a 400 invalid_grant denies 502 naming the status and code",
+        ),
+        pytest.param(
+            "unavailable", "the token endpoint answered 503 (temporarily_unavailable)",
+            id="a 503 denies 502 naming the status and code",
+        ),
+    ],
+)  # fmt: skip
+def test_a_failing_endpoint_denies_cleanly_and_recovers(
+    sandbox: Sandbox, provider: Provider, mode: str, detail: str
+):
+    name = f"failing-{mode.replace('_', '-')}"
+    token = sandbox.client_credential(name)
+    provider.mode = mode
+    with sandbox.client(name, token) as client:
+        refused = client.get(f"https://{API}/v1/x")
+        again = client.get(f"https://{API}/v1/x")  # backing off: refused without asking
+        assert provider.count(name) == 0
+        provider.mode = None
+        deadline = time.monotonic() + 10
+        answer = client.get(f"https://{API}/v1/x")
+        while answer.status_code != 200 and time.monotonic() < deadline:
+            time.sleep(0.1)
+            answer = client.get(f"https://{API}/v1/x")
+    for denied in (refused, again):
+        assert denied.status_code == 502
+        assert denied.headers["x-credproxy-reason"] == "credentials-unavailable"
+        assert denied.json()["detail"] == detail
+    assert answer.status_code == 200
+    line = sandbox.proxy.requests(name)[0]
+    assert (line["decision"], line["error"]) == ("error", "token-unavailable")
+    assert line["detail"] == detail
+    failures = [e for e in sandbox.proxy.audit() if e.get("event") == "token.mint_failed"]
+    assert any(e["credential"] == name and e["status"] in (400, 503) for e in failures)
+    _no_secret_anywhere(sandbox, refused.text, again.text)
+
+
+def test_an_unreachable_endpoint_denies_502(sandbox: Sandbox, provider: Provider):
+    provider.clients["unreachable"] = "whatever"
+    secret = json.dumps({"client_id": "unreachable", "client_secret": "whatever-secret-1"})
+    sandbox.cli(
+        "credential", "add", "unreachable", "--scheme", "oauth2-client", "--host", API,
+        "--token-url", f"https://{DOWN}/token", stdin=secret.encode(),
+    )  # fmt: skip
+    store = sandbox.proxy.store
+    token = store.add_principal("unreachable")
+    store.add_grant("unreachable", ["GET"], credential="unreachable", paths=["/v1/"])
+    sandbox.proxy.wait_reload()
+    with sandbox.client("unreachable", token) as client:
+        answer = client.get(f"https://{API}/v1/x")
+    assert answer.status_code == 502
+    assert answer.json()["detail"] == "the token endpoint could not be reached"
+
+
+def test_rotation_and_removal_drop_the_cached_token(sandbox: Sandbox, provider: Provider):
+    token = sandbox.client_credential("rotated")
+    with sandbox.client("rotated", token) as client:
+        assert client.get(f"https://{API}/v1/a").status_code == 200
+        new_secret = "cs2-" + secrets.token_urlsafe(24)
+        provider.clients["rotated"] = new_secret
+        sandbox.secrets.append(new_secret)
+        secret = json.dumps({"client_id": "rotated", "client_secret": new_secret})
+        sandbox.cli("credential", "rotate", "rotated", stdin=secret.encode())
+        sandbox.proxy.wait_reload()
+        assert client.get(f"https://{API}/v1/b").status_code == 200
+        sandbox.cli("credential", "remove", "rotated")
+        sandbox.proxy.wait_reload()
+    assert provider.count("rotated") == 2
+    fps = [r["token_fp"] for r in sandbox.proxy.requests("rotated") if "token_fp" in r]
+    assert len(set(fps)) == 2
+    dropped = [e for e in sandbox.proxy.audit() if e.get("event") == "token.dropped"]
+    causes = [e["cause"] for e in dropped if e["credential"] == "rotated"]
+    assert causes == ["credential-changed", "credential-changed"]
+
+
+@pytest.mark.parametrize(
+    ("args", "stdin", "message"),
+    [
+        pytest.param(
+            ["--token-url", "http://auth.mint.test/t"], '{"client_id":"a","client_secret":"b"}',
+            "the --token-url must be an https:// URL", id="a token URL that is not https",
+        ),
+        pytest.param(
+            ["--token-url", TOKEN_URL], '{"client_id":"a"',
+            "the secret is not valid JSON", id="malformed JSON",
+        ),
+        pytest.param(
+            ["--token-url", TOKEN_URL], '{"client_id":"a"}',
+            "the secret lacks client_secret", id="a missing field",
+        ),
+        pytest.param(
+            ["--token-url", TOKEN_URL], '{"client_id":"a","client_secret":"b","x":1}',
+            "the secret has a field other than", id="an unknown field",
+        ),
+        pytest.param(
+            [], '{"client_id":"a","client_secret":"b"}',
+            "--scheme oauth2-client needs a --token-url", id="no token URL",
+        ),
+    ],
+)  # fmt: skip
+def test_bad_input_is_one_line_exit_2_nothing_stored(
+    sandbox: Sandbox, args: list[str], stdin: str, message: str
+):
+    done = subprocess.run(
+        [*CREDPROXY, "credential", "add", "bad", "--scheme", "oauth2-client", "--host", API,
+         *args],
+        input=stdin.encode(), env=sandbox.proxy.env, cwd=sandbox.home, capture_output=True,
+        check=False,
+    )  # fmt: skip
+    err = done.stderr.decode()
+    assert done.returncode == 2 and err.count("\n") == 1 and message in err, err
+    assert "Traceback" not in err and "b\"" not in err
+    assert "bad" not in [c.name for c in sandbox.proxy.store.list_credentials()]
