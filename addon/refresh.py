@@ -14,7 +14,7 @@ import re
 import time
 from typing import TYPE_CHECKING, Any
 
-from addon.mint import REFRESH_AT, MintFailed, Post, Token, token
+from addon.mint import REFRESH_AT, TIMEOUT, MintFailed, Post, Token, token
 from addon.minters import FORM, Endpoint, _form, _json, bearer, client_auth
 from store.errors import Conflict, CredproxyError
 
@@ -55,7 +55,10 @@ class OAuth2Refresh:
             return fresh
         try:
             found: Token = self._vault.exchange_credential(
-                self.name, self._fingerprint, lambda data: self._exchange(post, data)
+                self.name,
+                self._fingerprint,
+                lambda data: self._exchange(post, data),
+                hold=TIMEOUT + 5,  # the endpoint's call, inside the row lock
             )
         except Conflict as e:
             raise MintFailed("the credential changed while its token was refreshed") from e

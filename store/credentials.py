@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
-from sqlalchemy import select, update
+from sqlalchemy import select, text, update
 from sqlalchemy.orm import Session
 
 from store import keys, validation
@@ -136,14 +136,20 @@ def exchange(
     name: str,
     fingerprint: str,
     step: Callable[[dict[str, Any]], tuple[T, dict[str, Any] | None]],
+    hold: float = 15.0,
 ) -> T:
     """Run `step` on a JSON secret under the credential's row lock, and seal what it returns
     in the same transaction: a refresh token rotated on use is stored before its access
     token is used, and two replicas never present the same one. The fingerprint stays the
     operator's (what `credential rotate` changes). Raises Conflict when the credential was
-    rotated or removed meanwhile; a failing `step` leaves the row as it was.
+    rotated or removed meanwhile; a failing `step` leaves the row as it was. `step` may take
+    up to `hold` seconds (PostgreSQL's timeouts are raised for this transaction to match).
     """
     with db.change() as session:
+        if session.get_bind().dialect.name == "postgresql":
+            ms = int(hold * 1000)
+            session.execute(text(f"SET LOCAL statement_timeout = {ms}"))
+            session.execute(text(f"SET LOCAL idle_in_transaction_session_timeout = {ms}"))
         row = session.scalars(
             select(Credential)
             .where(Credential.name == name, Credential.removed_at.is_(None))

@@ -131,8 +131,9 @@ class Store:
         name: str,
         fingerprint: str,
         step: Callable[[dict[str, Any]], tuple[T, dict[str, Any] | None]],
+        hold: float = 15.0,
     ) -> T:
-        return credentials.exchange(self.db, keys.need(self.key), name, fingerprint, step)
+        return credentials.exchange(self.db, keys.need(self.key), name, fingerprint, step, hold)
 
     def rotate_credential(self, name: str, secret: Secret) -> str:
         return credentials.rotate(self.db, keys.need(self.key), name, secret)

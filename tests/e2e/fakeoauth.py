@@ -70,6 +70,7 @@ class Provider:
     used: list[tuple[str, str]] = field(default_factory=list)  # (who, path) of API calls
     expired_uses: int = 0
     stale_refresh: int = 0
+    arrived: int = 0  # token requests received (counted before `delay`)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def count(self, who: str) -> int:
@@ -91,6 +92,8 @@ class Provider:
     # -- token endpoints ---------------------------------------------------------------
 
     def _guarded(self, received: Received, handler: Any) -> Answer:
+        with self.lock:
+            self.arrived += 1
         if self.delay:
             time.sleep(self.delay)
         if self.mode == "unavailable":

@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -310,3 +311,86 @@ def test_bad_input_is_one_line_exit_2_nothing_stored(
     assert done.returncode == 2 and err.count("\n") == 1 and message in err, err
     assert "Traceback" not in err and "b\"" not in err
     assert "bad" not in [c.name for c in sandbox.proxy.store.list_credentials()]
+
+
+# -- oauth2-refresh --------------------------------------------------------------------
+
+
+def refresh_credential(sandbox: Sandbox, name: str, *extra: str) -> str:
+    """An oauth2-refresh credential for api.mint.test with a live refresh token, a grant for
+    a new agent; returns the agent's token."""
+    client_secret = "rs-" + secrets.token_urlsafe(24)
+    refresh = "refresh-" + secrets.token_urlsafe(24)
+    sandbox.provider.clients[name] = client_secret
+    sandbox.provider.refresh[refresh] = name
+    sandbox.secrets += [client_secret, refresh]
+    secret = {"client_id": name, "client_secret": client_secret, "refresh_token": refresh}
+    sandbox.cli(
+        "credential", "add", name, "--scheme", "oauth2-refresh", "--host", API,
+        "--token-url", TOKEN_URL, *extra, stdin=json.dumps(secret).encode(),
+    )  # fmt: skip
+    store = sandbox.proxy.store
+    token = store.add_principal(name)
+    store.add_grant(name, ["GET"], credential=name, paths=["/v1/"])
+    sandbox.proxy.wait_reload()
+    return token
+
+
+def _sealed(sandbox: Sandbox, name: str) -> dict[str, Any]:
+    return json.loads(sandbox.proxy.store.snapshot().credentials[name].secret.reveal())
+
+
+def test_rotated_refresh_tokens_are_sealed_back_and_never_reused(
+    sandbox: Sandbox, provider: Provider
+):
+    """Access tokens living 3 s for 9 s, each refresh rotating the refresh token: every
+    request succeeds with a live token, no refresh token is presented twice, and the store
+    holds the live one."""
+    provider.lifetime = 3.0
+    token = refresh_credential(sandbox, "refreshed", "--client-auth", "post")
+    statuses = []
+    with sandbox.client("refreshed", token) as client:
+        deadline = time.monotonic() + 9
+        while time.monotonic() < deadline:
+            statuses.append(client.get(f"https://{API}/v1/r").status_code)
+            time.sleep(0.05)
+    assert set(statuses) == {200}
+    assert provider.expired_uses == 0 and provider.stale_refresh == 0
+    assert provider.count("refreshed") >= 3
+    live = [r for r, who in provider.refresh.items() if who == "refreshed"]
+    assert _sealed(sandbox, "refreshed")["refresh_token"] == live[0]
+    lines = [r for r in sandbox.proxy.requests("refreshed") if r["path"] == "/v1/r"]
+    assert ["token_ms" in line for line in lines] == [True] + [False] * (len(lines) - 1)
+    # The rotated refresh tokens never reach an audit line, a log or the agent.
+    sandbox.secrets += list(provider.spent)
+    _no_secret_anywhere(sandbox)
+
+
+def test_a_refused_refresh_token_denies_and_leaves_the_store_as_it_was(
+    sandbox: Sandbox, provider: Provider
+):
+    token = refresh_credential(sandbox, "refused")
+    before = _sealed(sandbox, "refused")
+    provider.mode = "invalid_grant"
+    with sandbox.client("refused", token) as client:
+        answer = client.get(f"https://{API}/v1/x")
+        assert answer.status_code == 502
+        assert answer.json()["detail"] == "the token endpoint answered 400 (invalid_grant)"
+        assert _sealed(sandbox, "refused") == before
+        provider.mode = None
+        deadline = time.monotonic() + 10
+        while client.get(f"https://{API}/v1/x").status_code != 200:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+    assert _sealed(sandbox, "refused")["refresh_token"] != before["refresh_token"]
+    _no_secret_anywhere(sandbox, answer.text)
+
+
+def test_an_operator_cannot_seal_an_access_token_in_a_refresh_secret(sandbox: Sandbox):
+    secret = {"client_id": "x", "refresh_token": "r", "access_token": "t"}
+    text = sandbox.cli(
+        "credential", "add", "injected", "--scheme", "oauth2-refresh", "--host", API,
+        "--token-url", TOKEN_URL, "--client-auth", "none",
+        stdin=json.dumps(secret).encode(), check=False,
+    )  # fmt: skip
+    assert "the secret has a field other than client_id, refresh_token, client_secret" in text
