@@ -67,7 +67,7 @@ FLAGS = {
     "repository": "--repository",
     "permission": "--permission",
     "api_url": "--api-url",
-    "token_uri": "the key file's token_uri",
+    "token_uri": "key file's token_uri",
 }
 
 Handler = Callable[[argparse.Namespace, Settings], int]
@@ -668,11 +668,11 @@ def _scheme_columns(c: CredentialEntry) -> dict[str, Any]:
 
 
 def _token_endpoint(c: CredentialEntry) -> str | None:
-    """Where a minted credential's tokens come from (a key file's token_uri stays sealed)."""
+    """Where a minted credential's tokens come from."""
     if c.scheme == "github-app":
         api = c.options.get("api_url", GITHUB_API)
         return f"{api}/app/installations/{c.options.get('installation')}/access_tokens"
-    found: str | None = c.options.get("token_url")
+    found: str | None = c.options.get("token_url") or c.options.get("token_uri")
     return found
 
 

@@ -264,3 +264,14 @@ def secret(scheme: str, value: Secret, settings: Mapping[str, Any]) -> Secret:
         data["app_id"] = str(app_id)
         private_key(data["private_key"])
     return Secret(json.dumps(data, separators=(",", ":"), sort_keys=True).encode())
+
+
+# What `credential list` may show of a minted scheme's secret (credentials.options).
+HINTS = {
+    "google-service-account": {"client_email": "client_email", "token_uri": "token_uri"},
+    "github-app": {"app_id": "app_id"},
+}
+
+
+def hint(scheme: str, data: Mapping[str, Any]) -> dict[str, str]:
+    return {shown: str(data[field]) for field, shown in HINTS.get(scheme, {}).items()}

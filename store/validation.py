@@ -352,10 +352,13 @@ def scheme_secret(scheme: str, value: Secret, options: Mapping[str, Any]) -> Sec
 
 
 def secret_hint(scheme: str, value: Secret) -> dict[str, str]:
-    """What `credential list` may show of a secret: a sigv4 access key id's last four."""
-    if scheme != "sigv4":
-        return {}
-    return {"access_key_id": "…" + json.loads(value.reveal())["access_key_id"][-4:]}
+    """What `credential list` may show of a secret: a sigv4 access key id's last four, a
+    service account's e-mail and token endpoint, a GitHub App's id."""
+    if scheme == "sigv4":
+        return {"access_key_id": "…" + json.loads(value.reveal())["access_key_id"][-4:]}
+    if scheme in mintspec.MINTED:
+        return mintspec.hint(scheme, json.loads(value.reveal()))
+    return {}
 
 
 def credential_options(

@@ -20,7 +20,17 @@ import pytest
 import trustme
 
 from tests.e2e.conftest import CREDPROXY, Proxy, start_proxy, stop_proxy
-from tests.e2e.fakeoauth import API, AUTH, BODY_MARK, GH, TOKEN_URL, Provider
+from tests.e2e.fakeoauth import (
+    API,
+    AUTH,
+    BODY_MARK,
+    GH,
+    GITHUB_API,
+    GOOGLE_TOKEN_URL,
+    TOKEN_URL,
+    Provider,
+    rsa_pem,
+)
 from tests.e2e.upstream import Upstream
 
 pytestmark = pytest.mark.e2e
@@ -394,3 +404,176 @@ def test_an_operator_cannot_seal_an_access_token_in_a_refresh_secret(sandbox: Sa
         stdin=json.dumps(secret).encode(), check=False,
     )  # fmt: skip
     assert "the secret has a field other than client_id, refresh_token, client_secret" in text
+
+
+# -- google-service-account ------------------------------------------------------------
+
+
+def _google_key(email: str, token_uri: str = GOOGLE_TOKEN_URL) -> tuple[dict[str, str], Any]:
+    pem, public = rsa_pem()
+    key = {
+        "type": "service_account",
+        "project_id": "proj",
+        "private_key_id": secrets.token_hex(20),
+        "private_key": pem,
+        "client_email": email,
+        "client_id": "1234567890",
+        "auth_uri": "https://accounts.google.com/o/oauth2/auth",
+        "token_uri": token_uri,
+        "universe_domain": "googleapis.com",
+    }
+    return key, public
+
+
+def _agent_for(sandbox: Sandbox, name: str) -> str:
+    store = sandbox.proxy.store
+    token = store.add_principal(name)
+    store.add_grant(name, ["GET"], credential=name, paths=["/v1/"])
+    sandbox.proxy.wait_reload()
+    return token
+
+
+def test_a_service_account_key_mints_with_a_verified_rs256_assertion(
+    sandbox: Sandbox, provider: Provider
+):
+    email = "agent@proj.iam.gserviceaccount.com"
+    key, public = _google_key(email)
+    provider.google[email] = public
+    sandbox.secrets.append(key["private_key"].split("\n")[1])  # a line of the PEM's body
+    sandbox.cli(
+        "credential", "add", "gsa", "--scheme", "google-service-account", "--host", API,
+        "--scope", "https://www.googleapis.com/auth/cloud-platform",
+        "--subject", "user@example.com", stdin=json.dumps(key, indent=2).encode(),
+    )  # fmt: skip
+    listed = sandbox.cli("credential", "list")
+    assert GOOGLE_TOKEN_URL in listed and key["private_key_id"] not in listed
+    token = _agent_for(sandbox, "gsa")
+    with sandbox.client("gsa", token) as client:
+        answer = client.get(f"https://{API}/v1/g")
+    assert answer.status_code == 200 and answer.json()["who"] == email
+    assert answer.json()["narrowing"] == {"sub": "user@example.com"}
+    [issued] = [i for i in provider.issued.values() if i.who == email]
+    assert issued.scope == "https://www.googleapis.com/auth/cloud-platform"
+    assert not [r for r in provider.refused if r.startswith("assertion")]
+    _no_secret_anywhere(sandbox, answer.text)
+
+
+def test_a_key_the_provider_does_not_know_is_refused_502(sandbox: Sandbox, provider: Provider):
+    email = "stranger@proj.iam.gserviceaccount.com"
+    key, _ = _google_key(email)
+    provider.google[email] = rsa_pem()[1]  # another key's public half
+    sandbox.cli(
+        "credential", "add", "stranger", "--scheme", "google-service-account", "--host", API,
+        "--scope", "s", stdin=json.dumps(key).encode(),
+    )  # fmt: skip
+    with sandbox.client("stranger", _agent_for(sandbox, "stranger")) as client:
+        answer = client.get(f"https://{API}/v1/g")
+    assert answer.status_code == 502
+    assert answer.json()["detail"] == "the token endpoint answered 400 (invalid_grant)"
+    assert "assertion: InvalidSignatureError" in provider.refused
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        pytest.param(
+            {"private_key": "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n"},
+            "the secret's private_key is not a PEM private key", id="a key that does not parse",
+        ),
+        pytest.param(
+            {"token_uri": "http://oauth2.googleapis.com/token"},
+            "the key file's token_uri must be an https:// URL", id="a token_uri not https",
+        ),
+        pytest.param({"extra": "x"}, "the secret has a field other than", id="an unknown field"),
+        pytest.param({"type": "user"}, "the secret's type must be service_account",
+                     id="not a service account"),
+    ],
+)  # fmt: skip
+def test_a_bad_key_file_is_refused_one_line_exit_2(
+    sandbox: Sandbox, change: dict[str, str], message: str
+):
+    key, _ = _google_key("bad@proj.iam.gserviceaccount.com")
+    key |= change
+    done = subprocess.run(
+        [*CREDPROXY, "credential", "add", "badkey", "--scheme", "google-service-account",
+         "--host", API, "--scope", "s"],
+        input=json.dumps(key).encode(), env=sandbox.proxy.env, cwd=sandbox.home,
+        capture_output=True, check=False,
+    )  # fmt: skip
+    err = done.stderr.decode()
+    assert done.returncode == 2 and err.count("\n") == 1 and message in err, err
+    assert "AAAA" not in err and "PRIVATE" not in err
+
+
+# -- github-app ------------------------------------------------------------------------
+
+
+def _github_app(sandbox: Sandbox, name: str, app_id: str, *extra: str, known: bool = True) -> str:
+    pem, public = rsa_pem()
+    if known:
+        sandbox.provider.apps[app_id] = public
+    sandbox.secrets.append(pem.split("\n")[1])
+    sandbox.cli(
+        "credential", "add", name, "--scheme", "github-app", "--host", API,
+        "--api-url", GITHUB_API, *extra,
+        stdin=json.dumps({"app_id": int(app_id), "private_key": pem}).encode(),
+    )  # fmt: skip
+    return _agent_for(sandbox, name)
+
+
+def test_a_github_app_mints_narrowed_installation_tokens(sandbox: Sandbox, provider: Provider):
+    """Each narrowing its own token: the endpoint verifies the app JWT, answers 201 with a
+    token restricted to what was asked."""
+    narrow = _github_app(
+        sandbox, "gh-narrow", "1001", "--installation", "42", "--repository", "repo1",
+        "--permission", "contents=read", "--permission", "issues=write",
+        "--token-prefix", "token ",
+    )  # fmt: skip
+    wide = _github_app(sandbox, "gh-wide", "1002", "--installation", "43")
+    with sandbox.client("gh-narrow", narrow) as client:
+        first = client.get(f"https://{API}/v1/repo")
+        echoed = client.get(f"https://{API}/v1/echo")
+    with sandbox.client("gh-wide", wide) as client:
+        other = client.get(f"https://{API}/v1/repo")
+    assert first.status_code == other.status_code == 200
+    assert first.json()["who"] == "app-1001/42" and other.json()["who"] == "app-1002/43"
+    assert first.json()["narrowing"] == {
+        "repositories": ["repo1"],
+        "permissions": {"contents": "read", "issues": "write"},
+    }
+    assert other.json()["narrowing"] == {}
+    assert echoed.json()["prefix"] == "token"
+    assert provider.count("app-1001/42") == provider.count("app-1002/43") == 1
+    _no_secret_anywhere(sandbox, first.text, echoed.text, other.text)
+
+
+def test_an_app_the_api_does_not_know_is_refused_502(sandbox: Sandbox, provider: Provider):
+    token = _github_app(sandbox, "gh-unknown", "1003", "--installation", "44", known=False)
+    with sandbox.client("gh-unknown", token) as client:
+        answer = client.get(f"https://{API}/v1/repo")
+    assert answer.status_code == 502
+    assert answer.json()["detail"] == "the GitHub API answered 401 (bad_credentials)"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        pytest.param([], "--scheme github-app needs an --installation id", id="no installation"),
+        pytest.param(["--installation", "1", "--permission", "contents=all"],
+                     "invalid --permission", id="a permission level other than read or write"),
+        pytest.param(["--installation", "1", "--api-url", "http://gh/api"],
+                     "the --api-url must be an https:// URL", id="an API URL that is not https"),
+    ],
+)  # fmt: skip
+def test_bad_github_app_input_is_one_line_exit_2(
+    sandbox: Sandbox, args: list[str], message: str
+):
+    pem, _ = rsa_pem()
+    done = subprocess.run(
+        [*CREDPROXY, "credential", "add", "badgh", "--scheme", "github-app", "--host", API,
+         *args],
+        input=json.dumps({"app_id": 1, "private_key": pem}).encode(), env=sandbox.proxy.env,
+        cwd=sandbox.home, capture_output=True, check=False,
+    )  # fmt: skip
+    err = done.stderr.decode()
+    assert done.returncode == 2 and err.count("\n") == 1 and message in err, err
