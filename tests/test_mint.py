@@ -129,8 +129,12 @@ def test_rotation_and_removal_drop_the_session_and_its_token() -> None:
     rotated.current = mint.token("cached2", 60)
     tokens.retain({"cc": "fp-2"})
     assert rotated.current is not None
-    tokens.retain({})
+    tokens.retain({"cc": "fp-3"})  # rotated again, reloaded, and no request since
     assert rotated.current is None
+    again = tokens.get(_client_record("fp-3", "cs3"))
+    again.current = mint.token("cached3", 60)
+    tokens.retain({})  # removed
+    assert again.current is None
 
 
 def test_minters_never_show_their_secret() -> None:

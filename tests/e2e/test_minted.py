@@ -172,6 +172,27 @@ def test_short_lived_tokens_are_refreshed_ahead_never_stamped_expired(
     assert len({line["token_fp"] for line in lines}) >= 4
 
 
+def test_a_token_whose_refresh_fails_serves_until_its_margin_then_denies(
+    sandbox: Sandbox, provider: Provider
+):
+    """The endpoint fails after the first token: that token serves while it is usable, then
+    requests are refused 502; none ever reaches the API with an expired token."""
+    provider.lifetime = 3.0
+    token = sandbox.client_credential("expiring")
+    statuses = []
+    with sandbox.client("expiring", token) as client:
+        statuses.append(client.get(f"https://{API}/v1/e").status_code)
+        provider.mode = "unavailable"
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            statuses.append(client.get(f"https://{API}/v1/e").status_code)
+            time.sleep(0.05)
+    assert statuses[0] == 200 and statuses[-1] == 502
+    assert set(statuses) == {200, 502}
+    assert statuses.index(502) > 1 and 200 not in statuses[statuses.index(502) :]
+    assert provider.expired_uses == 0 and provider.count("expiring") == 1
+
+
 def test_a_hundred_parallel_first_requests_share_one_mint(sandbox: Sandbox, provider: Provider):
     provider.delay = 1.0  # a slow endpoint: every request arrives while the mint runs
     token = sandbox.client_credential("parallel")
