@@ -25,7 +25,31 @@ if TYPE_CHECKING:
 
 # What may go into a header after the prefix, as the endpoint gave it.
 _TOKEN = re.compile(r"[\x21-\x7e]{1,8192}")
-_ERROR_CODE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+# OAuth error codes named in a refusal's detail: the registered ones (RFC 6749 §4.1.2.1, §5.2,
+# RFC 6750, RFC 8628, RFC 8693, RFC 8707, RFC 9449), never other text of the endpoint's,
+# which could echo what it was sent.
+ERROR_CODES = frozenset(
+    {
+        "invalid_request",
+        "invalid_client",
+        "invalid_grant",
+        "unauthorized_client",
+        "unsupported_grant_type",
+        "invalid_scope",
+        "access_denied",
+        "server_error",
+        "temporarily_unavailable",
+        "invalid_token",
+        "insufficient_scope",
+        "authorization_pending",
+        "slow_down",
+        "expired_token",
+        "invalid_target",
+        "unsupported_token_type",
+        "invalid_dpop_proof",
+        "use_dpop_nonce",
+    }
+)
 JWT_LIFETIME = 600  # GitHub refuses app JWTs living longer than 10 minutes
 GOOGLE_GRANT = "urn:ietf:params:oauth:grant-type:jwt-bearer"
 
@@ -47,7 +71,7 @@ def failed(answer: Answer, what: str = "the token endpoint") -> MintFailed:
     try:
         data = json.loads(answer.data)
         found = data.get("error") if isinstance(data, dict) else None
-        if isinstance(found, str) and _ERROR_CODE.fullmatch(found):
+        if isinstance(found, str) and found in ERROR_CODES:
             code = found
     except (ValueError, UnicodeDecodeError, RecursionError):
         pass

@@ -161,6 +161,11 @@ def _answer(status: int, body: Any) -> Answer:
             id="an error code that is not a token is left out",
         ),
         pytest.param(
+            _answer(400, {"error": "cs-SECRET-ECHO"}),
+            "the token endpoint answered 400",
+            id="a code that is not a registered OAuth error is left out",
+        ),
+        pytest.param(
             _answer(500, b"<html>SECRET-ECHO</html>"),
             "the token endpoint answered 500",
             id="a body that is not JSON is not quoted",
@@ -189,3 +194,36 @@ def test_answers_that_give_no_usable_token_are_refused(data: dict[str, Any]) -> 
 
 def test_a_string_lifetime_is_read() -> None:
     assert bearer({"access_token": "a", "expires_in": "120"}).lifetime == 120
+
+
+async def test_a_silent_endpoint_times_out_and_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An endpoint that accepts the connection and says nothing: the mint gives up after
+    TIMEOUT, and the request is refused with a detail that says so."""
+    import socket
+
+    monkeypatch.setattr(mint, "TIMEOUT", 0.3)
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        port = silent.getsockname()[1]
+
+        async def dial(host: str, _: int) -> tuple[str, int]:
+            return ("127.0.0.1", port)
+
+        tokens = Tokens()
+        tokens.dial = dial
+        s = tokens.get(_client_record("fp-1"))
+        with pytest.raises(Unavailable, match="did not answer in time"):
+            await s.ensure()
+        s.close()
+
+
+def test_mints_and_failures_are_counted_by_credential() -> None:
+    from addon.metrics import Metrics
+
+    metrics = Metrics(snapshot_age=lambda: 0.0, store_up=lambda: True)
+    metrics.token_mints.labels("cc", "minted").inc()
+    metrics.token_mints.labels("cc", "failed").inc()
+    text = metrics.render().decode()
+    assert 'credproxy_token_mints_total{credential="cc",outcome="minted"} 1.0' in text
+    assert 'credproxy_token_mints_total{credential="cc",outcome="failed"} 1.0' in text
