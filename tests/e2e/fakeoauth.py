@@ -228,6 +228,8 @@ class Provider:
             self.used.append((found.who, received.target))
         if received.target.startswith("/v1/reject"):
             return _json(401, {"message": "refused"})
+        if received.target.startswith("/v1/echo-client"):  # a careless API's error page
+            return _json(200, {"client_secret": self.clients.get(found.who)})
         if received.target.startswith("/v1/echo"):
             return _json(200, {"authorization": auth[0], "prefix": prefix})
         return _json(200, {"ok": True, "who": found.who, "narrowing": found.narrowing})

@@ -143,6 +143,14 @@ def test_client_credentials_mint_on_first_use_and_stamp_a_bearer(
     _no_secret_anywhere(sandbox, first.text, echoed.text)
 
 
+def test_an_echoed_client_secret_is_redacted(sandbox: Sandbox, provider: Provider):
+    token = sandbox.client_credential("echoing")
+    with sandbox.client("echoing", token) as client:
+        answer = client.get(f"https://{API}/v1/echo-client")
+    assert answer.status_code == 200 and answer.json()["client_secret"] == "[REDACTED]"
+    _no_secret_anywhere(sandbox, answer.text)
+
+
 def test_a_custom_header_and_prefix(sandbox: Sandbox, provider: Provider):
     token = sandbox.client_credential("prefixed", "--token-prefix", "token ")
     with sandbox.client("prefixed", token) as client:
