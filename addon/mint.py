@@ -177,7 +177,13 @@ class TokenSession:
         if self.now() is None:
             if time.monotonic() < self._retry_at:
                 raise Unavailable(self._failure)  # backing off: the endpoint is not asked
-            await asyncio.shield(self._renewal())
+            task = self._renewal()
+            try:
+                await asyncio.shield(task)
+            except asyncio.CancelledError:
+                if not task.cancelled():
+                    raise  # this request itself was cancelled
+                raise Unavailable("the credential changed while its token was minted") from None
         found = self.now()
         if found is None:
             raise Unavailable(self._failure)

@@ -227,3 +227,13 @@ def test_mints_and_failures_are_counted_by_credential() -> None:
     text = metrics.render().decode()
     assert 'credproxy_token_mints_total{credential="cc",outcome="minted"} 1.0' in text
     assert 'credproxy_token_mints_total{credential="cc",outcome="failed"} 1.0' in text
+
+
+async def test_a_session_closed_during_its_first_mint_refuses_the_waiting_requests() -> None:
+    minter = FakeMinter()
+    s = session(minter)
+    waiting = asyncio.ensure_future(s.ensure())
+    await asyncio.sleep(0.01)  # the mint is under way
+    s.close()  # rotated or removed
+    with pytest.raises(Unavailable, match="changed while its token was minted"):
+        await waiting
