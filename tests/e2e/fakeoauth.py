@@ -98,6 +98,8 @@ class Provider:
             time.sleep(self.delay)
         if self.mode == "unavailable":
             return _json(503, {"error": "temporarily_unavailable", "note": BODY_MARK})
+        if self.mode == "huge":
+            return _json(200, {"access_token": "x", "pad": "x" * 70_000, "note": BODY_MARK})
         if self.mode == "invalid_grant":
             return _json(400, {"error": "invalid_grant", "error_description": BODY_MARK})
         answer: Answer = handler(received)

@@ -243,6 +243,10 @@ def test_an_upstream_401_drops_the_token_once_per_cooldown(sandbox: Sandbox, pro
             "unavailable", "the token endpoint answered 503 (temporarily_unavailable)",
             id="a 503 denies 502 naming the status and code",
         ),
+        pytest.param(
+            "huge", "the token endpoint's answer exceeds 65536 bytes",
+            id="an answer over 64 KiB is not read past the limit",
+        ),
     ],
 )  # fmt: skip
 def test_a_failing_endpoint_denies_cleanly_and_recovers(
@@ -270,7 +274,7 @@ def test_a_failing_endpoint_denies_cleanly_and_recovers(
     assert (line["decision"], line["error"]) == ("error", "token-unavailable")
     assert line["detail"] == detail
     failures = [e for e in sandbox.proxy.audit() if e.get("event") == "token.mint_failed"]
-    assert any(e["credential"] == name and e["status"] in (400, 503) for e in failures)
+    assert any(e["credential"] == name for e in failures)
     _no_secret_anywhere(sandbox, refused.text, again.text)
 
 
