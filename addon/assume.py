@@ -11,7 +11,6 @@ fails; keys within MARGIN of their expiry are never used: the request is refused
 from __future__ import annotations
 
 import asyncio
-import ssl
 import time
 import xml.etree.ElementTree as ET  # noqa: S405 - STS's answer over verified TLS, size-bounded
 from collections.abc import Awaitable, Callable
@@ -19,13 +18,12 @@ from datetime import datetime
 from typing import Any, NamedTuple
 from urllib.parse import urlencode
 
-import certifi
-import urllib3
 from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
 from addon import audit
+from addon.mint import https_call
 
 STS_HOST = "sts.amazonaws.com"
 DURATION = 3600
@@ -34,8 +32,6 @@ RETRY = 2.0
 # A session nobody signed with for this long stops renewing (a removed credential, a quiet
 # agent): the next request fetches keys first.
 IDLE = 900.0
-TIMEOUT = 10.0
-MAX_ANSWER = 64 * 1024
 _NS = "{https://sts.amazonaws.com/doc/2011-06-15/}"
 
 Dial = Callable[[str, int], Awaitable[tuple[str, int]]]
@@ -146,29 +142,13 @@ class RoleSession:
         request.headers["Host"] = STS_HOST
         request.headers["Content-Type"] = "application/x-www-form-urlencoded; charset=utf-8"
         SigV4Auth(self._base, "sts", "us-east-1").add_auth(request)
-        context = ssl.create_default_context(cafile=self._cafile or certifi.where())
-        pool = urllib3.HTTPSConnectionPool(
-            address[0],
-            address[1],
-            server_hostname=STS_HOST,
-            assert_hostname=STS_HOST,
-            ssl_context=context,
-            timeout=urllib3.Timeout(TIMEOUT),
-            retries=False,
+        headers = {k: v for k, v in request.headers.items() if k.lower() != "host"}
+        answer = https_call(
+            address, STS_HOST, 443, self._cafile, "POST", "/", request.body, headers
         )
-        try:
-            answer = pool.urlopen(
-                "POST",
-                "/",
-                body=request.body,
-                headers=dict(request.headers.items()),
-                preload_content=False,
-            )
-            data = answer.read(MAX_ANSWER + 1)
-            if answer.status != 200 or len(data) > MAX_ANSWER:
-                raise RuntimeError(f"STS answered {answer.status}")
-        finally:
-            pool.close()
+        if answer.status != 200:
+            raise RuntimeError(f"STS answered {answer.status}")
+        data = answer.data
         found = ET.fromstring(data).find(f"{_NS}AssumeRoleResult/{_NS}Credentials")  # noqa: S314
         if found is None:
             raise RuntimeError("no credentials in STS's answer")

@@ -41,6 +41,8 @@ BYTES_OUT = "bytes_out"
 DURATION_MS = "duration_ms"
 DNS_MS = "dns_ms"
 APPROVAL = "approval"
+TOKEN_MS = "token_ms"  # noqa: S105 - a field name
+TOKEN_FP = "token_fp"  # noqa: S105 - a field name
 
 REQUEST_EVENT = "request"
 

@@ -20,6 +20,7 @@ from store.ca import PUBLIC_CERT, ensure_ca
 from store.crypto import KEY_ENV, MasterKey, Secret, write_key_file
 from store.errors import CredproxyError, InvalidInput, MasterKeyError
 from store.grammar import parse_expiry
+from store.mintspec import GITHUB_API, MINTED
 from store.records import (
     ACCESS,
     APPROVED,
@@ -59,6 +60,17 @@ FLAGS = {
     "external_id": "--external-id",
     "session_policy": "--session-policy",
     "placeholder_env": "--placeholder-env",
+    "token_url": "--token-url",
+    "scope": "--scope",
+    "audience": "--audience",
+    "client_auth": "--client-auth",
+    "token_prefix": "--token-prefix",
+    "subject": "--subject",
+    "installation": "--installation",
+    "repository": "--repository",
+    "permission": "--permission",
+    "api_url": "--api-url",
+    "token_uri": "key file's token_uri",
 }
 
 Handler = Callable[[argparse.Namespace, Settings], int]
@@ -199,7 +211,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--host", action="append", required=True, help="HOST[:PORT] it may be sent to, repeatable"
     )
-    p.add_argument("--header", help="header name, with --scheme header")
+    p.add_argument(
+        "--header", help="header name, with --scheme header or a minted-token scheme"
+    )
     p.add_argument("--param", help="query parameter name, with --scheme query")
     p.add_argument("--region", help="AWS region, with --scheme sigv4 (default: from the host)")
     p.add_argument(
@@ -216,6 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="path prefix where the placeholder goes, e.g. /bot{}, with --scheme path",
     )
     p.add_argument("--placeholder-env", help="a variable `credproxy exec` sets to a placeholder")
+    _mint_flags(p)
     p.set_defaults(func=cmd_credential_add)
     p = credential.add_parser("list", parents=[common], help="credentials (never secrets)")
     p.set_defaults(func=cmd_credential_list)
@@ -561,6 +576,7 @@ def cmd_credential_add(args: argparse.Namespace, settings: Settings) -> int:
         "placeholder": args.placeholder,
         "position": args.position,
         "placeholder_env": args.placeholder_env,
+        **{name: getattr(args, name) for name in MINT_OPTIONS},
     }
     fp = store.add_credential(
         args.name, args.scheme, args.host, secret, args.header, args.param, options
@@ -571,6 +587,67 @@ def cmd_credential_add(args: argparse.Namespace, settings: Settings) -> int:
         [f"added credential {args.name} ({args.scheme}, {fp})"],
     )
     return 0
+
+
+MINT_OPTIONS = (
+    "token_url",
+    "scope",
+    "audience",
+    "client_auth",
+    "token_prefix",
+    "subject",
+    "installation",
+    "repository",
+    "permission",
+    "api_url",
+)
+
+
+def _mint_flags(p: argparse.ArgumentParser) -> None:
+    """The minted-token schemes' flags (oauth2-client, oauth2-refresh, google-service-account,
+    github-app)."""
+    p.add_argument("--token-url", metavar="URL", help="https token endpoint, with oauth2-*")
+    p.add_argument(
+        "--scope",
+        action="append",
+        default=[],
+        help="a scope to ask for, repeatable, with oauth2-* and google-service-account",
+    )
+    p.add_argument("--audience", help="the audience parameter, with oauth2-client")
+    p.add_argument(
+        "--client-auth",
+        choices=("basic", "post", "none"),
+        help="how the client authenticates, with oauth2-* (default: basic; none without a "
+        "client_secret)",
+    )
+    p.add_argument(
+        "--token-prefix",
+        metavar="TEXT",
+        help="what goes before the token in the header (default: 'Bearer ')",
+    )
+    p.add_argument(
+        "--subject", metavar="EMAIL", help="the user to act as, with google-service-account"
+    )
+    p.add_argument("--installation", metavar="ID", help="installation id, with github-app")
+    p.add_argument(
+        "--repository",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="narrow the token to this repository, repeatable, with github-app",
+    )
+    p.add_argument(
+        "--permission",
+        action="append",
+        default=[],
+        metavar="NAME=read|write",
+        help="narrow the token to this permission, repeatable, with github-app",
+    )
+    p.add_argument(
+        "--api-url",
+        metavar="URL",
+        help="GitHub API base, with github-app (default https://api.github.com)",
+    )
 
 
 def _credential_row(c: CredentialEntry) -> dict[str, Any]:
@@ -614,13 +691,25 @@ def _scheme_columns(c: CredentialEntry) -> dict[str, Any]:
             "placeholder": c.options.get("placeholder"),
             "positions": c.options.get("positions"),
         }
+    if c.scheme in MINTED:
+        return {"token_url": _token_endpoint(c), "scope": c.options.get("scope")}
     return {}
+
+
+def _token_endpoint(c: CredentialEntry) -> str | None:
+    """Where a minted credential's tokens come from."""
+    if c.scheme == "github-app":
+        api = c.options.get("api_url", GITHUB_API)
+        return f"{api}/app/installations/{c.options.get('installation')}/access_tokens"
+    found: str | None = c.options.get("token_url") or c.options.get("token_uri")
+    return found
 
 
 def cmd_credential_list(args: argparse.Namespace, settings: Settings) -> int:
     rows = [_credential_row(c) for c in settings.reader().list_credentials()]
     columns = ["name", "scheme", "header", "param", "hosts"]
-    for extra in ("region", "service", "access_key_id", "assume_role", "placeholder", "positions"):
+    extras = ("region", "service", "access_key_id", "assume_role", "placeholder", "positions")
+    for extra in (*extras, "token_url", "scope"):
         if any(extra in row for row in rows):
             columns.append(extra)
     columns += ["fingerprint", "rotated_at"]

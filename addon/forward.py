@@ -6,15 +6,17 @@ once-grant) or written (a secret) for a request that a check still refuses.
 
 from __future__ import annotations
 
+import time
+import weakref
 from collections.abc import Awaitable, Callable
 
 from mitmproxy import http
 
-from addon import audit, wire, wsredact
+from addon import audit, mint, wire, wsredact
 from addon.approval import Holds
 from addon.assume import RoleSession, Unavailable
 from addon.dns import DEFAULT_TTL, FORBIDDEN, LookupFailed, Resolver
-from addon.failclosed import Denied, deny_on_error
+from addon.failclosed import Denied, deny_on_error, kill_on_error
 from addon.guard import DestinationGuard
 from addon.hosts import ResolveMap
 from addon.live import LivePolicy
@@ -29,6 +31,13 @@ from addon.state import KEY, STEPS, Clients, Record, Step
 from addon.trail import Trail
 from store.errors import CredproxyError
 from store.grammar import BadPath, canonicalize
+from store.mintspec import MINTED
+
+# The minted token each flow was stamped with, beside the flow (never in its metadata): an
+# upstream 401 drops it.
+STAMPED: weakref.WeakKeyDictionary[http.HTTPFlow, tuple[mint.TokenSession, mint.Token]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 class Forward:
@@ -80,6 +89,8 @@ class Forward:
         plan = self._plan(flow, step)
         # A role without valid temporary keys yet: fetched first, before anything is spent.
         role = plan.role if isinstance(plan, Plan) and plan.role and not plan.role.now() else None
+        # Likewise a minted credential without a usable token: minted (or awaited) first.
+        minted = self._unminted(step)
         limits = _limits(step)
         if limits and not self.limiter.shared:
             self.limiter.check(limits)  # every limit's token, or none
@@ -89,10 +100,15 @@ class Forward:
                 address = self.resolver.cached(v.host, v.port)
             except LookupFailed as e:
                 raise _refusal(e, rec, v.rule) from e
-        # AWS keys, an owner's approval, or the store's rate buckets
-        waits = role is not None or v.rule.approval is not None or self.limiter.shared
+        # AWS keys, a minted token, an owner's approval, or the store's rate buckets
+        waits = (
+            role is not None
+            or minted is not None
+            or v.rule.approval is not None
+            or self.limiter.shared
+        )
         if address is None or v.rule.once or v.rule.max_uses is not None or waits:
-            return self._vet_then_forward(flow, step, rec, address, plan, role)
+            return self._vet_then_forward(flow, step, rec, address, plan, role, minted)
         self._forward(flow, step, rec, address, plan)
         return None
 
@@ -123,6 +139,16 @@ class Forward:
             )
         return placed
 
+    def _unminted(self, step: Step) -> mint.TokenSession | None:
+        """A minted credential's session when it has no usable token now."""
+        assert step.verdict is not None and step.verdict.rule is not None
+        credential = step.verdict.rule.credential
+        if credential is None or credential.scheme not in MINTED:
+            return None
+        session = step.policy.stamp(credential).minted
+        assert session is not None
+        return session if session.now() is None else None
+
     async def _vet_then_forward(
         self,
         flow: http.HTTPFlow,
@@ -131,6 +157,7 @@ class Forward:
         address: tuple[str, int] | None,
         plan: Plan | str | None,
         role: RoleSession | None = None,
+        minted: mint.TokenSession | None = None,
     ) -> None:
         v = step.verdict
         assert v is not None and v.host is not None and v.port is not None and v.rule is not None
@@ -145,6 +172,13 @@ class Forward:
                 await role.ensure()
             except Unavailable as e:
                 raise role_unavailable() from e
+        if minted is not None:
+            started = time.monotonic()
+            try:
+                await minted.ensure()
+            except mint.Unavailable as e:
+                raise token_unavailable(e.detail) from e
+            rec.token_ms = round((time.monotonic() - started) * 1000, 2)
         if address is None:
             try:
                 address, waited = await self.resolver.resolve(v.host, v.port)
@@ -189,6 +223,17 @@ class Forward:
             if isinstance(plan, Plan) and plan.role is not None:
                 temporary = plan.role.now()
                 secrets += temporary.secrets if temporary is not None else ()
+            fields = stamp.fields
+            if stamp.minted is not None:
+                token = stamp.minted.now()
+                if token is None:  # expired while the request waited: never stamp it
+                    raise token_unavailable("the minted token expired before the request left")
+                name, prefix = stamp.token_header
+                fields = (*fields, (name, prefix + token.value))
+                # The long-lived secret's parts as they are now (a refresh token rotates).
+                secrets = stamp.minted.minter.secrets() + (token.value,)
+                rec.token_fp = token.fingerprint
+                STAMPED[flow] = (stamp.minted, token)
             wsredact.REDACTORS[flow] = Redactor(secrets)
             if stamp.param is not None:
                 query = stamp_query(query, stamp.param, stamp.secret)
@@ -200,7 +245,7 @@ class Forward:
             names = stamp.names
             request.headers.fields = (
                 *[f for f in request.headers.fields if slot(f[0]) not in names],
-                *stamp.fields,
+                *fields,
             )
         # Forward exactly the path that was matched.
         request.data.path = path.encode("ascii") + (b"?" + query if query is not None else b"")
@@ -214,8 +259,15 @@ class Forward:
             assert stamp is not None and stamp.signer is not None
             self.signing.apply(flow, stamp.signer, plan)  # last: it signs what is forwarded
 
+    @kill_on_error
+    def responseheaders(self, flow: http.HTTPFlow) -> None:
+        stamped = STAMPED.pop(flow, None)
+        if stamped is not None and flow.response is not None and flow.response.status_code == 401:
+            stamped[0].drop(stamped[1])
+
     async def dial(self, host: str, port: int) -> tuple[str, int]:
-        """Where the proxy's own calls (STS for a role) connect: --resolve, or a vetted lookup."""
+        """Where the proxy's own calls (STS for a role, token endpoints) connect: --resolve,
+        or a vetted lookup."""
         address = self.resolve.lookup(host, port)
         if address is None:
             address, _ = await self.resolver.resolve(host, port)
@@ -248,6 +300,13 @@ def _limits(step: Step) -> tuple[Limit, ...]:
     assert step.verdict is not None and step.verdict.rule is not None
     limit = grant_limit(step.verdict.rule)
     return step.limits if limit is None else (*step.limits, limit)
+
+
+def token_unavailable(detail: str) -> Denied:
+    """No usable minted token: a failure of the allowed request, not a denial."""
+    return Denied(
+        Reason.CREDENTIALS_UNAVAILABLE, detail, decision=audit.ERROR, error="token-unavailable"
+    )
 
 
 def _refusal(e: LookupFailed, rec: Record, rule: Rule) -> Denied:

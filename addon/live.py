@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from addon import audit
+from addon.mint import TOKENS
 from addon.policy import Policy
 from store.crypto import MasterKey
 from store.errors import CredproxyError, StoreUnavailable
@@ -177,6 +178,8 @@ class LivePolicy:
 
     def _install(self, policy: Policy) -> None:
         self.policy = policy
+        # Tokens minted with a credential since rotated or removed are dropped now.
+        TOKENS.retain(policy.fingerprints)
         self.last_ok = time.monotonic()
 
     def close(self) -> None:

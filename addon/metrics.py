@@ -48,6 +48,12 @@ class Metrics:
         self.grant_uses = Counter(
             "credproxy_grant_uses", "Uses of grants with --max-uses", registry=self.registry
         )
+        self.token_mints = Counter(
+            "credproxy_token_mints",
+            "Minted-token requests to token endpoints, by credential and outcome (minted, failed)",
+            ["credential", "outcome"],
+            registry=self.registry,
+        )
         age = Gauge(
             "credproxy_store_snapshot_age_seconds",
             "Seconds since the last good store snapshot",

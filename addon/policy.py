@@ -235,6 +235,7 @@ class Policy:
         self._limits = dict(snapshot.principal_limits)
         self._coverage = snapshot.coverage
         self._rules: dict[int, Rule] = {}
+        self.fingerprints = {c.name: c.fingerprint for c in snapshot.credentials.values()}
         # Secrets that go in a path (--scheme path): a target carrying one is refused by the
         # gate, in any encoding, before its path is written anywhere.
         self.path_secrets = tuple(

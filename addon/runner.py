@@ -245,6 +245,7 @@ def build_chain(
     from addon.gate import Gate
     from addon.limits import Limits
     from addon.metrics import Metrics, StreakAlerts
+    from addon.mint import TOKENS
     from addon.notify import Notifier
     from addon.pinning import Pinning
     from addon.ratelimit import Limiter, SharedLimiter
@@ -285,6 +286,11 @@ def build_chain(
         notifier = Notifier(notify, forward.dial, metrics, cafile)
         holds.notify = access.notify = notifier.post
     SESSIONS.dial = forward.dial  # AssumeRole calls go out as the requests do
+    TOKENS.dial = forward.dial  # and so do token endpoint calls
+    TOKENS.vault = getattr(live, "store", None)
+    TOKENS.count = lambda credential, outcome: metrics.token_mints.labels(
+        credential, outcome
+    ).inc()
     return Chain(
         [
             Lifecycle(live),  # configure, running, done: the options and the policy poller
@@ -359,6 +365,9 @@ async def serve(config: RunConfig, started: asyncio.Event | None = None) -> int:
         from addon.assume import SESSIONS
 
         SESSIONS.cafile = update["ssl_verify_upstream_trusted_ca"]
+        from addon.mint import TOKENS
+
+        TOKENS.cafile = SESSIONS.cafile
     master.options.update(**update)
     chain = build_chain(
         live,

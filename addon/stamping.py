@@ -6,9 +6,11 @@ import base64
 from typing import TYPE_CHECKING, NoReturn
 from urllib.parse import quote, unquote_to_bytes
 
+from store.mintspec import DEFAULT_PREFIX, MINTED
 from store.records import CredentialRecord
 
 if TYPE_CHECKING:
+    from addon.mint import TokenSession
     from addon.sigv4 import Signer
 
 
@@ -35,7 +37,8 @@ class Stamp:
 
     `fields` replace every field of the same names (`names`, lower-case); a query credential
     has `param` instead of a header, a sigv4 credential a `signer` (its fields are written per
-    request), a path credential a `placeholder` and the `positions` it may take.
+    request), a path credential a `placeholder` and the `positions` it may take, a minted one
+    its `minted` session and the `token_header` (name, prefix) its token goes in.
     Accept-Encoding: identity is always among the fields: redaction must see the response
     body as sent. `secrets` are what redaction looks for. Its repr never shows a secret.
     """
@@ -49,6 +52,8 @@ class Stamp:
         "signer",
         "placeholder",
         "positions",
+        "minted",
+        "token_header",
     )
 
     def __init__(self, credential: CredentialRecord) -> None:
@@ -58,6 +63,8 @@ class Stamp:
         self.signer: Signer | None = None
         self.placeholder: str | None = None
         self.positions: tuple[str, ...] = ()
+        self.minted: TokenSession | None = None
+        self.token_header: tuple[bytes, bytes] = (b"", b"")
         fields = [(b"accept-encoding", b"identity")]
         removed: frozenset[bytes] = frozenset()
         if credential.scheme == "sigv4":
@@ -66,6 +73,15 @@ class Stamp:
             self.signer = Signer(credential)
             self.secrets = self.signer.secrets
             removed = AGENT_HEADERS
+        elif credential.scheme in MINTED:
+            from addon.mint import TOKENS
+
+            self.minted = TOKENS.get(credential)
+            self.secrets = self.minted.minter.secrets()
+            name = (credential.header_name or "Authorization").encode("ascii")
+            prefix = credential.options.get("token_prefix", DEFAULT_PREFIX).encode("ascii")
+            self.token_header = (name, prefix)
+            removed = frozenset({slot(name)})
         elif credential.scheme == "path":
             self.placeholder = credential.options["placeholder"]
             self.positions = tuple(credential.options["positions"])

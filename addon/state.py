@@ -49,6 +49,8 @@ class Record:
     streamed: bool = False  # the response head has gone to the agent
     failure: wire.Failure | None = None
     dns_ms: float | None = None  # how long the request waited for a name lookup
+    token_ms: float | None = None  # how long it waited for a token to be minted
+    token_fp: str | None = None  # the minted token stamped on it
     # Signed for a service that issues AWS keys (STS, IAM, ...): an answer holding keys is
     # refused, so that the agent never gets keys minted with the stored ones.
     minting: bool = False

@@ -76,7 +76,7 @@ class Trail:
         rec.allowed = False
         if decision != audit.ERROR:  # an upstream failure keeps the grant that allowed it
             rec.grant_id = None
-        rec.credential = rec.credential_fp = None
+        rec.credential = rec.credential_fp = rec.token_fp = None
         fields: dict[str, Any] = {"status": answer.status, "reason": reason.value, "detail": detail}
         if error is not None:
             fields["error"] = error
@@ -110,6 +110,10 @@ class Trail:
             line[audit.DNS_MS] = rec.dns_ms
         if rec.approval is not None:
             line[audit.APPROVAL] = rec.approval
+        if rec.token_ms is not None:
+            line[audit.TOKEN_MS] = rec.token_ms
+        if rec.token_fp is not None:
+            line[audit.TOKEN_FP] = rec.token_fp
         audit.emit(audit.REQUEST_EVENT, line)
         self.metrics.observe(line)
         self.alerts.observe(rec.principal, decision, line.get(audit.REASON))

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import json
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
-from sqlalchemy import select, update
+from sqlalchemy import select, text, update
 from sqlalchemy.orm import Session
 
 from store import keys, validation
@@ -124,3 +125,41 @@ def destroy(session: Session, row: Credential, now: datetime) -> int:
         .values(revoked_at=now)
     )
     return rowcount(revoked)
+
+
+T = TypeVar("T")
+
+
+def exchange(
+    db: Database,
+    key: MasterKey,
+    name: str,
+    fingerprint: str,
+    step: Callable[[dict[str, Any]], tuple[T, dict[str, Any] | None]],
+    hold: float = 15.0,
+) -> T:
+    """Run `step` on a JSON secret under the credential's row lock, and seal what it returns
+    in the same transaction: a refresh token rotated on use is stored before its access
+    token is used, and two replicas never present the same one. The fingerprint stays the
+    operator's (what `credential rotate` changes). Raises Conflict when the credential was
+    rotated or removed meanwhile; a failing `step` leaves the row as it was. `step` may take
+    up to `hold` seconds (PostgreSQL's timeouts are raised for this transaction to match).
+    """
+    with db.change() as session:
+        if session.get_bind().dialect.name == "postgresql":
+            ms = int(hold * 1000)
+            session.execute(text(f"SET LOCAL statement_timeout = {ms}"))
+            session.execute(text(f"SET LOCAL idle_in_transaction_session_timeout = {ms}"))
+        row = session.scalars(
+            select(Credential)
+            .where(Credential.name == name, Credential.removed_at.is_(None))
+            .with_for_update()
+        ).first()
+        if row is None or row.fingerprint != fingerprint:
+            raise Conflict(f"credential {name!r} changed")
+        plain = keys.unseal(key, name, row.key_id, row.nonce, row.ciphertext)
+        result, updated = step(json.loads(plain.reveal()))
+        if updated is not None:
+            sealed = Secret(json.dumps(updated, separators=(",", ":"), sort_keys=True).encode())
+            row.key_id, row.nonce, row.ciphertext = keys.seal(key, name, sealed)
+        return result

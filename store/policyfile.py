@@ -53,10 +53,21 @@ CREDENTIAL_OPTION_KEYS = frozenset(
         "placeholder",
         "position",
         "placeholder_env",
+        # the minted-token schemes (store/mintspec.py)
+        "token_url",
+        "scope",
+        "audience",
+        "client_auth",
+        "token_prefix",
+        "subject",
+        "installation",
+        "repository",
+        "permission",
+        "api_url",
     }
 )
 # Options that take a list of strings; the others take one string.
-LIST_OPTIONS = frozenset({"position"})
+LIST_OPTIONS = frozenset({"position", "scope", "repository", "permission"})
 GRANT_KEYS = frozenset(
     {
         "id",

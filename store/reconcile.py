@@ -308,7 +308,7 @@ def _used_up(g: GrantSpec, row: Grant) -> bool:
 
 
 # What credentials.options holds that comes from the secret, not from the file.
-HINT_KEYS = frozenset({"access_key_id"})
+HINT_KEYS = frozenset({"access_key_id", "client_email", "token_uri", "app_id"})
 # Settings kept under another name than the file's (and the CLI's) key.
 FILE_KEYS = {"positions": "position"}
 

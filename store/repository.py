@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import Engine
 
@@ -31,6 +31,8 @@ from store.records import (
     TokenEntry,
 )
 from store.validation import NO_LIMITS, Limits
+
+T = TypeVar("T")
 
 
 class Store:
@@ -125,6 +127,15 @@ class Store:
 
     def list_credentials(self) -> list[CredentialEntry]:
         return credentials.listing(self.db)
+
+    def exchange_credential(
+        self,
+        name: str,
+        fingerprint: str,
+        step: Callable[[dict[str, Any]], tuple[T, dict[str, Any] | None]],
+        hold: float = 15.0,
+    ) -> T:
+        return credentials.exchange(self.db, keys.need(self.key), name, fingerprint, step, hold)
 
     def rotate_credential(self, name: str, secret: Secret) -> str:
         return credentials.rotate(self.db, keys.need(self.key), name, secret)

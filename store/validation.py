@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from store import aws
+from store import aws, mintspec
 from store.crypto import Secret
 from store.errors import InvalidInput
 from store.grammar import (
@@ -29,7 +29,7 @@ from store.grammar import (
 from store.models import utcnow
 from store.records import REQUEST_STATES
 
-SCHEMES = ("bearer", "header", "basic", "query", "sigv4", "path")
+SCHEMES = ("bearer", "header", "basic", "query", "sigv4", "path", *mintspec.MINTED)
 MAX_REQUEST_PATH = 2048
 MAX_REQUEST_TEXT = 1000
 
@@ -50,9 +50,9 @@ def scheme_options(
 ) -> tuple[str | None, str | None]:
     if scheme not in SCHEMES:
         raise InvalidInput(f"invalid scheme {scheme!r}: use one of {', '.join(SCHEMES)}")
-    if (scheme == "header") != (header_name is not None):
+    if (scheme == "header") != (header_name is not None) and scheme not in mintspec.MINTED:
         raise InvalidInput(
-            "{header} goes with {scheme} header, and only with it",
+            "{header} goes with {scheme} header or a minted-token scheme, and only with them",
             header="a header name",
             scheme="scheme",
         )
@@ -312,6 +312,16 @@ OPTION_INPUTS = {
     "service": "service",
     "placeholder": "placeholder",
     "position": "position",
+    "token_url": "token_url",
+    "scope": "scope",
+    "audience": "audience",
+    "client_auth": "client_auth",
+    "token_prefix": "token_prefix",
+    "subject": "subject",
+    "installation": "installation",
+    "repository": "repository",
+    "permission": "permission",
+    "api_url": "api_url",
 }
 
 
@@ -352,6 +362,8 @@ def scheme_secret(scheme: str, value: Secret, options: Mapping[str, Any]) -> Sec
     """`secret()`, after a scheme's own checks; a sigv4 secret comes back as compact JSON."""
     if scheme == "sigv4":
         value = Secret(json.dumps(aws_keys(value), separators=(",", ":")).encode())
+    elif scheme in mintspec.MINTED:
+        value = mintspec.secret(scheme, value, options)
     secret(scheme, value)
     if scheme == "path":
         plain = value.reveal().decode("ascii", "replace")
@@ -370,10 +382,13 @@ def scheme_secret(scheme: str, value: Secret, options: Mapping[str, Any]) -> Sec
 
 
 def secret_hint(scheme: str, value: Secret) -> dict[str, str]:
-    """What `credential list` may show of a secret: a sigv4 access key id's last four."""
-    if scheme != "sigv4":
-        return {}
-    return {"access_key_id": "…" + json.loads(value.reveal())["access_key_id"][-4:]}
+    """What `credential list` may show of a secret: a sigv4 access key id's last four, a
+    service account's e-mail and token endpoint, a GitHub App's id."""
+    if scheme == "sigv4":
+        return {"access_key_id": "…" + json.loads(value.reveal())["access_key_id"][-4:]}
+    if scheme in mintspec.MINTED:
+        return mintspec.hint(scheme, json.loads(value.reveal()))
+    return {}
 
 
 def credential_options(
@@ -387,6 +402,7 @@ def credential_options(
     allowed = {
         "sigv4": ("region", "service", "assume_role", "external_id", "session_policy"),
         "path": ("placeholder", "position"),
+        **mintspec.OPTIONS,
     }.get(scheme, ())
     for name in given:
         if name not in allowed:
@@ -398,6 +414,8 @@ def credential_options(
         return _sigv4_options(given, patterns) | common
     if scheme == "path":
         return _path_options(given) | common
+    if scheme in mintspec.MINTED:
+        return mintspec.options(scheme, given) | common
     return common
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -445,3 +446,67 @@ def test_bad_approvals_in_a_policy_file_name_their_line(
 ) -> None:
     (problem,) = load(policy_file(POLICY + lines)).problems
     assert says in problem and ":" in problem
+MINTED = """\
+[[credential]]
+name = "saas"
+scheme = "oauth2-client"
+hosts = ["api.saas.example"]
+header = "X-Api-Token"
+token_url = "https://auth.saas.example/oauth/token"
+scope = ["read", "write"]
+client_auth = "post"
+token_prefix = "token "
+secret_env = "CP_TEST_SAAS"
+
+[[credential]]
+name = "gh-app"
+scheme = "github-app"
+hosts = ["api.github.com"]
+installation = "42"
+repository = ["repo1"]
+permission = ["contents=read"]
+secret_env = "CP_TEST_APP"
+"""
+
+
+def test_minted_credentials_take_their_options_from_the_file(
+    store: Store,
+    key: MasterKey,
+    policy_file: Callable[[str], Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    pem = (
+        rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        .private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+        .decode()
+    )
+    monkeypatch.setenv("CP_TEST_SAAS", '{"client_id": "c", "client_secret": "s3cret-saas"}')
+    monkeypatch.setenv("CP_TEST_APP", json.dumps({"app_id": 7, "private_key": pem}))
+    _apply(store, key, policy_file(MINTED))
+    by_name = {c.name: c for c in store.list_credentials()}
+    assert by_name["saas"].header_name == "X-Api-Token"
+    assert by_name["saas"].options == {
+        "token_url": "https://auth.saas.example/oauth/token",
+        "scope": ["read", "write"],
+        "client_auth": "post",
+        "token_prefix": "token ",
+    }
+    assert by_name["gh-app"].options["app_id"] == "7"
+    assert by_name["gh-app"].options["permission"] == ["contents=read"]
+    assert reconcile.plan(store.db, key, load(policy_file(MINTED))).empty
+    exported = tmp_path / "exported.toml"
+    exported.write_text(reconcile.export(store.db))
+    text = exported.read_text()
+    assert "s3cret" not in text and "PRIVATE" not in text and "app_id" not in text
+    assert reconcile.plan(store.db, key, load(exported), prune=True).empty
+    bad = MINTED.replace("https://auth.saas.example", "http://auth.saas.example")
+    with pytest.raises(PolicyFileError, match="must be an https:// URL"):
+        reconcile.plan(store.db, key, load(policy_file(bad)))

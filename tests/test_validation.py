@@ -24,8 +24,8 @@ WORDINGS = [
     ),
     pytest.param(
         lambda: validation.scheme_options("header", None, None),
-        "a header name goes with scheme header, and only with it",
-        "--header NAME goes with --scheme header, and only with it",
+        "a header name goes with scheme header or a minted-token scheme, and only with them",
+        "--header NAME goes with --scheme header or a minted-token scheme, and only with them",
         id="the header scheme without a header name",
     ),
     pytest.param(

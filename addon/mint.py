@@ -1,0 +1,325 @@
+"""Minted tokens: short-lived tokens made from a stored secret, cached and refreshed ahead.
+
+One TokenSession per credential (its fingerprint and settings are its key, so a rotated or
+changed credential gets a new one and the old token is dropped). The first request that
+needs a token waits for the mint; every other request at the same time waits for the same
+mint (single flight). A token is refreshed in the background at REFRESH_AT of its lifetime,
+and never stamped within its margin of expiry (MARGIN_SHARE of the lifetime, at most
+MAX_MARGIN): tokens living a few seconds work as tokens living an hour do. A failed mint
+backs off (BACKOFF doubling up to MAX_BACKOFF); meanwhile requests that need a token are
+refused at once. An upstream 401 on a stamped token drops it, at most once per COOLDOWN.
+
+The token endpoint is dialled as an upstream is (--resolve, or the destination guard's
+vetted lookup) over verified TLS (--upstream-ca honoured); the call carries nothing of the
+agent's request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import ssl
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+
+import certifi
+import urllib3
+
+from addon import audit
+
+if TYPE_CHECKING:
+    from store.records import CredentialRecord
+
+REFRESH_AT = 0.75
+MARGIN_SHARE = 0.1
+MAX_MARGIN = 60.0
+DEFAULT_LIFETIME = 3600.0  # an answer without expires_in
+MIN_LIFETIME = 1.0
+BACKOFF = 0.5
+MAX_BACKOFF = 60.0
+COOLDOWN = 30.0
+IDLE = 900.0  # a token nobody stamped for this long is not refreshed in the background
+TIMEOUT = 10.0
+MAX_ANSWER = 64 * 1024
+
+Dial = Callable[[str, int], Awaitable[tuple[str, int]]]
+
+
+class Unavailable(Exception):
+    """No token that is still valid; `detail` says why, in words safe to show the agent."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
+        self.detail = detail
+
+
+class MintFailed(Exception):
+    """The token endpoint did not give a token. The detail names its status and OAuth error
+    code, never its body."""
+
+    def __init__(self, detail: str, status: int | None = None, code: str | None = None) -> None:
+        super().__init__(detail)
+        self.detail, self.status, self.code = detail, status, code
+
+
+class Token(NamedTuple):
+    value: bytes
+    usable_until: float  # time.monotonic()
+    refresh_at: float  # time.monotonic()
+    lifetime: float
+    fingerprint: str
+
+    def __repr__(self) -> str:
+        return f"Token({self.fingerprint})"
+
+
+def token(value: str, lifetime: float | None) -> Token:
+    """A token received now that lives `lifetime` seconds (DEFAULT_LIFETIME if not said)."""
+    life = DEFAULT_LIFETIME if lifetime is None else max(float(lifetime), MIN_LIFETIME)
+    now = time.monotonic()
+    margin = min(life * MARGIN_SHARE, MAX_MARGIN)
+    refresh = min(life * REFRESH_AT, life - 2 * margin)
+    raw = value.encode("ascii")
+    return Token(raw, now + life - margin, now + refresh, life, fingerprint(raw))
+
+
+def fingerprint(value: bytes) -> str:
+    """What audit lines show of a minted token."""
+    return "tok-" + hashlib.sha256(value).hexdigest()[:12]
+
+
+class Answer(NamedTuple):
+    status: int
+    headers: Mapping[str, str]
+    data: bytes
+
+
+Post = Callable[[str, bytes, dict[str, str]], Answer]
+
+
+def https_call(
+    address: tuple[str, int],
+    host: str,
+    port: int,
+    cafile: str | None,
+    method: str,
+    target: str,
+    body: bytes,
+    headers: dict[str, str],
+) -> Answer:
+    """One request to a credproxy-side endpoint (in a thread): the dialled address, the name
+    for SNI and certificate, at most MAX_ANSWER bytes read. Raises on any failure."""
+    context = ssl.create_default_context(cafile=cafile or certifi.where())
+    pool = urllib3.HTTPSConnectionPool(
+        address[0],
+        address[1],
+        server_hostname=host,
+        assert_hostname=host,
+        ssl_context=context,
+        timeout=urllib3.Timeout(TIMEOUT),
+        retries=False,
+    )
+    sent = {"Host": host if port == 443 else f"{host}:{port}", **headers}
+    try:
+        answer = pool.urlopen(
+            method, target, body=body, headers=sent, preload_content=False, redirect=False
+        )
+        data = answer.read(MAX_ANSWER + 1)
+        if len(data) > MAX_ANSWER:
+            raise MintFailed(f"the token endpoint's answer exceeds {MAX_ANSWER} bytes")
+        return Answer(answer.status, dict(answer.headers.items()), data)
+    finally:
+        pool.close()
+
+
+class Minter(Protocol):
+    """How one scheme gets a token. `mint` runs in a thread and raises MintFailed."""
+
+    host: str
+    port: int
+
+    def secrets(self) -> tuple[bytes, ...]: ...
+
+    def mint(self, post: Post) -> Token: ...
+
+
+class TokenSession:
+    """One credential's current token and the task refreshing it."""
+
+    def __init__(self, name: str, minter: Minter, tokens: Tokens) -> None:
+        self.name = name
+        self.minter = minter
+        self._tokens = tokens
+        self.current: Token | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._used = time.monotonic()
+        self._failures = 0
+        self._retry_at = 0.0
+        self._failure = "no token yet"
+        self._dropped_at = -COOLDOWN
+        self.mints = 0
+
+    def __repr__(self) -> str:
+        return f"TokenSession({self.name!r})"
+
+    def now(self) -> Token | None:
+        """The token to stamp, if it is usable for a while yet (a request is using it)."""
+        self._used = time.monotonic()
+        current = self.current
+        if current is None or time.monotonic() >= current.usable_until:
+            return None
+        return current
+
+    async def ensure(self) -> Token:
+        """A usable token, minted first if there is none. Raises: Unavailable."""
+        if self.now() is None:
+            if time.monotonic() < self._retry_at:
+                raise Unavailable(self._failure)  # backing off: the endpoint is not asked
+            task = self._renewal()
+            try:
+                await asyncio.shield(task)
+            except asyncio.CancelledError:
+                if not task.cancelled():
+                    raise  # this request itself was cancelled
+                raise Unavailable("the credential changed while its token was minted") from None
+        found = self.now()
+        if found is None:
+            raise Unavailable(self._failure)
+        return found
+
+    def drop(self, stamped: Token) -> None:
+        """The upstream refused `stamped` (401): the next request mints a fresh token, unless
+        a token was dropped within COOLDOWN (a provider that keeps refusing is not hammered)."""
+        now = time.monotonic()
+        if self.current is not stamped or now - self._dropped_at < COOLDOWN:
+            return
+        self._dropped_at = now
+        self.current = None
+        audit.logger().warning(
+            "token.dropped",
+            credential=self.name,
+            token_fp=stamped.fingerprint,
+            cause="upstream-401",
+        )
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        if self._task is not None:
+            self._task.cancel()
+        self.current = None
+
+    def _renewal(self) -> asyncio.Task[None]:
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._renew())
+        return self._task
+
+    async def _renew(self) -> None:
+        loop = asyncio.get_running_loop()
+        minter = self.minter
+        try:
+            address = await self._tokens.dial(minter.host, minter.port)
+            cafile = self._tokens.cafile
+
+            def post(target: str, body: bytes, headers: dict[str, str]) -> Answer:
+                return https_call(
+                    address, minter.host, minter.port, cafile, "POST", target, body, headers
+                )
+
+            fresh = await asyncio.to_thread(minter.mint, post)
+        except Exception as e:  # noqa: BLE001 - the old token serves until its margin, then deny
+            self._failed(loop, e)
+            return
+        self.current = fresh
+        self.mints += 1
+        self._failures = 0
+        self._retry_at = 0.0
+        self._tokens.count(self.name, "minted")
+        audit.logger().info(
+            "token.minted",
+            credential=self.name,
+            token_fp=fresh.fingerprint,
+            expires_in_s=round(fresh.lifetime, 1),
+        )
+        self._schedule(loop, max(fresh.refresh_at - time.monotonic(), 0.0))
+
+    def _failed(self, loop: asyncio.AbstractEventLoop, e: Exception) -> None:
+        self._failures += 1
+        delay = min(BACKOFF * 2 ** (self._failures - 1), MAX_BACKOFF)
+        self._retry_at = time.monotonic() + delay
+        fields: dict[str, Any] = {"error_type": type(e).__name__}
+        if isinstance(e, MintFailed):
+            self._failure = e.detail
+            fields |= {"status": e.status, "error_code": e.code}
+        elif isinstance(e, urllib3.exceptions.NewConnectionError):  # a ConnectTimeoutError too
+            self._failure = "the token endpoint could not be reached"
+        elif isinstance(e, TimeoutError | urllib3.exceptions.TimeoutError):
+            self._failure = "the token endpoint did not answer in time"
+        else:
+            self._failure = "the token endpoint could not be reached"
+        self._tokens.count(self.name, "failed")
+        audit.logger().warning(
+            "token.mint_failed",
+            credential=self.name,
+            detail=self._failure,
+            retry_in_s=delay,
+            valid=self.now() is not None,
+            **fields,
+        )
+        self._schedule(loop, delay)
+
+    def _schedule(self, loop: asyncio.AbstractEventLoop, delay: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if time.monotonic() - self._used < IDLE:
+            self._timer = loop.call_later(delay, self._renewal)
+
+
+class Tokens:
+    """Every minted credential's session, kept across policy reloads (keyed by what defines
+    it); `retain` drops those of credentials rotated or removed."""
+
+    def __init__(self) -> None:
+        self.dial: Dial = _no_network
+        self.cafile: str | None = None
+        self.vault: Any = None  # the store, for schemes that seal state back (oauth2-refresh)
+        self.count: Callable[[str, str], None] = lambda credential, outcome: None
+        self._sessions: dict[str, tuple[tuple[Any, ...], TokenSession]] = {}
+
+    def get(self, credential: CredentialRecord) -> TokenSession:
+        from addon.minters import minter_for
+
+        key = (credential.fingerprint, credential.scheme, repr(sorted(credential.options.items())))
+        found = self._sessions.get(credential.name)
+        if found is not None and found[0] == key:
+            return found[1]
+        if found is not None:
+            found[1].close()  # rotated or changed: its token must not be stamped any more
+        session = TokenSession(credential.name, minter_for(credential, self), self)
+        self._sessions[credential.name] = (key, session)
+        return session
+
+    def retain(self, live: Mapping[str, str]) -> None:
+        """Keep only the sessions of these credentials (name -> fingerprint)."""
+        for name, (key, session) in list(self._sessions.items()):
+            if live.get(name) != key[0]:
+                held = session.current
+                session.close()
+                del self._sessions[name]
+                if held is not None:
+                    audit.logger().info(
+                        "token.dropped",
+                        credential=name,
+                        token_fp=held.fingerprint,
+                        cause="credential-changed",
+                    )
+
+
+async def _no_network(host: str, port: int) -> tuple[str, int]:
+    raise MintFailed("no proxy is running to reach the token endpoint")
+
+
+TOKENS = Tokens()

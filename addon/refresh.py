@@ -1,0 +1,97 @@
+"""oauth2-refresh (RFC 6749 §6): access tokens from a stored refresh token.
+
+With the store at hand, each refresh runs under the credential's row lock
+(store.credentials.exchange): the refresh token is read from the store, not from memory, and
+a rotated one is sealed back with the access token it came with before that token is used.
+Another replica that waited on the lock finds that access token still fresh and uses it, so
+a provider that invalidates a refresh token on use sees each one once.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from typing import TYPE_CHECKING, Any
+
+from addon.mint import REFRESH_AT, TIMEOUT, MintFailed, Post, Token, token
+from addon.minters import FORM, Endpoint, _form, _json, bearer, client_auth
+from store.errors import Conflict, CredproxyError
+
+if TYPE_CHECKING:
+    from addon.mint import Tokens
+    from store.records import CredentialRecord
+
+_REFRESH = re.compile(r"[\x21-\x7e]{1,4096}")
+# Sealed beside the refresh token: the access token it last gave, for the other replicas.
+SHARED = ("access_token", "access_issued", "access_expires")
+
+
+class OAuth2Refresh:
+    def __init__(self, credential: CredentialRecord, tokens: Tokens) -> None:
+        keys = json.loads(credential.secret.reveal())
+        options = credential.options
+        self.name, self._fingerprint = credential.name, credential.fingerprint
+        self._endpoint = Endpoint(options["token_url"])
+        self.host, self.port = self._endpoint.host, self._endpoint.port
+        self._id: str = keys["client_id"]
+        self._secret: str | None = keys.get("client_secret")
+        self._refresh: str = keys["refresh_token"]
+        default = "basic" if self._secret is not None else "none"
+        self._auth: str = options.get("client_auth", default)
+        self._scope = " ".join(options.get("scope", ()))
+        self._vault = tokens.vault
+
+    def __repr__(self) -> str:
+        return "OAuth2Refresh([secure])"
+
+    def secrets(self) -> tuple[bytes, ...]:
+        found = (self._secret, self._refresh)
+        return tuple(value.encode() for value in found if value)
+
+    def mint(self, post: Post) -> Token:
+        if self._vault is None:  # no store (unit tests): the refresh token lives in memory
+            fresh, updated = self._exchange(post, {"refresh_token": self._refresh})
+            return fresh
+        try:
+            found: Token = self._vault.exchange_credential(
+                self.name,
+                self._fingerprint,
+                lambda data: self._exchange(post, data),
+                hold=TIMEOUT + 5,  # the endpoint's call, inside the row lock
+            )
+        except Conflict as e:
+            raise MintFailed("the credential changed while its token was refreshed") from e
+        except CredproxyError as e:
+            raise MintFailed("the store did not answer: the refresh token stays sealed") from e
+        return found
+
+    def _exchange(self, post: Post, data: dict[str, Any]) -> tuple[Token, dict[str, Any] | None]:
+        """One refresh with the refresh token `data` holds; what to seal back, if anything."""
+        self._refresh = data["refresh_token"]
+        now = time.time()
+        shared = data.get("access_token")
+        if shared and now < data["access_issued"] + REFRESH_AT * (
+            data["access_expires"] - data["access_issued"]
+        ):
+            return token(shared, data["access_expires"] - now), None  # another replica's
+        form = {"grant_type": "refresh_token", "refresh_token": self._refresh}
+        if self._scope:
+            form["scope"] = self._scope
+        headers = FORM | client_auth(self._auth, self._id, self._secret, form)
+        answer = _json(post(self._endpoint.target, _form(form), headers))
+        fresh = bearer(answer)
+        rotated = answer.get("refresh_token")
+        if rotated is not None and (
+            not isinstance(rotated, str) or not _REFRESH.fullmatch(rotated)
+        ):
+            raise MintFailed("the token endpoint's answer has no usable refresh_token")
+        updated = {k: v for k, v in data.items() if k not in SHARED}
+        updated["refresh_token"] = rotated or self._refresh
+        updated |= {
+            "access_token": fresh.value.decode("ascii"),
+            "access_issued": now,
+            "access_expires": now + fresh.lifetime,
+        }
+        self._refresh = updated["refresh_token"]
+        return fresh, updated

@@ -1,0 +1,239 @@
+"""The token manager without a network: margins, single flight, backoff, the 401 cooldown,
+rotation; and what the minters accept from a token endpoint. The calls to real endpoints are
+tested end to end (tests/e2e/test_minted.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+import pytest
+
+from addon import mint
+from addon.mint import Answer, MintFailed, Post, Token, Tokens, TokenSession, Unavailable
+from addon.minters import OAuth2Client, bearer, failed
+from store.crypto import Secret
+from store.grammar import parse_host
+from store.records import CredentialRecord
+
+
+class FakeMinter:
+    host, port = "auth.example", 443
+
+    def __init__(self, lifetime: float = 60.0) -> None:
+        self.lifetime = lifetime
+        self.calls = 0
+        self.fail: MintFailed | None = None
+
+    def secrets(self) -> tuple[bytes, ...]:
+        return (b"long-lived",)
+
+    def mint(self, post: Post) -> Token:
+        self.calls += 1
+        time.sleep(0.05)  # in a thread: concurrent callers arrive meanwhile
+        if self.fail is not None:
+            raise self.fail
+        return mint.token(f"t{self.calls}", self.lifetime)
+
+
+async def reachable(host: str, port: int) -> tuple[str, int]:
+    return ("127.0.0.1", 1)
+
+
+def session(minter: FakeMinter) -> TokenSession:
+    tokens = Tokens()
+    tokens.dial = reachable
+    return TokenSession("cred", minter, tokens)
+
+
+@pytest.mark.parametrize(
+    ("lifetime", "usable", "refresh"),
+    [
+        pytest.param(3.0, 2.7, 2.25, id="a 3 s token: refreshed at 75 %, unusable at 90 %"),
+        pytest.param(3600.0, 3540.0, 2700.0, id="an hour's token: a margin of at most 60 s"),
+        pytest.param(None, 3540.0, 2700.0, id="no expires_in: an hour is assumed"),
+    ],
+)
+def test_the_margin_scales_with_the_lifetime(
+    lifetime: float | None, usable: float, refresh: float
+) -> None:
+    before = time.monotonic()
+    found = mint.token("abc", lifetime)
+    assert found.usable_until - before == pytest.approx(usable, abs=0.5)
+    assert found.refresh_at - before == pytest.approx(refresh, abs=0.5)
+
+
+async def test_a_token_within_its_margin_is_never_stamped() -> None:
+    s = session(FakeMinter())
+    s.current = mint.token("old", 3.0)._replace(usable_until=time.monotonic() - 0.01)
+    assert s.now() is None
+    found = await s.ensure()
+    assert found.value == b"t1"
+    s.close()
+
+
+async def test_concurrent_first_uses_share_one_mint() -> None:
+    minter = FakeMinter()
+    s = session(minter)
+    found = await asyncio.gather(*(s.ensure() for _ in range(100)))
+    assert minter.calls == 1 and len({t.fingerprint for t in found}) == 1
+    s.close()
+
+
+async def test_a_failure_backs_off_and_names_the_status_and_code() -> None:
+    minter = FakeMinter()
+    minter.fail = MintFailed("the token endpoint answered 400 (invalid_grant)", 400, "x")
+    s = session(minter)
+    with pytest.raises(Unavailable, match=r"answered 400 \(invalid_grant\)"):
+        await s.ensure()
+    with pytest.raises(Unavailable):
+        await s.ensure()  # within the backoff: the endpoint is not asked again
+    assert minter.calls == 1
+    minter.fail = None
+    s._retry_at = 0.0  # the backoff has passed
+    assert (await s.ensure()).value == b"t2"
+    s.close()
+
+
+async def test_an_upstream_401_drops_the_token_once_per_cooldown() -> None:
+    minter = FakeMinter()
+    s = session(minter)
+    first = await s.ensure()
+    s.drop(first)
+    second = await s.ensure()
+    assert second != first
+    s.drop(second)  # within the cooldown: kept
+    assert await s.ensure() is second and minter.calls == 2
+    s.drop(first)  # an older token than the current one drops nothing
+    assert s.current is second
+    s.close()
+
+
+def _client_record(fingerprint: str, secret: str = "cs") -> CredentialRecord:
+    value = json.dumps({"client_id": "id", "client_secret": secret})
+    return CredentialRecord(
+        "cc", "oauth2-client", None, None, (parse_host("api.example"),),
+        Secret(value.encode()), fingerprint, {"token_url": "https://auth.example/token"},
+    )  # fmt: skip
+
+
+def test_rotation_and_removal_drop_the_session_and_its_token() -> None:
+    tokens = Tokens()
+    first = tokens.get(_client_record("fp-1"))
+    first.current = mint.token("cached", 60)
+    assert tokens.get(_client_record("fp-1")) is first
+    rotated = tokens.get(_client_record("fp-2", "cs2"))
+    assert rotated is not first and first.current is None
+    rotated.current = mint.token("cached2", 60)
+    tokens.retain({"cc": "fp-2"})
+    assert rotated.current is not None
+    tokens.retain({"cc": "fp-3"})  # rotated again, reloaded, and no request since
+    assert rotated.current is None
+    again = tokens.get(_client_record("fp-3", "cs3"))
+    again.current = mint.token("cached3", 60)
+    tokens.retain({})  # removed
+    assert again.current is None
+
+
+def test_minters_never_show_their_secret() -> None:
+    minter = OAuth2Client(_client_record("fp-1", "very-secret-value"))
+    assert "very-secret-value" not in repr(minter) + repr(mint.token("tok-value", 60))
+    assert minter.secrets() == (b"very-secret-value",)
+
+
+def _answer(status: int, body: Any) -> Answer:
+    return Answer(status, {}, body if isinstance(body, bytes) else json.dumps(body).encode())
+
+
+@pytest.mark.parametrize(
+    ("answer", "detail"),
+    [
+        pytest.param(
+            _answer(400, {"error": "invalid_grant", "error_description": "SECRET-ECHO"}),
+            "the token endpoint answered 400 (invalid_grant)",
+            id="status and error code, never the description",
+        ),
+        pytest.param(
+            _answer(401, {"error": "SECRET ECHO\r\nX: y"}),
+            "the token endpoint answered 401",
+            id="an error code that is not a token is left out",
+        ),
+        pytest.param(
+            _answer(400, {"error": "cs-SECRET-ECHO"}),
+            "the token endpoint answered 400",
+            id="a code that is not a registered OAuth error is left out",
+        ),
+        pytest.param(
+            _answer(500, b"<html>SECRET-ECHO</html>"),
+            "the token endpoint answered 500",
+            id="a body that is not JSON is not quoted",
+        ),
+    ],
+)
+def test_a_refusal_names_the_status_and_code_only(answer: Answer, detail: str) -> None:
+    assert failed(answer).detail == detail
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        pytest.param({"token_type": "bearer"}, id="no access_token"),
+        pytest.param({"access_token": "a\r\nX-Evil: 1"}, id="a token that would split headers"),
+        pytest.param({"access_token": "a b"}, id="a token with a space"),
+        pytest.param({"access_token": "a", "token_type": "mac"}, id="not a bearer token"),
+        pytest.param({"access_token": "a", "expires_in": -5}, id="a negative lifetime"),
+        pytest.param({"access_token": "a", "expires_in": True}, id="a lifetime that is a bool"),
+    ],
+)
+def test_answers_that_give_no_usable_token_are_refused(data: dict[str, Any]) -> None:
+    with pytest.raises(MintFailed):
+        bearer(data)
+
+
+def test_a_string_lifetime_is_read() -> None:
+    assert bearer({"access_token": "a", "expires_in": "120"}).lifetime == 120
+
+
+async def test_a_silent_endpoint_times_out_and_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An endpoint that accepts the connection and says nothing: the mint gives up after
+    TIMEOUT, and the request is refused with a detail that says so."""
+    import socket
+
+    monkeypatch.setattr(mint, "TIMEOUT", 0.3)
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        port = silent.getsockname()[1]
+
+        async def dial(host: str, _: int) -> tuple[str, int]:
+            return ("127.0.0.1", port)
+
+        tokens = Tokens()
+        tokens.dial = dial
+        s = tokens.get(_client_record("fp-1"))
+        with pytest.raises(Unavailable, match="did not answer in time"):
+            await s.ensure()
+        s.close()
+
+
+def test_mints_and_failures_are_counted_by_credential() -> None:
+    from addon.metrics import Metrics
+
+    metrics = Metrics(snapshot_age=lambda: 0.0, store_up=lambda: True)
+    metrics.token_mints.labels("cc", "minted").inc()
+    metrics.token_mints.labels("cc", "failed").inc()
+    text = metrics.render().decode()
+    assert 'credproxy_token_mints_total{credential="cc",outcome="minted"} 1.0' in text
+    assert 'credproxy_token_mints_total{credential="cc",outcome="failed"} 1.0' in text
+
+
+async def test_a_session_closed_during_its_first_mint_refuses_the_waiting_requests() -> None:
+    minter = FakeMinter()
+    s = session(minter)
+    waiting = asyncio.ensure_future(s.ensure())
+    await asyncio.sleep(0.01)  # the mint is under way
+    s.close()  # rotated or removed
+    with pytest.raises(Unavailable, match="changed while its token was minted"):
+        await waiting
