@@ -1,4 +1,10 @@
-"""The live policy: a compiled snapshot of the store, reloaded when its change counter moves."""
+"""The live policy: a compiled snapshot of the store, kept up to date as its counter moves.
+
+A change is applied from the store's change log (store/delta.py, Policy.apply), in time
+proportional to it. The whole store is read when the log cannot say (a gap, a key rotation,
+a policy file, a restored file, SIGHUP), and every `full_interval` s after changes as the
+safety net: that read runs beside the incremental updates, which it then catches up with.
+"""
 
 from __future__ import annotations
 
@@ -21,6 +27,10 @@ T = TypeVar("T")
 DB_TIMEOUT = 5.0
 # Thread pools left behind to calls stuck past their deadline, at most (4 threads each).
 MAX_ABANDONED = 16
+# The periodic full reload, and how long it may take (it reads the whole store).
+FULL_INTERVAL = 60.0
+FULL_TIMEOUT = 120.0
+FULL, INCREMENTAL = "full", "incremental"
 
 
 class LivePolicy:
@@ -33,10 +43,15 @@ class LivePolicy:
         max_stale: float = 30.0,
         poll_interval: float = 0.5,
         reload_key: Callable[[], MasterKey] | None = None,
+        full_interval: float = FULL_INTERVAL,
     ) -> None:
         self.store = store
         self.max_stale = max_stale
         self.poll_interval = poll_interval
+        self.full_interval = full_interval
+        self._full: asyncio.Future[Policy] | None = None  # a periodic full read under way
+        self._full_at = time.monotonic()
+        self._full_counter = -1
         self._reload_key = reload_key
         # Database calls never run on the event loop; a pool of their own so a hung database
         # cannot starve anything else that uses the default executor.
@@ -53,7 +68,7 @@ class LivePolicy:
     def load(self) -> Policy:
         """Synchronous first load, before the proxy listens; raises CredproxyError."""
         policy = self._build()
-        self._install(policy)
+        self._install(policy, policy.counter)
         return policy
 
     def current(self) -> Policy | None:
@@ -116,9 +131,27 @@ class LivePolicy:
                 self._log.warning("store.replaced", db=self.store.display_url)
                 force = True
             counter = await self.call(self.store.change_counter)
-            if force or self.policy is None or counter != self.policy.counter:
-                policy = await self.call(self._build)
-                self._install(policy)
+            policy, mode, changes = self.policy, None, 0
+            if force and self._full is not None:
+                # Read before a restore, maybe: never caught up with another store's log.
+                self._full.cancel()
+                self._full = None
+            if self._full is not None and self._full.done():
+                policy, mode = self._finish_full(policy)
+            if force or policy is None:
+                policy, mode = await self.call(self._build), FULL
+            full_counter = policy.counter if mode == FULL else None
+            if counter != policy.counter:
+                delta = await self.call(self.store.delta, policy.counter)
+                if delta is None or delta.key_id != policy.key_id:
+                    policy, mode = await self.call(self._build), FULL
+                    full_counter = policy.counter
+                else:
+                    # On the event loop, between two decisions; a few rows' work.
+                    policy.apply(delta)
+                    mode, changes = mode or INCREMENTAL, delta.changes
+            if mode is not None:
+                self._install(policy, full_counter)
                 self.on_reload()
                 await self._log_decisions()
                 self._log.info(
@@ -126,9 +159,12 @@ class LivePolicy:
                     counter=policy.counter,
                     grants=policy.grant_count,
                     unreadable=list(policy.unreadable),
+                    mode=mode,
+                    changes=changes,
                 )
             else:
                 self.last_ok = time.monotonic()
+            self._start_full_if_due()
             if not self.store_up:
                 self.store_up = True
                 self._stale_reported = False
@@ -175,11 +211,41 @@ class LivePolicy:
                 snapshot = self.store.snapshot()
         return Policy(snapshot)
 
-    def _install(self, policy: Policy) -> None:
+    def _install(self, policy: Policy, full_counter: int | None) -> None:
+        """Serve `policy`; `full_counter`: the counter of the full read it was built from."""
         self.policy = policy
         self.last_ok = time.monotonic()
+        if full_counter is not None:
+            self._full_at, self._full_counter = self.last_ok, full_counter
+
+    def _start_full_if_due(self) -> None:
+        """The safety net: read the whole store now and then, beside the incremental updates,
+        once something changed since the last full read."""
+        policy = self.policy
+        if (
+            self._full is None
+            and policy is not None
+            and policy.counter != self._full_counter
+            and not time.monotonic() - self._full_at < self.full_interval
+        ):
+            future = asyncio.get_running_loop().run_in_executor(self._executor, self._build)
+            self._full = asyncio.ensure_future(asyncio.wait_for(future, FULL_TIMEOUT))
+
+    def _finish_full(self, policy: Policy | None) -> tuple[Policy | None, str | None]:
+        """The periodic full read's policy, to be caught up and installed; or, when it
+        failed, the one being served (it is tried again after full_interval)."""
+        finished, self._full = self._full, None
+        assert finished is not None
+        try:
+            return finished.result(), FULL
+        except (CredproxyError, TimeoutError) as e:
+            self._full_at = time.monotonic()
+            self._log.warning("policy.full_reload_failed", error_type=type(e).__name__)
+            return policy, None
 
     def close(self) -> None:
+        if self._full is not None:
+            self._full.cancel()
         self._executor.shutdown(wait=False, cancel_futures=True)
         self.store.close()
 

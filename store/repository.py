@@ -11,6 +11,7 @@ from sqlalchemy import Engine
 from store import (
     access_requests,
     credentials,
+    delta,
     grants,
     keys,
     principals,
@@ -23,6 +24,7 @@ from store.engine import Database
 from store.records import (
     AccessRequestEntry,
     CredentialEntry,
+    Delta,
     GrantEntry,
     PrincipalEntry,
     Snapshot,
@@ -213,3 +215,7 @@ class Store:
 
     def snapshot(self) -> Snapshot:
         return snapshot.read(self.db, keys.need(self.key))
+
+    def delta(self, since: int) -> Delta | None:
+        """What changed after counter `since`; None when only a full snapshot can say."""
+        return delta.read(self.db, keys.need(self.key), since)
