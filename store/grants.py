@@ -131,7 +131,7 @@ def revoke(db: Database, grant_id: int) -> None:
             raise NotFound(f"no grant with id {grant_id}")
         if grant.revoked_at is None:
             grant.revoked_at = utcnow()
-            changed(session, GRANT, grant_id)
+        changed(session, GRANT, grant_id)
 
 
 def consume_once(db: Database, grant_id: int) -> bool:

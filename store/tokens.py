@@ -86,4 +86,4 @@ def revoke(db: Database, token_id: int) -> None:
             raise NotFound(f"no token with id {token_id}")
         if token.revoked_at is None:
             token.revoked_at = utcnow()
-            changed(session, TOKEN, token_id)
+        changed(session, TOKEN, token_id)

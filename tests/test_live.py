@@ -1,14 +1,22 @@
-"""The live policy's staleness rule, without a store."""
+"""The live policy: its staleness rule, without a store; its updates, with one."""
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from sqlalchemy import update
+from structlog.testing import capture_logs
 
 from addon.live import LivePolicy
+from store.crypto import MasterKey
+from store.models import StoreState
+from store.repository import Store
+from tests.stores import seed
 
 
 @pytest.mark.parametrize(
@@ -28,3 +36,66 @@ def test_current_fails_closed(max_stale: float, age: float, served: bool) -> Non
         assert (live.current() is not None) is served
     finally:
         live._executor.shutdown()
+
+
+# -- with a store: incremental updates, full reloads -----------------------------------------
+
+
+def _poll(live: LivePolicy, **kwargs: Any) -> list[dict[str, Any]]:
+    with capture_logs() as logs:
+        asyncio.run(live.poll(**kwargs))
+    return [line for line in logs if line["event"] == "policy.reloaded"]
+
+
+def test_a_change_is_applied_incrementally_and_a_gap_reloads_whole(
+    store: Store, key: MasterKey, open_store: Callable[[MasterKey | None], Store]
+) -> None:
+    seed(store)
+    live = LivePolicy(open_store(key))  # the proxy's own connection to the store
+    try:
+        policy = live.load()
+        once = store.add_grant("agent", ["GET"], credential="gh", paths=["/o/"], once=True)
+        store.consume_once(once)
+        (line,) = _poll(live)
+        assert (line["mode"], line["changes"], line["counter"]) == (
+            "incremental",
+            2,
+            store.change_counter(),
+        )
+        assert live.policy is policy and policy._principals["agent"].rules[once].consumed
+        with store.engine.begin() as connection:  # a change the log does not hold
+            connection.execute(
+                update(StoreState).values(change_counter=StoreState.change_counter + 1)
+            )
+        (line,) = _poll(live)
+        assert line["mode"] == "full" and live.policy is not policy
+        assert _poll(live) == []  # nothing changed: nothing read
+    finally:
+        live.close()
+
+
+def test_the_periodic_full_reload_runs_beside_changes_and_catches_up(
+    store: Store, key: MasterKey, open_store: Callable[[MasterKey | None], Store]
+) -> None:
+    seed(store)
+    live = LivePolicy(open_store(key), full_interval=0.0)
+    try:
+
+        async def run() -> list[str]:
+            live.load()
+            modes = []
+            with capture_logs() as logs:
+                store.add_grant("agent", ["POST"], credential="gh")
+                await live.poll()  # incremental; the full read starts after it
+                assert live._full is not None
+                store.add_grant("agent", ["PUT"], credential="gh")
+                await asyncio.wait_for(asyncio.shield(live._full), 10)
+                await live.poll()  # the full read's policy, caught up with the PUT grant
+            modes = [line["mode"] for line in logs if line["event"] == "policy.reloaded"]
+            return modes
+
+        assert asyncio.run(run()) == ["incremental", "full"]
+        assert live.policy is not None and live.policy.counter == store.change_counter()
+        assert live.policy.grant_count == 3
+    finally:
+        live.close()
