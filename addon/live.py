@@ -27,9 +27,9 @@ T = TypeVar("T")
 DB_TIMEOUT = 5.0
 # Thread pools left behind to calls stuck past their deadline, at most (4 threads each).
 MAX_ABANDONED = 16
-# The periodic full reload, and how long it may take (it reads the whole store).
+# The periodic full reload, and how long a full read may take.
 FULL_INTERVAL = 60.0
-FULL_TIMEOUT = 120.0
+FULL_TIMEOUT = 60.0
 FULL, INCREMENTAL = "full", "incremental"
 
 
@@ -78,14 +78,14 @@ class LivePolicy:
             return None
         return self.policy
 
-    async def call(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run a store call in the database pool; StoreUnavailable after DB_TIMEOUT."""
+    async def call(self, fn: Callable[..., T], *args: Any, timeout: float = DB_TIMEOUT) -> T:
+        """Run a store call in the database pool; StoreUnavailable after `timeout` s."""
         future = asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
         try:
-            return await asyncio.wait_for(future, DB_TIMEOUT)
+            return await asyncio.wait_for(future, timeout)
         except TimeoutError as e:
             self._abandon()
-            raise StoreUnavailable(f"the store did not answer within {DB_TIMEOUT:g} s") from e
+            raise StoreUnavailable(f"the store did not answer within {timeout:g} s") from e
 
     def _abandon(self) -> None:
         """A call past its deadline may hold a thread and a connection that never come back
@@ -139,12 +139,12 @@ class LivePolicy:
             if self._full is not None and self._full.done():
                 policy, mode = self._finish_full(policy)
             if force or policy is None:
-                policy, mode = await self.call(self._build), FULL
+                policy, mode = await self._full_read(), FULL
             full_counter = policy.counter if mode == FULL else None
             if counter != policy.counter:
                 delta = await self.call(self.store.delta, policy.counter)
                 if delta is None or delta.key_id != policy.key_id:
-                    policy, mode = await self.call(self._build), FULL
+                    policy, mode = await self._full_read(), FULL
                     full_counter = policy.counter
                 else:
                     # On the event loop, between two decisions; a few rows' work.
@@ -210,6 +210,10 @@ class LivePolicy:
                 self.store.key = new_key
                 snapshot = self.store.snapshot()
         return Policy(snapshot)
+
+    async def _full_read(self) -> Policy:
+        # The whole store: at 100,000 grants a second or more of CPU, longer on a busy host.
+        return await self.call(self._build, timeout=FULL_TIMEOUT)
 
     def _install(self, policy: Policy, full_counter: int | None) -> None:
         """Serve `policy`; `full_counter`: the counter of the full read it was built from."""
