@@ -9,9 +9,12 @@ safety net: that read runs beside the incremental updates, which it then catches
 from __future__ import annotations
 
 import asyncio
+import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -131,7 +134,7 @@ class LivePolicy:
                 self._log.warning("store.replaced", db=self.store.display_url)
                 force = True
             counter = await self.call(self.store.change_counter)
-            policy, mode, changes = self.policy, None, 0
+            policy, mode, changes, decided = self.policy, None, 0, False
             if force and self._full is not None:
                 # Read before a restore, maybe: never caught up with another store's log.
                 self._full.cancel()
@@ -150,10 +153,12 @@ class LivePolicy:
                     # On the event loop, between two decisions; a few rows' work.
                     policy.apply(delta)
                     mode, changes = mode or INCREMENTAL, delta.changes
+                    decided = delta.decisions
             if mode is not None:
                 self._install(policy, full_counter)
                 self.on_reload()
-                await self._log_decisions()
+                if mode == FULL or decided:
+                    await self._log_decisions()
                 self._log.info(
                     "policy.reloaded",
                     counter=policy.counter,
@@ -201,6 +206,10 @@ class LivePolicy:
             self._log.warning("store.unavailable", error=str(error), max_stale_s=self.max_stale)
 
     def _build(self) -> Policy:
+        with _responsive():
+            return self._build_policy()
+
+    def _build_policy(self) -> Policy:
         snapshot = self.store.snapshot()
         key = self.store.key
         if key is not None and snapshot.key_id != key.key_id and self._reload_key is not None:
@@ -255,6 +264,30 @@ class LivePolicy:
 
 
 _abandoned = 0
+# While a full read holds the GIL for a second or more, the event loop waits for it at every
+# socket call, up to the switch interval (5 ms) each time: requests then take hundreds of ms.
+# A shorter interval meanwhile lets the loop in sooner (bench/README.md, the full reload).
+FULL_READ_SWITCH_INTERVAL = 0.0005
+_readers = 0
+_readers_lock = threading.Lock()
+_interval = sys.getswitchinterval()
+
+
+@contextmanager
+def _responsive() -> Iterator[None]:
+    global _readers, _interval
+    with _readers_lock:
+        if _readers == 0:
+            _interval = sys.getswitchinterval()
+            sys.setswitchinterval(FULL_READ_SWITCH_INTERVAL)
+        _readers += 1
+    try:
+        yield
+    finally:
+        with _readers_lock:
+            _readers -= 1
+            if _readers == 0:
+                sys.setswitchinterval(_interval)
 
 
 def abandoned() -> int:

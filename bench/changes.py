@@ -33,6 +33,7 @@ from bench.client import Target, _Connection
 from bench.population import HOST, PATH, Population, populate
 from bench.processes import (
     CREDPROXY,
+    BenchError,
     Running,
     credproxy_env,
     credproxy_init,
@@ -121,6 +122,18 @@ def _reloads(running: Running) -> list[dict[str, Any]]:
     return found
 
 
+def _full_reload(running: Running) -> float:
+    """SIGHUP; returns when the full reload's line is written (its wall time)."""
+    seen = len(_reloads(running))
+    t0 = time.perf_counter()
+    running.process.send_signal(signal.SIGHUP)
+    while time.perf_counter() - t0 < 120:
+        if any(r.get("mode") == "full" for r in _reloads(running)[seen:]):
+            return time.perf_counter() - t0
+        time.sleep(0.01)
+    raise BenchError("no full reload within 120 s of SIGHUP")
+
+
 def measure(settings: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     processes.AFFINITY = split_cpus()
     ca = trustme.CA()
@@ -185,6 +198,10 @@ def _measure(
     per_request = (cpu_quiet - idle_a * (t1 - t0)) / max(1, len(still))
     _log(f"no change: {len(still)} requests, p99 {_ms(_p(still, 0.99))} ms")
 
+    # The periodic full read comes 60 s after the last one: start that minute now, so that
+    # it stays out of the phases below (its own cost is measured at the end).
+    _full_reload(a)
+    _full_reload(b)
     # Once-uses on A, one per SPACING, nothing else: their CPU on A (served and applied)
     # and on B (applied only).
     n = max(1, settings.once)
@@ -205,6 +222,9 @@ def _measure(
         asyncio.run(_gets(ta, [f"/once/{k}/x" for k in range(n, 2 * n)], SPACING))
         t1 = time.perf_counter()
     during = busy.between(t0, t1)
+    fulls = [r for r in _reloads(a) if r.get("mode") == "full"]
+    if len(fulls) != 2:  # start-up and the one above
+        raise BenchError("a periodic full reload ran inside the change phases")
 
     # Change lag: a grant added, until both replicas serve it.
     lags = []
@@ -226,15 +246,9 @@ def _measure(
     full = []
     with Prober(ta) as reload_probe:
         for _ in range(settings.full_rounds):
-            seen = len(_reloads(a))
             cpu_a = a.cpu_s()
             t0 = time.perf_counter()
-            a.process.send_signal(signal.SIGHUP)
-            while time.perf_counter() - t0 < 120:
-                fresh = [r for r in _reloads(a)[seen:] if r.get("mode") == "full"]
-                if fresh:
-                    break
-                time.sleep(0.01)
+            _full_reload(a)
             t1 = time.perf_counter()
             cpu = a.cpu_s() - cpu_a - idle_a * (t1 - t0)
             worst = max(reload_probe.between(t0, t1), default=float("nan"))

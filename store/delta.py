@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy import Connection, or_, select
 
 from store.crypto import MasterKey
-from store.engine import ALL, CREDENTIAL, GRANT, PRINCIPAL, TOKEN, Database
+from store.engine import ALL, CREDENTIAL, GRANT, PRINCIPAL, REQUEST, TOKEN, Database
 from store.models import ChangeLog, Credential, Grant, Principal, PrincipalToken, utcnow
 from store.records import CredentialRecord, Delta, GrantRecord, PrincipalRecord, SessionToken
 from store.snapshot import (
@@ -112,6 +112,8 @@ def _read(db: Database, key: MasterKey, since: int) -> Delta | None:
         tokens=found_tokens,
         credentials=found_credentials,
         grants=found_grants,
+        # Removing a principal denies its pending requests too.
+        decisions=bool(pids) or any(kind == REQUEST for _, kind, _ in log),
     )
 
 

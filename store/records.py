@@ -103,6 +103,7 @@ class Delta:
     tokens: dict[int, tuple[str, SessionToken] | None]
     credentials: dict[int, CredentialRecord | str | None]
     grants: dict[int, GrantRecord | None]
+    decisions: bool = False  # an access request was decided: the proxy audits it
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -218,9 +219,13 @@ def test_rotation_reaches_every_grant_of_the_credential_and_its_stamp(store: Sto
     policy = Policy(store.snapshot())
     old = policy._credentials["gh"]
     old_stamp = policy.stamp(old)
+    request = Request("api.github.com", 443, "https", "GET", "/")
+    assert policy.decide("agent", request, utcnow()).rule.credential is old  # type: ignore[union-attr]
     store.rotate_credential("gh", Secret(b"ghp_rotated0123456789"))
     caught_up(store, policy)
     new = policy._credentials["gh"]
+    decided = policy.decide("agent", request, utcnow()).rule
+    assert decided is not None and decided.credential is new
     assert new.secret == Secret(b"ghp_rotated0123456789")
     for name in ("agent", "intern"):
         (rule,) = policy._principals[name].rules.values()
@@ -313,3 +318,35 @@ def test_the_master_key_rotated_is_a_full_reload(store: Store) -> None:
     counter = store.change_counter()
     store.rotate_key(MasterKey.generate("new"))
     assert store.delta(counter) is None
+
+
+def test_a_change_committed_during_the_delta_read_is_never_half_seen(
+    store: Store, key: MasterKey, open_store: Callable[[MasterKey | None], Store]
+) -> None:
+    """As the full read: a write landing between the delta's SELECTs makes it read again."""
+    from sqlalchemy import event
+
+    store.add_principal("agent")
+    store.add_principal("intern")
+    store.add_credential("prod", "bearer", ["api.x.com", "admin.x.com"], SECRET)
+    policy = Policy(store.snapshot())
+    store.add_grant("agent", ["GET"], credential="prod")
+    other = open_store(key)
+    fired: list[bool] = []
+
+    def between(conn, cursor, statement, *args) -> None:  # type: ignore[no-untyped-def]
+        if not fired and "FROM grants" in statement:
+            fired.append(True)
+            # Another shell, meanwhile: the credential narrowed, the grant moved to intern.
+            other.remove_credential("prod")
+            other.add_credential("prod", "bearer", ["api.x.com"], SECRET)
+            other.add_grant("intern", ["GET"], credential="prod")
+
+    event.listen(store.engine, "after_cursor_execute", between)
+    try:
+        caught_up(store, policy)
+    finally:
+        event.remove(store.engine, "after_cursor_execute", between)
+    assert fired
+    assert view(policy) == view(Policy(store.snapshot()))
+    assert list(policy._principals) == ["intern"]
