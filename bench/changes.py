@@ -271,11 +271,13 @@ def _measure(
             "requests": len(still),
             "p50_ms": _ms(_p(still, 0.5)),
             "p99_ms": _ms(_p(still, 0.99)),
+            "p999_ms": _ms(_p(still, 0.999)),
             "max_ms": _ms(max(still, default=float("nan"))),
         },
         "during_changes": {
             "requests": len(during),
             "p99_ms": _ms(_p(during, 0.99)),
+            "p999_ms": _ms(_p(during, 0.999)),
             "max_ms": _ms(max(during, default=float("nan"))),
         },
         "worst_over_quiet_p99": round(max(during, default=0) / _p(still, 0.99), 2),

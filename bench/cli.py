@@ -36,7 +36,8 @@ from store.ca import ensure_ca
 from store.crypto import load_master_key
 from store.repository import Store
 
-HEAVY = ("mitmproxy", "alembic", "botocore", "cryptography.x509", "importlib.metadata")
+# importlib.metadata is not among them: SQLAlchemy imports it.
+HEAVY = ("mitmproxy", "alembic", "botocore", "cryptography.x509")
 
 
 def _time(args: list[str], env: dict[str, str], runs: int) -> list[float]:
@@ -60,10 +61,11 @@ def _imports(args: list[str], env: dict[str, str]) -> dict[str, Any]:
     )
     modules: dict[str, int] = {}
     for line in done.stderr.splitlines():
-        if line.startswith("import time:") and "|" in line:
-            _, own, cumulative, name = line.split("|", 3) if line.count("|") == 3 else [""] * 4
-            if name.strip() and own.strip().split()[-1].isdigit():
-                modules[name.strip()] = int(own.strip().split()[-1])
+        parts = line.split("|")
+        if line.startswith("import time:") and len(parts) == 3:
+            own = parts[0].split(":", 1)[1].strip()
+            if own.isdigit():
+                modules[parts[2].strip()] = int(own)
     heavy = sorted(h for h in HEAVY if any(m == h or m.startswith(h + ".") for m in modules))
     return {
         "modules": len(modules),

@@ -160,7 +160,7 @@ OPS = st.one_of(
 
 
 @settings(
-    max_examples=25,
+    max_examples=60,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
