@@ -111,7 +111,8 @@ class _Version(argparse.Action):
         super().__init__(option_strings, dest, nargs=0, help="show the version and exit")
 
     def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> NoReturn:
-        parser.exit(0, _version() + "\n")
+        print(_version())
+        parser.exit()
 
 
 def _version() -> str:
