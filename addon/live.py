@@ -55,6 +55,7 @@ class LivePolicy:
         self._full: asyncio.Future[Policy] | None = None  # a periodic full read under way
         self._full_at = time.monotonic()
         self._full_counter = -1
+        self._polling = asyncio.Lock()
         self._reload_key = reload_key
         # Database calls never run on the event loop; a pool of their own so a hung database
         # cannot starve anything else that uses the default executor.
@@ -129,6 +130,12 @@ class LivePolicy:
 
     async def poll(self, *, force: bool = False) -> None:
         """One look at the store; `force` rebuilds the policy even if nothing changed."""
+        # One poll at a time (the timer's and SIGHUP's): a delta read before another poll's
+        # install would otherwise be applied over it, and take the policy back a change.
+        async with self._polling:
+            await self._poll(force)
+
+    async def _poll(self, force: bool) -> None:
         try:
             if await self.call(self.store.reopen_if_replaced):
                 self._log.warning("store.replaced", db=self.store.display_url)

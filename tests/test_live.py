@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Callable
 from types import SimpleNamespace
@@ -98,4 +99,44 @@ def test_the_periodic_full_reload_runs_beside_changes_and_catches_up(
         assert live.policy is not None and live.policy.counter == store.change_counter()
         assert live.policy.grant_count == 3
     finally:
+        live.close()
+
+
+def test_a_slow_poll_never_takes_the_policy_back_over_a_later_one(
+    store: Store, key: MasterKey, open_store: Callable[[MasterKey | None], Store]
+) -> None:
+    """The timer's poll and SIGHUP's may overlap: the one that read first applies first."""
+    store.add_principal("agent")
+    live = LivePolicy(open_store(key))
+    read, release = threading.Event(), threading.Event()
+    reads = []
+
+    def slow_delta(since: int) -> Any:
+        delta = type(live.store).delta(live.store, since)
+        if not reads:
+            reads.append(delta)
+            read.set()
+            release.wait(10)
+        return delta
+
+    try:
+
+        async def run() -> None:
+            live.load()
+            grant = store.add_grant("agent", ["GET"], hosts=["pypi.org"])
+            live.store.delta = slow_delta  # type: ignore[method-assign]
+            first = asyncio.create_task(live.poll())  # reads the grant, then waits
+            while not read.is_set():
+                await asyncio.sleep(0.01)
+            store.revoke_grant(grant)
+            second = asyncio.create_task(live.poll())
+            await asyncio.sleep(0.3)
+            release.set()
+            await asyncio.gather(first, second)
+
+        asyncio.run(run())
+        assert live.policy is not None and live.policy.counter == store.change_counter()
+        assert live.policy.grant_count == 0
+    finally:
+        release.set()
         live.close()
