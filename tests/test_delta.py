@@ -347,3 +347,35 @@ def test_a_change_committed_during_the_delta_read_is_never_half_seen(
     assert fired
     assert view(policy) == view(Policy(store.snapshot()))
     assert list(policy._principals) == ["intern"]
+
+
+def test_a_name_removed_and_added_again_in_one_delta_is_the_new_row(store: Store) -> None:
+    seed(store)
+    store.add_token("agent", None)
+    policy = Policy(store.snapshot())
+    store.remove_principal("agent")
+    store.remove_credential("gh")
+    store.add_principal("agent")
+    store.add_credential("gh", "bearer", ["api.github.com"], Secret(b"ghp_second0123456789"))
+    store.add_grant("agent", ["POST"], credential="gh")
+    caught_up(store, policy)
+    assert view(policy) == view(Policy(store.snapshot()))
+    (rule,) = policy._principals["agent"].rules.values()
+    assert rule.methods == frozenset({"POST"}) and rule.credential is not None
+    assert rule.credential.secret == Secret(b"ghp_second0123456789")
+    assert policy._sessions == {}
+
+
+def test_more_rows_than_a_full_read_costs_is_a_full_read(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from store import delta
+
+    seed(store)
+    counter = store.change_counter()
+    store.add_grant("agent", ["POST"], credential="gh")
+    store.add_grant("agent", ["PUT"], credential="gh")
+    monkeypatch.setattr(delta, "MAX_ROWS", 1)
+    assert store.delta(counter) is None
+    monkeypatch.setattr(delta, "MAX_ROWS", 2)
+    assert store.delta(counter) is not None
