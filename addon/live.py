@@ -9,6 +9,7 @@ safety net: that read runs beside the incremental updates, which it then catches
 from __future__ import annotations
 
 import asyncio
+import gc
 import sys
 import threading
 import time
@@ -271,22 +272,26 @@ class LivePolicy:
 
 
 _abandoned = 0
-# While a full read holds the GIL for a second or more, the event loop waits for it at every
-# socket call, up to the switch interval (5 ms) each time: requests then take hundreds of ms.
-# A shorter interval meanwhile lets the loop in sooner (bench/README.md, the full reload).
+# A full read makes a million objects in a second or two, in a thread. Meanwhile the event
+# loop waits for the GIL at every socket call, up to the switch interval (5 ms) each time,
+# and the cyclic collector, set off by the allocations, walks the whole heap with the GIL
+# held: requests then wait hundreds of ms (bench/README.md, the full reload). So while one
+# runs, a shorter switch interval and no cyclic collection (the records hold no cycles).
 FULL_READ_SWITCH_INTERVAL = 0.0005
 _readers = 0
 _readers_lock = threading.Lock()
 _interval = sys.getswitchinterval()
+_collecting = True
 
 
 @contextmanager
 def _responsive() -> Iterator[None]:
-    global _readers, _interval
+    global _readers, _interval, _collecting
     with _readers_lock:
         if _readers == 0:
-            _interval = sys.getswitchinterval()
+            _interval, _collecting = sys.getswitchinterval(), gc.isenabled()
             sys.setswitchinterval(FULL_READ_SWITCH_INTERVAL)
+            gc.disable()
         _readers += 1
     try:
         yield
@@ -295,6 +300,8 @@ def _responsive() -> Iterator[None]:
             _readers -= 1
             if _readers == 0:
                 sys.setswitchinterval(_interval)
+                if _collecting:
+                    gc.enable()
 
 
 def abandoned() -> int:
