@@ -257,10 +257,10 @@ class LivePolicy:
         failed, the one being served (it is tried again after full_interval)."""
         finished, self._full = self._full, None
         assert finished is not None
+        self._full_at = time.monotonic()  # whatever it raises, not again before the interval
         try:
             return finished.result(), FULL
         except (CredproxyError, TimeoutError) as e:
-            self._full_at = time.monotonic()
             self._log.warning("policy.full_reload_failed", error_type=type(e).__name__)
             return policy, None
 

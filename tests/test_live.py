@@ -15,6 +15,7 @@ from structlog.testing import capture_logs
 
 from addon.live import LivePolicy
 from store.crypto import MasterKey
+from store.errors import StoreUnavailable
 from store.models import StoreState
 from store.repository import Store
 from tests.stores import seed
@@ -163,3 +164,39 @@ def test_a_full_read_pauses_the_cyclic_collector_and_restores_it() -> None:
         assert not gc.isenabled()
     finally:
         gc.enable() if collecting else gc.disable()
+
+
+def test_a_failed_periodic_full_read_keeps_the_incremental_policy(
+    store: Store, key: MasterKey, open_store: Callable[[MasterKey | None], Store]
+) -> None:
+    seed(store)
+    live = LivePolicy(open_store(key), full_interval=0.0)
+    try:
+
+        async def run() -> list[str]:
+            policy = live.load()
+
+            def unavailable() -> Any:
+                raise StoreUnavailable("the store kept changing while its snapshot was read")
+
+            live._build_policy = unavailable  # type: ignore[method-assign]
+            with capture_logs() as logs:
+                store.add_grant("agent", ["POST"], credential="gh")
+                await live.poll()  # incremental; the full read starts, and fails
+                assert live._full is not None
+                live.full_interval = 3600.0
+                await asyncio.wait({live._full}, timeout=10)
+                store.add_grant("agent", ["PUT"], credential="gh")
+                await live.poll()
+                assert live.policy is policy and live._full is None  # not retried at once
+            return [line["event"] + ":" + str(line.get("mode")) for line in logs]
+
+        events = asyncio.run(run())
+        assert events == [
+            "policy.reloaded:incremental",
+            "policy.full_reload_failed:None",
+            "policy.reloaded:incremental",
+        ]
+        assert live.policy is not None and live.policy.grant_count == 3
+    finally:
+        live.close()
