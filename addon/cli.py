@@ -7,16 +7,12 @@ import gc
 import getpass
 import json
 import os
-import platform
 import sys
 from collections.abc import Callable, Sequence
-from importlib import metadata
 from typing import Any, NoReturn
 
-from addon import demo, launch, policycmd, runner
 from addon.argtypes import count
 from store import aws, validation
-from store.ca import PUBLIC_CERT, ensure_ca
 from store.crypto import KEY_ENV, MasterKey, Secret, write_key_file
 from store.errors import CredproxyError, InvalidInput, MasterKeyError
 from store.grammar import parse_expiry
@@ -123,7 +119,21 @@ def _common() -> _Parser:
     return common
 
 
+class _Version(argparse.Action):
+    """--version, its text looked up only when asked for (importlib.metadata is slow)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, help="show the version and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any) -> NoReturn:
+        print(_version())
+        parser.exit()
+
+
 def _version() -> str:
+    import platform
+    from importlib import metadata
+
     try:
         return (
             f"credproxy {metadata.version('credproxy')} (mitmproxy "
@@ -143,7 +153,28 @@ def _rate_flags(parser: argparse.ArgumentParser, scope: str) -> None:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
+# Options before the command that take a value, so that the value is not read as the command.
+_VALUED = ("--db", "--key-file", "--certs")
+# The commands this module defines; the others come from modules heavy to import (mitmproxy,
+# cryptography's x509, the policy-file reader), which a command of this module never loads.
+_OWN = frozenset({"init", "principal", "credential", "grant", "request", "key"})
+
+
+def _command(argv: Sequence[str]) -> str | None:
+    """The command an argument list names, or None (none yet, or only options)."""
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in _VALUED:
+            skip = True
+        elif not arg.startswith("-"):
+            return arg
+    return None
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The whole parser; with `argv` naming one of _OWN, only the commands of this module."""
     common = _common()
     parser = _Parser(
         prog="credproxy",
@@ -152,7 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
         "`credproxy demo` shows it all on this machine.",
         epilog="`credproxy COMMAND --help` describes each command.",
     )
-    parser.add_argument("--version", action="version", version=_version())
+    parser.add_argument("--version", action=_Version)
     _global_options(parser, None)
     sub = parser.add_subparsers(
         dest="command",
@@ -329,6 +360,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p = key.add_parser("rotate", parents=[common], help="re-seal every secret under a new key")
     p.set_defaults(func=cmd_key_rotate)
+    if argv is not None and _command(argv) in _OWN:
+        return parser
+    from addon import demo, launch, policycmd, runner
+
     policycmd.add_commands(sub, common)
     launch.add_commands(sub, common)
     runner.add_command(sub, common)  # mitmproxy is imported only when `run` runs
@@ -364,7 +399,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     collecting = gc.isenabled()
     gc.disable()
     try:
-        return run(build_parser(), argv)
+        return run(build_parser(sys.argv[1:] if argv is None else argv), argv)
     finally:
         if collecting:
             gc.enable()
@@ -437,6 +472,8 @@ def cmd_init(args: argparse.Namespace, settings: Settings) -> int:
         created_key = True
     store.key = key
     store.check_key(adopt=True)
+    from store.ca import PUBLIC_CERT, ensure_ca
+
     created_ca = ensure_ca(settings.certs)
     store.restrict_file()
     store.close()

@@ -1,11 +1,21 @@
-"""The live policy: a compiled snapshot of the store, reloaded when its change counter moves."""
+"""The live policy: a compiled snapshot of the store, kept up to date as its counter moves.
+
+A change is applied from the store's change log (store/delta.py, Policy.apply), in time
+proportional to it. The whole store is read when the log cannot say (a gap, a key rotation,
+a policy file, a restored file, SIGHUP), and every `full_interval` s after changes as the
+safety net: that read runs beside the incremental updates, which it then catches up with.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import gc
+import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -22,6 +32,10 @@ T = TypeVar("T")
 DB_TIMEOUT = 5.0
 # Thread pools left behind to calls stuck past their deadline, at most (4 threads each).
 MAX_ABANDONED = 16
+# The periodic full reload, and how long a full read may take.
+FULL_INTERVAL = 60.0
+FULL_TIMEOUT = 60.0
+FULL, INCREMENTAL = "full", "incremental"
 
 
 class LivePolicy:
@@ -34,10 +48,16 @@ class LivePolicy:
         max_stale: float = 30.0,
         poll_interval: float = 0.5,
         reload_key: Callable[[], MasterKey] | None = None,
+        full_interval: float = FULL_INTERVAL,
     ) -> None:
         self.store = store
         self.max_stale = max_stale
         self.poll_interval = poll_interval
+        self.full_interval = full_interval
+        self._full: asyncio.Future[Policy] | None = None  # a periodic full read under way
+        self._full_at = time.monotonic()
+        self._full_counter = -1
+        self._polling = asyncio.Lock()
         self._reload_key = reload_key
         # Database calls never run on the event loop; a pool of their own so a hung database
         # cannot starve anything else that uses the default executor.
@@ -54,7 +74,7 @@ class LivePolicy:
     def load(self) -> Policy:
         """Synchronous first load, before the proxy listens; raises CredproxyError."""
         policy = self._build()
-        self._install(policy)
+        self._install(policy, policy.counter)
         return policy
 
     def current(self) -> Policy | None:
@@ -64,14 +84,14 @@ class LivePolicy:
             return None
         return self.policy
 
-    async def call(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run a store call in the database pool; StoreUnavailable after DB_TIMEOUT."""
+    async def call(self, fn: Callable[..., T], *args: Any, timeout: float = DB_TIMEOUT) -> T:
+        """Run a store call in the database pool; StoreUnavailable after `timeout` s."""
         future = asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
         try:
-            return await asyncio.wait_for(future, DB_TIMEOUT)
+            return await asyncio.wait_for(future, timeout)
         except TimeoutError as e:
             self._abandon()
-            raise StoreUnavailable(f"the store did not answer within {DB_TIMEOUT:g} s") from e
+            raise StoreUnavailable(f"the store did not answer within {timeout:g} s") from e
 
     def _abandon(self) -> None:
         """A call past its deadline may hold a thread and a connection that never come back
@@ -112,24 +132,53 @@ class LivePolicy:
 
     async def poll(self, *, force: bool = False) -> None:
         """One look at the store; `force` rebuilds the policy even if nothing changed."""
+        # One poll at a time (the timer's and SIGHUP's): a delta read before another poll's
+        # install would otherwise be applied over it, and take the policy back a change.
+        async with self._polling:
+            await self._poll(force)
+
+    async def _poll(self, force: bool) -> None:
         try:
             if await self.call(self.store.reopen_if_replaced):
                 self._log.warning("store.replaced", db=self.store.display_url)
                 force = True
             counter = await self.call(self.store.change_counter)
-            if force or self.policy is None or counter != self.policy.counter:
-                policy = await self.call(self._build)
-                self._install(policy)
+            policy, mode, changes, decided = self.policy, None, 0, False
+            if force and self._full is not None:
+                # Read before a restore, maybe: never caught up with another store's log.
+                self._full.cancel()
+                self._full = None
+            if self._full is not None and self._full.done():
+                policy, mode = self._finish_full(policy)
+            if force or policy is None:
+                policy, mode = await self._full_read(), FULL
+            full_counter = policy.counter if mode == FULL else None
+            if counter != policy.counter:
+                delta = await self.call(self.store.delta, policy.counter)
+                if delta is None or delta.key_id != policy.key_id:
+                    policy, mode = await self._full_read(), FULL
+                    full_counter = policy.counter
+                else:
+                    # On the event loop, between two decisions; a few rows' work.
+                    policy.apply(delta)
+                    mode, changes = mode or INCREMENTAL, delta.changes
+                    decided = delta.decisions
+            if mode is not None:
+                self._install(policy, full_counter)
                 self.on_reload()
-                await self._log_decisions()
+                if mode == FULL or decided:
+                    await self._log_decisions()
                 self._log.info(
                     "policy.reloaded",
                     counter=policy.counter,
                     grants=policy.grant_count,
                     unreadable=list(policy.unreadable),
+                    mode=mode,
+                    changes=changes,
                 )
             else:
                 self.last_ok = time.monotonic()
+            self._start_full_if_due()
             if not self.store_up:
                 self.store_up = True
                 self._stale_reported = False
@@ -166,6 +215,10 @@ class LivePolicy:
             self._log.warning("store.unavailable", error=str(error), max_stale_s=self.max_stale)
 
     def _build(self) -> Policy:
+        with _responsive():
+            return self._build_policy()
+
+    def _build_policy(self) -> Policy:
         snapshot = self.store.snapshot()
         key = self.store.key
         if key is not None and snapshot.key_id != key.key_id and self._reload_key is not None:
@@ -176,18 +229,82 @@ class LivePolicy:
                 snapshot = self.store.snapshot()
         return Policy(snapshot)
 
-    def _install(self, policy: Policy) -> None:
+    async def _full_read(self) -> Policy:
+        # The whole store: at 100,000 grants a second or more of CPU, longer on a busy host.
+        return await self.call(self._build, timeout=FULL_TIMEOUT)
+
+    def _install(self, policy: Policy, full_counter: int | None) -> None:
+        """Serve `policy`; `full_counter`: the counter of the full read it was built from."""
         self.policy = policy
         # Tokens minted with a credential since rotated or removed are dropped now.
         TOKENS.retain(policy.fingerprints)
         self.last_ok = time.monotonic()
+        if full_counter is not None:
+            self._full_at, self._full_counter = self.last_ok, full_counter
+
+    def _start_full_if_due(self) -> None:
+        """The safety net: read the whole store now and then, beside the incremental updates,
+        once something changed since the last full read."""
+        policy = self.policy
+        if (
+            self._full is None
+            and policy is not None
+            and policy.counter != self._full_counter
+            and not time.monotonic() - self._full_at < self.full_interval
+        ):
+            future = asyncio.get_running_loop().run_in_executor(self._executor, self._build)
+            self._full = asyncio.ensure_future(asyncio.wait_for(future, FULL_TIMEOUT))
+
+    def _finish_full(self, policy: Policy | None) -> tuple[Policy | None, str | None]:
+        """The periodic full read's policy, to be caught up and installed; or, when it
+        failed, the one being served (it is tried again after full_interval)."""
+        finished, self._full = self._full, None
+        assert finished is not None
+        self._full_at = time.monotonic()  # whatever it raises, not again before the interval
+        try:
+            return finished.result(), FULL
+        except (CredproxyError, TimeoutError) as e:
+            self._log.warning("policy.full_reload_failed", error_type=type(e).__name__)
+            return policy, None
 
     def close(self) -> None:
+        if self._full is not None:
+            self._full.cancel()
         self._executor.shutdown(wait=False, cancel_futures=True)
         self.store.close()
 
 
 _abandoned = 0
+# A full read makes a million objects in a second or two, in a thread. Meanwhile the event
+# loop waits for the GIL at every socket call, up to the switch interval (5 ms) each time,
+# and the cyclic collector, set off by the allocations, walks the whole heap with the GIL
+# held: requests then wait hundreds of ms (bench/README.md, the full reload). So while one
+# runs, a shorter switch interval and no cyclic collection (the records hold no cycles).
+FULL_READ_SWITCH_INTERVAL = 0.0005
+_readers = 0
+_readers_lock = threading.Lock()
+_interval = sys.getswitchinterval()
+_collecting = True
+
+
+@contextmanager
+def _responsive() -> Iterator[None]:
+    global _readers, _interval, _collecting
+    with _readers_lock:
+        if _readers == 0:
+            _interval, _collecting = sys.getswitchinterval(), gc.isenabled()
+            sys.setswitchinterval(FULL_READ_SWITCH_INTERVAL)
+            gc.disable()
+        _readers += 1
+    try:
+        yield
+    finally:
+        with _readers_lock:
+            _readers -= 1
+            if _readers == 0:
+                sys.setswitchinterval(_interval)
+                if _collecting:
+                    gc.enable()
 
 
 def abandoned() -> int:

@@ -15,12 +15,13 @@ from typing import NamedTuple
 from urllib.parse import unquote_to_bytes
 
 from addon.stamping import Stamp
-from store.crypto import hash_token, token_matches
+from store.crypto import Secret, hash_token, token_matches
 from store.grammar import HostPattern, Rate, path_matches
 from store.records import (
     TOMBSTONE_RETENTION,
     Coverage,
     CredentialRecord,
+    Delta,
     GrantRecord,
     SessionToken,
     Snapshot,
@@ -183,15 +184,28 @@ _STAGE_DENIALS = (
 
 @dataclass
 class PrincipalPolicy:
-    """A principal's rules, indexed by exact host and by wildcard suffix."""
+    """A principal's rules, indexed by exact host and by wildcard suffix.
+
+    Never changed once a Policy serves it: a change builds the principal a new one
+    (Policy.apply), so a decision reads one version of the principal's rules throughout.
+    """
 
     exact: dict[str, list[Rule]] = field(default_factory=lambda: defaultdict(list))
     wildcard: dict[str, list[Rule]] = field(default_factory=lambda: defaultdict(list))
-    # (host, port, scheme) -> candidates; the policy is immutable, so this never goes stale.
+    rules: dict[int, Rule] = field(default_factory=dict)  # by grant id
+    # (host, port, scheme) -> candidates; the rules never change, so this never goes stale.
     # Hosts come from agents: bounded, cleared whole when full.
     _found: dict[tuple[str, int, str], tuple[Rule, ...]] = field(default_factory=dict)
 
+    @classmethod
+    def of(cls, rules: Iterable[Rule]) -> PrincipalPolicy:
+        built = cls()
+        for rule in rules:
+            built.add(rule)
+        return built
+
     def add(self, rule: Rule) -> None:
+        self.rules[rule.grant_id] = rule
         for pattern in rule.hosts:
             if pattern.wildcard:
                 self.wildcard[pattern.host[1:]].append(rule)
@@ -222,41 +236,125 @@ class PrincipalPolicy:
 
 
 class Policy:
-    """An immutable compiled snapshot of the store; replaced whole on reload."""
+    """The store compiled for the hot path: built whole from a Snapshot, then brought up to
+    date by Delta after Delta (`apply`), each in time proportional to what it changed."""
 
     def __init__(self, snapshot: Snapshot) -> None:
         self.counter = snapshot.counter
         self.key_id = snapshot.key_id
-        self.unreadable = snapshot.unreadable
         self._tokens = dict(snapshot.token_hashes)
+        self._principal_names = dict(snapshot.principal_ids)
         self._sessions = {
             name: {t.id: t for t in found} for name, found in snapshot.sessions.items()
         }
+        self._session_owner = {t.id: n for n, found in snapshot.sessions.items() for t in found}
         self._limits = dict(snapshot.principal_limits)
         self._coverage = snapshot.coverage
-        self._rules: dict[int, Rule] = {}
-        self.fingerprints = {c.name: c.fingerprint for c in snapshot.credentials.values()}
-        # Secrets that go in a path (--scheme path): a target carrying one is refused by the
-        # gate, in any encoding, before its path is written anywhere.
-        self.path_secrets = tuple(
-            c.secret for c in snapshot.credentials.values() if c.scheme == "path"
-        )
+        self._credentials = dict(snapshot.credentials)
+        self._credential_names = dict(snapshot.credential_ids)
+        self._unreadable = set(snapshot.unreadable)
+        self.path_secrets = self._path_secrets()
         self._principals: dict[str, PrincipalPolicy] = {}
+        self._owner: dict[int, str] = {}  # grant id -> principal
         for grant in snapshot.grants:
             rules = self._principals.get(grant.principal)
             if rules is None:
                 rules = self._principals[grant.principal] = PrincipalPolicy()
-            rule = self._rules[grant.id] = _compile(grant, snapshot)
-            rules.add(rule)
-        self.grant_count = len(snapshot.grants)
-        self._stamps: dict[str, Stamp] = {}
+            rules.add(_compile(grant, self._credentials))
+            self._owner[grant.id] = grant.principal
+        self._stamps: dict[str, tuple[CredentialRecord, Stamp]] = {}
         self._allowed: dict[int, Decision] = {}
 
+    @property
+    def grant_count(self) -> int:
+        return len(self._owner)
+
+    @property
+    def unreadable(self) -> tuple[str, ...]:
+        return tuple(sorted(self._unreadable))
+
+    @property
+    def fingerprints(self) -> dict[str, str]:
+        """Each readable credential's fingerprint: tokens minted with another are dropped."""
+        return {name: c.fingerprint for name, c in self._credentials.items()}
+
+    def _path_secrets(self) -> tuple[Secret, ...]:
+        # Secrets that go in a path (--scheme path): a target carrying one is refused by the
+        # gate, in any encoding, before its path is written anywhere.
+        return tuple(c.secret for c in self._credentials.values() if c.scheme == "path")
+
+    def apply(self, delta: Delta) -> None:
+        """Bring the policy to `delta.counter`. Runs on the event loop, between decisions:
+        a principal whose rules change gets a new PrincipalPolicy, never an edited one."""
+        for pid in delta.principals:
+            gone = self._principal_names.pop(pid, None)
+            if gone is not None:
+                self._tokens.pop(gone, None)
+                self._limits.pop(gone, None)
+                self._sessions.pop(gone, None)  # its tokens are in the delta with it
+        for pid, principal in delta.principals.items():
+            if principal is not None:
+                self._principal_names[pid] = name = principal.name
+                self._tokens[name] = principal.token_hash
+                if principal.limit is not None:
+                    self._limits[name] = principal.limit
+        for tid, token in delta.tokens.items():
+            owner = self._session_owner.pop(tid, None)
+            held = self._sessions.get(owner) if owner is not None else None
+            if owner is not None and held is not None and tid in held:
+                self._sessions[owner] = {i: t for i, t in held.items() if i != tid}
+            if token is not None:
+                name, session = token
+                self._sessions[name] = {**self._sessions.get(name, {}), tid: session}
+                self._session_owner[tid] = name
+        for cid in delta.credentials:
+            old = self._credential_names.pop(cid, None)
+            if old is not None:
+                self._credentials.pop(old, None)
+                self._unreadable.discard(old)
+        for cid, found in delta.credentials.items():
+            if isinstance(found, str):
+                self._credential_names[cid] = found
+                self._unreadable.add(found)
+            elif found is not None:
+                self._credential_names[cid] = found.name
+                self._credentials[found.name] = found
+        if delta.credentials:
+            self.path_secrets = self._path_secrets()
+        changed: dict[str, dict[int, Rule | None]] = {}
+        for gid, grant in delta.grants.items():
+            owner = self._owner.pop(gid, None)
+            if owner is not None:
+                changed.setdefault(owner, {})[gid] = None
+            credential = None
+            if grant is not None and grant.credential is not None:
+                credential = self._credentials.get(grant.credential)
+                if credential is None:
+                    continue  # as in a full read: no readable credential, no grant
+            if grant is not None:
+                changed.setdefault(grant.principal, {})[gid] = _rule(grant, credential)
+                self._owner[gid] = grant.principal
+        for name, rules in changed.items():
+            before = self._principals.get(name)
+            kept = {**(before.rules if before is not None else {}), **rules}
+            live = [rule for rule in kept.values() if rule is not None]
+            if live:
+                self._principals[name] = PrincipalPolicy.of(live)
+            else:
+                self._principals.pop(name, None)
+        if delta.coverage is not None:
+            self._coverage = delta.coverage
+        self.counter, self.key_id = delta.counter, delta.key_id
+
     def stamp(self, credential: CredentialRecord) -> Stamp:
-        """The credential's Stamp, built on first use: the snapshot fixes name -> record."""
-        stamp = self._stamps.get(credential.name)
-        if stamp is None:
-            stamp = self._stamps[credential.name] = Stamp(credential)
+        """The credential's Stamp, built on first use of each version of the credential."""
+        found = self._stamps.get(credential.name)
+        if found is not None and found[0] is credential:
+            return found[1]
+        stamp = Stamp(credential)
+        # A request still holding a rotated credential's old record gets its own Stamp.
+        if self._credentials.get(credential.name) is credential:
+            self._stamps[credential.name] = (credential, stamp)
         return stamp
 
     def authenticate(self, name: str, token: str, now: datetime | None = None) -> bool:
@@ -342,7 +440,7 @@ class Policy:
         if best is None:
             return _STAGE_DENIALS[furthest]
         allowed = self._allowed.get(best.grant_id)
-        if allowed is None:
+        if allowed is None or allowed.rule is not best:
             allowed = self._allowed[best.grant_id] = Decision(True, rule=best)
         return allowed
 
@@ -356,8 +454,10 @@ class Policy:
         return any(s.reveal() in target or s.reveal() in decoded for s in self.path_secrets)
 
     def rule(self, grant_id: int) -> Rule | None:
-        """The grant's compiled rule, if the snapshot holds it (a tombstone included)."""
-        return self._rules.get(grant_id)
+        """The grant's compiled rule, if the policy holds it (a tombstone included)."""
+        owner = self._owner.get(grant_id)
+        rules = self._principals.get(owner) if owner is not None else None
+        return rules.rules.get(grant_id) if rules is not None else None
 
     def covering(
         self, grant_id: int, method: str, host: str, port: int, path: str, now: datetime
@@ -381,10 +481,14 @@ def _unexpired(session: SessionToken, now: datetime) -> bool:
     return session.expires_at is None or now < session.expires_at
 
 
-def _compile(grant: GrantRecord, snapshot: Snapshot) -> Rule:
+def _compile(grant: GrantRecord, credentials: dict[str, CredentialRecord]) -> Rule:
+    return _rule(grant, credentials[grant.credential] if grant.credential else None)
+
+
+def _rule(grant: GrantRecord, credential: CredentialRecord | None) -> Rule:
     return Rule(
         grant_id=grant.id,
-        credential=snapshot.credentials[grant.credential] if grant.credential else None,
+        credential=credential,
         hosts=grant.hosts,
         methods=None if "*" in grant.methods else _with_head(grant.methods),
         paths=grant.paths,

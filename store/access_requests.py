@@ -8,7 +8,7 @@ from sqlalchemy import Select, func, select
 from sqlalchemy.orm import Session
 
 from store import approvals, grants, principals, validation
-from store.engine import Database
+from store.engine import REQUEST, Database, changed
 from store.errors import InvalidInput, NotFound
 from store.grammar import HostPattern
 from store.models import AccessRequest, Principal, utcnow
@@ -168,6 +168,7 @@ def approve(
             purpose=purpose,
         )
         row.state, row.decided_at, row.grant_id = APPROVED, utcnow(), grant_id
+        changed(session, REQUEST, row)
         return ACCESS, grant_id
 
 
@@ -178,6 +179,7 @@ def deny(db: Database, request_id: int, reason: str | None = None) -> None:
     with db.change() as session:
         row = _pending(session, request_id)
         row.state, row.decided_at, row.decision_reason = DENIED, utcnow(), reason
+        changed(session, REQUEST, row)
 
 
 def _pending(session: Session, request_id: int) -> AccessRequest:

@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 
 from store import keys, validation
 from store.crypto import MasterKey, Secret
-from store.engine import Database, rowcount
+from store.engine import CREDENTIAL, Database, changed, rowcount
 from store.errors import Conflict, NotFound
 from store.grammar import validate_name
 from store.models import Credential, Grant, utcnow
@@ -55,21 +55,21 @@ def add(
             raise Conflict(f"credential {name!r} already exists")
         key_id, nonce, ciphertext = keys.seal(key, name, secret)
         fingerprint = key.fingerprint(secret)
-        session.add(
-            Credential(
-                name=name,
-                scheme=scheme,
-                header_name=header_name,
-                param_name=param_name,
-                hosts=[str(p) for p in patterns],
-                options=settings or None,
-                key_id=key_id,
-                nonce=nonce,
-                ciphertext=ciphertext,
-                fingerprint=fingerprint,
-                created_at=utcnow(),
-            )
+        row = Credential(
+            name=name,
+            scheme=scheme,
+            header_name=header_name,
+            param_name=param_name,
+            hosts=[str(p) for p in patterns],
+            options=settings or None,
+            key_id=key_id,
+            nonce=nonce,
+            ciphertext=ciphertext,
+            fingerprint=fingerprint,
+            created_at=utcnow(),
         )
+        session.add(row)
+        changed(session, CREDENTIAL, row)
     return fingerprint
 
 
@@ -106,6 +106,7 @@ def rotate(db: Database, key: MasterKey, name: str, secret: Secret) -> str:
         row.key_id, row.nonce, row.ciphertext = keys.seal(key, name, secret)
         row.fingerprint = key.fingerprint(secret)
         row.rotated_at = utcnow()
+        changed(session, CREDENTIAL, row)  # its grants are read with it
         return row.fingerprint
 
 
@@ -118,6 +119,7 @@ def remove(db: Database, name: str) -> int:
 def destroy(session: Session, row: Credential, now: datetime) -> int:
     """`remove` inside the caller's transaction; returns how many grants were revoked."""
     row.removed_at = now
+    changed(session, CREDENTIAL, row)
     row.key_id = row.nonce = row.ciphertext = None
     revoked = session.execute(
         update(Grant)

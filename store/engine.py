@@ -10,13 +10,28 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from sqlalchemy import Connection, Engine, create_engine, event, select, update
+from sqlalchemy import Connection, Engine, create_engine, delete, event, insert, select, update
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, NoSuchModuleError
 from sqlalchemy.orm import Session, sessionmaker
 
 from store.errors import Conflict, CredproxyError, InvalidInput, StoreUnavailable
-from store.models import StoreState
+from store.models import ChangeLog, StoreState
+
+# What a change touched, as change_log names it. A change that notes nothing is logged as ALL:
+# every proxy then reloads the whole store, which is always right, only slower.
+PRINCIPAL, TOKEN, CREDENTIAL, GRANT, REQUEST, ALL = (
+    "principal",
+    "token",
+    "credential",
+    "grant",
+    "request",
+    "all",
+)
+_NOTED = "credproxy.changed"
+# change_log keeps the last LOG_KEPT changes; a proxy further behind reloads whole.
+LOG_KEPT = 10_000
+PRUNE_EVERY = 1_000
 
 
 def normalize_url(url: str) -> str:
@@ -226,17 +241,43 @@ class Database:
 
     @contextmanager
     def change(self) -> Iterator[Session]:
-        """A write transaction that also bumps the change counter the proxy polls."""
+        """A write transaction that also bumps the change counter the proxy polls and logs
+        the rows it noted (`changed`)."""
         with self.session() as session, session.begin():
             yield session
-            session.execute(
-                update(StoreState)
-                .where(StoreState.id == 1)
-                .values(change_counter=StoreState.change_counter + 1)
-            )
+            bump(session)
 
     def change_counter(self) -> int:
         with self.session() as session:
             return session.execute(
                 select(StoreState.change_counter).where(StoreState.id == 1)
             ).scalar_one()
+
+
+def changed(session: Session, kind: str, *rows: Any) -> None:
+    """Note rows (ids, or ORM objects whose id the flush assigns) this change touches."""
+    session.info.setdefault(_NOTED, []).extend((kind, row) for row in rows)
+
+
+def bump(session: Session) -> int:
+    """Move the change counter and log the rows noted in this transaction; the new counter.
+
+    The counter's row lock, held to the commit, numbers changes in commit order: a proxy
+    that reads counter N finds every change up to N in change_log.
+    """
+    session.flush()
+    noted = session.info.pop(_NOTED, [])
+    counter: int = session.execute(
+        update(StoreState)
+        .where(StoreState.id == 1)
+        .values(change_counter=StoreState.change_counter + 1)
+        .returning(StoreState.change_counter)
+    ).scalar_one()
+    rows = {(kind, row if isinstance(row, int) else row.id) for kind, row in noted}
+    session.execute(
+        insert(ChangeLog),
+        [{"counter": counter, "kind": k, "row_id": i} for k, i in sorted(rows or {(ALL, 0)})],
+    )
+    if counter % PRUNE_EVERY == 0:
+        session.execute(delete(ChangeLog).where(ChangeLog.counter <= counter - LOG_KEPT))
+    return counter

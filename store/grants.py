@@ -9,9 +9,9 @@ from sqlalchemy import case, select, update
 from sqlalchemy.orm import Session
 
 from store import credentials, principals, validation
-from store.engine import Database, rowcount
+from store.engine import GRANT, Database, bump, changed, rowcount
 from store.errors import NotFound
-from store.models import Credential, Grant, Principal, StoreState, utcnow
+from store.models import Credential, Grant, Principal, utcnow
 from store.records import GrantEntry
 
 
@@ -74,6 +74,7 @@ def insert(
     )
     session.add(grant)
     session.flush()
+    changed(session, GRANT, grant.id)
     return grant.id
 
 
@@ -133,6 +134,7 @@ def revoke(db: Database, grant_id: int) -> None:
             raise NotFound(f"no grant with id {grant_id}")
         if grant.revoked_at is None:
             grant.revoked_at = utcnow()
+        changed(session, GRANT, grant_id)
 
 
 def consume_once(db: Database, grant_id: int) -> bool:
@@ -150,6 +152,7 @@ def consume_once(db: Database, grant_id: int) -> bool:
             )
             .values(consumed_at=now)
         )
+        changed(session, GRANT, grant_id)
         return rowcount(result) == 1
 
 
@@ -178,9 +181,6 @@ def use(db: Database, grant_id: int) -> bool:
         if not spent:
             return False
         if spent[0][0] is not None:
-            session.execute(
-                update(StoreState)
-                .where(StoreState.id == 1)
-                .values(change_counter=StoreState.change_counter + 1)
-            )
+            changed(session, GRANT, grant_id)
+            bump(session)
         return True

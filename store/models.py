@@ -61,6 +61,15 @@ class StoreState(Base):
     key_check: Mapped[str | None] = mapped_column(String(64))
 
 
+class ChangeLog(Base):
+    """What each change touched: (counter, kind, row id), so a replica reads only that."""
+
+    __tablename__ = "change_log"
+    counter: Mapped[int] = mapped_column(Integer, primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16), primary_key=True)
+    row_id: Mapped[int] = mapped_column(Integer, primary_key=True)
+
+
 class Principal(Base):
     __tablename__ = "principals"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)

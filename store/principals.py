@@ -9,7 +9,7 @@ from sqlalchemy.orm import Session
 
 from store import validation
 from store.crypto import hash_token, new_token
-from store.engine import Database, rowcount
+from store.engine import PRINCIPAL, Database, changed, rowcount
 from store.errors import Conflict, NotFound
 from store.grammar import validate_name
 from store.models import AccessRequest, Grant, Principal, utcnow
@@ -36,15 +36,15 @@ def add(db: Database, name: str, limits: validation.Limits = validation.NO_LIMIT
     with db.change() as session:
         if find(session, name) is not None:
             raise Conflict(f"principal {name!r} already exists")
-        session.add(
-            Principal(
-                name=name,
-                token_hash=hash_token(token),
-                created_at=utcnow(),
-                rate=limits.rate,
-                burst=limits.burst,
-            )
+        row = Principal(
+            name=name,
+            token_hash=hash_token(token),
+            created_at=utcnow(),
+            rate=limits.rate,
+            burst=limits.burst,
         )
+        session.add(row)
+        changed(session, PRINCIPAL, row)
     return token
 
 
@@ -53,6 +53,7 @@ def set_limits(db: Database, name: str, limits: validation.Limits) -> None:
     with db.change() as session:
         principal = need(session, name)
         principal.rate, principal.burst = limits.rate, limits.burst
+        changed(session, PRINCIPAL, principal)
 
 
 def listing(db: Database) -> list[PrincipalEntry]:
@@ -77,6 +78,7 @@ def remove(db: Database, name: str) -> int:
 def disable(session: Session, principal: Principal, now: datetime) -> int:
     """`remove` inside the caller's transaction; returns how many grants were revoked."""
     principal.disabled_at = now
+    changed(session, PRINCIPAL, principal)  # its grants and tokens are read with it
     session.execute(
         update(AccessRequest)
         .where(AccessRequest.principal_id == principal.id, AccessRequest.state == PENDING)

@@ -18,14 +18,14 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from store import credentials, keys, principals, validation
 from store.crypto import MasterKey, Secret, hash_token, new_token
-from store.engine import Database
+from store.engine import Database, bump
 from store.errors import Conflict, InvalidInput
-from store.models import Credential, Grant, Principal, StoreState, utcnow
+from store.models import Credential, Grant, Principal, utcnow
 from store.policyfile import KEYS, CredentialSpec, GrantSpec, PolicyFile, raise_problems
 
 CREATE, UPDATE, REVOKE, REMOVE = "create", "update", "revoke", "remove"
@@ -379,11 +379,7 @@ def apply(
     try:
         with db.session() as session, session.begin():
             # Taken first: a second apply waits here, then plans against this one's result.
-            session.execute(
-                update(StoreState)
-                .where(StoreState.id == 1)
-                .values(change_counter=StoreState.change_counter + 1)
-            )
+            bump(session)  # logged as ALL: every proxy reloads the applied file whole
             state = _read(session)
             result = planner.plan(state)
             if expected is not None and result != expected:

@@ -93,6 +93,39 @@ class Snapshot:
     principal_limits: dict[str, tuple[Rate, int | None]] = field(default_factory=dict)
     # grant id -> the approvals that cover its requests (grants with approval "first")
     coverage: dict[int, tuple[Coverage, ...]] = field(default_factory=dict)
+    # Row ids of the live principals and credentials (unreadable ones too): id -> name, so
+    # that a Delta naming a row by id finds what it replaces.
+    principal_ids: dict[int, str] = field(default_factory=dict)
+    credential_ids: dict[int, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PrincipalRecord:
+    """A live principal as a Delta carries it."""
+
+    name: str
+    token_hash: str
+    limit: tuple[Rate, int | None] | None
+
+
+@dataclass(frozen=True)
+class Delta:
+    """The rows changed since a counter, as they stand at `counter`; None means gone.
+
+    A credential reads as its name alone when its secret cannot be opened.
+    """
+
+    counter: int
+    key_id: str | None
+    changes: int  # rows of change_log it covers
+    principals: dict[int, PrincipalRecord | None]
+    tokens: dict[int, tuple[str, SessionToken] | None]
+    credentials: dict[int, CredentialRecord | str | None]
+    grants: dict[int, GrantRecord | None]
+    decisions: bool = False  # an access request was decided: the proxy audits it
+    # Every approval that covers a `first` grant's requests, read again whenever an access
+    # request or a grant changed; None: unchanged.
+    coverage: dict[int, tuple[Coverage, ...]] | None = None
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from store import (
     access_requests,
     approvals,
     credentials,
+    delta,
     grants,
     keys,
     principals,
@@ -25,6 +26,7 @@ from store.engine import Database
 from store.records import (
     AccessRequestEntry,
     CredentialEntry,
+    Delta,
     GrantEntry,
     PrincipalEntry,
     Snapshot,
@@ -276,3 +278,7 @@ class Store:
 
     def snapshot(self) -> Snapshot:
         return snapshot.read(self.db, keys.need(self.key))
+
+    def delta(self, since: int) -> Delta | None:
+        """What changed after counter `since`; None when only a full snapshot can say."""
+        return delta.read(self.db, keys.need(self.key), since)

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime
 from functools import cache
 from typing import Any, TypeVar
 
-from sqlalchemy import Text, cast, select
+from sqlalchemy import Select, Text, cast, select
 
 from store import keys
 from store.crypto import MasterKey
@@ -39,7 +40,9 @@ T = TypeVar("T")
 
 # Reads in a row that may find the store changing before one is whole.
 READ_ATTEMPTS = 5
-_COUNTER = select(StoreState.change_counter).where(StoreState.id == 1)
+COUNTER = select(StoreState.change_counter).where(StoreState.id == 1)
+Query = Select[*tuple[Any, ...]]
+STATE = select(StoreState.change_counter, StoreState.key_id).where(StoreState.id == 1)
 
 
 def read(db: Database, key: MasterKey) -> Snapshot:
@@ -53,189 +56,228 @@ def read(db: Database, key: MasterKey) -> Snapshot:
     for _ in range(READ_ATTEMPTS):
         snapshot = _read(db, key)
         with db.reading() as connection:
-            if connection.execute(_COUNTER).scalar_one() == snapshot.counter:
+            if connection.execute(COUNTER).scalar_one() == snapshot.counter:
                 return snapshot
     raise StoreUnavailable("the store kept changing while its snapshot was read")
+
+
+# The four queries below are the snapshot's definition of "live"; the full read and the
+# delta read (store/delta.py) both use them, so that both see the same records.
+
+
+def principals() -> Query:
+    return select(
+        Principal.id, Principal.name, Principal.token_hash, Principal.rate, Principal.burst
+    ).where(Principal.disabled_at.is_(None))
+
+
+def sessions(now: datetime) -> Query:
+    # Expired tokens are left out; the proxy also checks expiry per request, so one that
+    # expires between two reads is refused without waiting for a store change.
+    return select(
+        PrincipalToken.principal_id,
+        PrincipalToken.id,
+        PrincipalToken.token_hash,
+        PrincipalToken.expires_at,
+    ).where(
+        PrincipalToken.revoked_at.is_(None),
+        (PrincipalToken.expires_at.is_(None)) | (PrincipalToken.expires_at > now),
+    )
+
+
+def credentials() -> Query:
+    return select(
+        Credential.id,
+        Credential.name,
+        Credential.scheme,
+        Credential.header_name,
+        Credential.param_name,
+        _json_text(Credential.hosts),
+        Credential.key_id,
+        Credential.nonce,
+        Credential.ciphertext,
+        Credential.fingerprint,
+        _json_text(Credential.options),
+    ).where(Credential.removed_at.is_(None))
+
+
+def grants(now: datetime) -> Query:
+    # Used once-grants, and grants expired within TOMBSTONE_RETENTION, stay in the
+    # snapshot as tombstones: a later request is told grant-consumed or grant-expired,
+    # by a restarted proxy as by one that watched the grant go.
+    return select(
+        Grant.id,
+        Grant.principal_id,
+        Grant.credential_id,
+        _json_text(Grant.hosts),
+        _json_text(Grant.methods),
+        _json_text(Grant.paths),
+        Grant.once,
+        Grant.websocket,
+        Grant.expires_at,
+        Grant.consumed_at.is_not(None).label("consumed"),
+        Grant.encoded_slash,
+        Grant.rate,
+        Grant.burst,
+        Grant.max_uses,
+        Grant.approval,
+        Grant.hold,
+    ).where(
+        Grant.revoked_at.is_(None),
+        (Grant.expires_at.is_(None)) | (Grant.expires_at > now - TOMBSTONE_RETENTION),
+    )
+
+
+def coverage(now: datetime) -> Query:
+    # Approvals of a `first` grant's held requests that still cover later ones: the proxy
+    # checks `until` per request; a counted one is spent in the store. Few rows: the delta
+    # read reads them all again whenever an access request or a grant changed.
+    return (
+        select(
+            AccessRequest.grant_id,
+            AccessRequest.id,
+            AccessRequest.method,
+            AccessRequest.host,
+            AccessRequest.port,
+            AccessRequest.path,
+            AccessRequest.cover_until,
+            AccessRequest.cover_uses.is_not(None),
+        )
+        .join(Grant, AccessRequest.grant_id == Grant.id)
+        .where(
+            AccessRequest.kind == HOLD,
+            AccessRequest.state == APPROVED,
+            Grant.approval == "first",
+            Grant.revoked_at.is_(None),
+            (AccessRequest.cover_until.is_(None)) | (AccessRequest.cover_until > now),
+            (AccessRequest.cover_uses.is_(None))
+            | (AccessRequest.covered < AccessRequest.cover_uses),
+        )
+        .order_by(AccessRequest.id)
+    )
+
+
+def compile_coverage(rows: Iterable[Any]) -> dict[int, tuple[Coverage, ...]]:
+    found: dict[int, tuple[Coverage, ...]] = {}
+    for gid, rid, method, host, port, path, until, counted in rows:
+        assert gid is not None  # joined to its grant
+        cover = Coverage(rid, method, host, port, path, until, bool(counted))
+        found[gid] = (*found.get(gid, ()), cover)
+    return found
+
+
+class Compiler:
+    """Rows into records; thousands of grants repeat a few lists, so each distinct text is
+    decoded and parsed once."""
+
+    def __init__(self, key: MasterKey) -> None:
+        self.key = key
+        parse = cache(parse_host)
+        self.hosts_of = _decoded(lambda hosts: tuple(parse(h) for h in hosts or ()))
+        self.methods_of = _decoded(frozenset)
+        self.paths_of = _decoded(tuple)
+        self.options_of = _decoded(lambda options: options or {})
+        self.rate_of = cache(parse_rate)
+
+    def credentials(
+        self, rows: Iterable[Any]
+    ) -> tuple[dict[int, CredentialRecord], dict[int, str]]:
+        """The readable credentials by id, and the unreadable ones' names by id."""
+        by_id: dict[int, CredentialRecord] = {}
+        unreadable: dict[int, str] = {}
+        # Rows are unpacked, not read by attribute name: that is measurably slower at scale.
+        for cid, name, scheme, header, param, hosts, key_id, nonce, ciphertext, fp, opts in rows:
+            try:
+                secret = keys.unseal(self.key, name, key_id, nonce, ciphertext)
+            except SealError:  # one bad row must not hide the others; it is named
+                unreadable[cid] = name
+                continue
+            by_id[cid] = CredentialRecord(
+                name=name,
+                scheme=scheme,
+                header_name=header,
+                param_name=param,
+                hosts=self.hosts_of(hosts),
+                secret=secret,
+                fingerprint=fp,
+                options=self.options_of(opts),
+            )
+        return by_id, unreadable
+
+    def grant(
+        self, row: Sequence[Any], names: dict[int, str], by_id: dict[int, CredentialRecord]
+    ) -> GrantRecord | None:
+        """The grant as the proxy holds it, or None when it has no place in the snapshot."""
+        gid, pid, cred_id, hosts, methods, paths, once, ws, expires, consumed, slash = row[:11]
+        rate, burst, max_uses, approval, hold = row[11:]
+        # A spent once- or use-counted grant stays, as a tombstone (grant-consumed).
+        if pid not in names or (consumed and not once and max_uses is None):
+            return None
+        cred = None
+        if cred_id is not None:
+            cred = by_id.get(cred_id)
+            if cred is None:
+                return None
+        grant_hosts = self.hosts_of(hosts)
+        if not grant_hosts and cred is not None:
+            grant_hosts = cred.hosts
+        return GrantRecord(
+            id=gid,
+            principal=names[pid],
+            credential=cred.name if cred else None,
+            hosts=grant_hosts,
+            methods=self.methods_of(methods),
+            paths=self.paths_of(paths),
+            once=once,
+            websocket=ws,
+            expires_at=expires,
+            consumed=consumed,
+            encoded_slash=slash,
+            rate=self.rate_of(rate) if rate is not None else None,
+            burst=burst,
+            max_uses=max_uses,
+            approval=approval,
+            hold=hold,
+        )
 
 
 def _read(db: Database, key: MasterKey) -> Snapshot:
     now = utcnow()
     with db.reading() as connection:
-        counter, key_id = connection.execute(
-            select(StoreState.change_counter, StoreState.key_id).where(StoreState.id == 1)
-        ).one()
-        principals = connection.execute(
-            select(Principal.id, Principal.name, Principal.token_hash).where(
-                Principal.disabled_at.is_(None)
-            )
-        ).all()
-        # Expired tokens are left out; the proxy also checks expiry per request, so one that
-        # expires between two reads is refused without waiting for a store change.
-        sessions = connection.execute(
-            select(
-                PrincipalToken.principal_id,
-                PrincipalToken.id,
-                PrincipalToken.token_hash,
-                PrincipalToken.expires_at,
-            ).where(
-                PrincipalToken.revoked_at.is_(None),
-                (PrincipalToken.expires_at.is_(None)) | (PrincipalToken.expires_at > now),
-            )
-        ).all()
-        limited = connection.execute(
-            select(Principal.name, Principal.rate, Principal.burst).where(
-                Principal.disabled_at.is_(None), Principal.rate.is_not(None)
-            )
-        ).all()
-        creds = connection.execute(
-            select(
-                Credential.id,
-                Credential.name,
-                Credential.scheme,
-                Credential.header_name,
-                Credential.param_name,
-                _json_text(Credential.hosts),
-                Credential.key_id,
-                Credential.nonce,
-                Credential.ciphertext,
-                Credential.fingerprint,
-                _json_text(Credential.options),
-            ).where(Credential.removed_at.is_(None))
-        ).all()
-        # Used once-grants, and grants expired within TOMBSTONE_RETENTION, stay in the
-        # snapshot as tombstones: a later request is told grant-consumed or grant-expired,
-        # by a restarted proxy as by one that watched the grant go.
-        grants = connection.execute(
-            select(
-                Grant.id,
-                Grant.principal_id,
-                Grant.credential_id,
-                _json_text(Grant.hosts),
-                _json_text(Grant.methods),
-                _json_text(Grant.paths),
-                Grant.once,
-                Grant.websocket,
-                Grant.expires_at,
-                Grant.consumed_at.is_not(None).label("consumed"),
-                Grant.encoded_slash,
-                Grant.rate,
-                Grant.burst,
-                Grant.max_uses,
-                Grant.approval,
-                Grant.hold,
-            ).where(
-                Grant.revoked_at.is_(None),
-                (Grant.expires_at.is_(None)) | (Grant.expires_at > now - TOMBSTONE_RETENTION),
-            )
-        ).all()
-        # Approvals of a `first` grant's held requests that still cover later ones: the
-        # proxy checks `until` per request; a counted one is spent in the store.
-        covering = connection.execute(
-            select(
-                AccessRequest.grant_id,
-                AccessRequest.id,
-                AccessRequest.method,
-                AccessRequest.host,
-                AccessRequest.port,
-                AccessRequest.path,
-                AccessRequest.cover_until,
-                AccessRequest.cover_uses.is_not(None),
-            )
-            .join(Grant, AccessRequest.grant_id == Grant.id)
-            .where(
-                AccessRequest.kind == HOLD,
-                AccessRequest.state == APPROVED,
-                Grant.approval == "first",
-                Grant.revoked_at.is_(None),
-                (AccessRequest.cover_until.is_(None)) | (AccessRequest.cover_until > now),
-                (AccessRequest.cover_uses.is_(None))
-                | (AccessRequest.covered < AccessRequest.cover_uses),
-            )
-            .order_by(AccessRequest.id)
-        ).all()
-    coverage: dict[int, tuple[Coverage, ...]] = {}
-    for gid, rid, method, host, port, path, until, counted in covering:
-        assert gid is not None  # joined to its grant
-        found = Coverage(rid, method, host, port, path, until, bool(counted))
-        coverage[gid] = (*coverage.get(gid, ()), found)
-    # Thousands of grants repeat a few lists: each distinct text is decoded and parsed once.
-    parse = cache(parse_host)
-    hosts_of = _decoded(lambda hosts: tuple(parse(h) for h in hosts or ()))
-    methods_of = _decoded(frozenset)
-    paths_of = _decoded(tuple)
-    options_of = _decoded(lambda options: options or {})
-    names = {pid: name for pid, name, _ in principals}
+        counter, key_id = connection.execute(STATE).one()
+        people = connection.execute(principals()).all()
+        tokens = connection.execute(sessions(now)).all()
+        creds = connection.execute(credentials()).all()
+        rows = connection.execute(grants(now)).all()
+        covering = connection.execute(coverage(now)).all()
+    compiler = Compiler(key)
+    names = {pid: name for pid, name, *_ in people}
     live_sessions: dict[str, list[SessionToken]] = {}
-    for pid, tid, token_hash, expires in sessions:
+    for pid, tid, token_hash, expires in tokens:
         if pid in names:
             live_sessions.setdefault(names[pid], []).append(SessionToken(tid, token_hash, expires))
-    records: dict[str, CredentialRecord] = {}
-    by_id: dict[int, CredentialRecord] = {}
-    unreadable = []
-    # Rows are unpacked, not read by attribute name: that is measurably slower at scale.
-    for cid, name, scheme, header, param, hosts, key_id, nonce, ciphertext, fp, opts in creds:
-        try:
-            secret = keys.unseal(key, name, key_id, nonce, ciphertext)
-        except SealError:  # one bad row must not hide the others; it is named
-            unreadable.append(name)
-            continue
-        rec = CredentialRecord(
-            name=name,
-            scheme=scheme,
-            header_name=header,
-            param_name=param,
-            hosts=hosts_of(hosts),
-            secret=secret,
-            fingerprint=fp,
-            options=options_of(opts),
-        )
-        records[name] = by_id[cid] = rec
+    by_id, unreadable = compiler.credentials(creds)
     compiled = []
-    rate_of = cache(parse_rate)
-    for row in grants:
-        gid, pid, cred_id, hosts, methods, paths, once, ws, expires, consumed, slash = row[:11]
-        rate, burst, max_uses, approval, hold = row[11:]
-        # A spent once- or use-counted grant stays, as a tombstone (grant-consumed).
-        if pid not in names or (consumed and not once and max_uses is None):
-            continue
-        cred = None
-        if cred_id is not None:
-            cred = by_id.get(cred_id)
-            if cred is None:
-                continue
-        grant_hosts = hosts_of(hosts)
-        if not grant_hosts and cred is not None:
-            grant_hosts = cred.hosts
-        compiled.append(
-            GrantRecord(
-                id=gid,
-                principal=names[pid],
-                credential=cred.name if cred else None,
-                hosts=grant_hosts,
-                methods=methods_of(methods),
-                paths=paths_of(paths),
-                once=once,
-                websocket=ws,
-                expires_at=expires,
-                consumed=consumed,
-                encoded_slash=slash,
-                rate=rate_of(rate) if rate is not None else None,
-                burst=burst,
-                max_uses=max_uses,
-                approval=approval,
-                hold=hold,
-            )
-        )
+    for row in rows:
+        grant = compiler.grant(row, names, by_id)
+        if grant is not None:
+            compiled.append(grant)
     return Snapshot(
         counter=counter,
         key_id=key_id,
-        token_hashes={name: h for _, name, h in principals},
-        credentials=records,
+        token_hashes={name: h for _, name, h, _, _ in people},
+        credentials={c.name: c for c in by_id.values()},
         grants=tuple(compiled),
-        unreadable=tuple(sorted(unreadable)),
+        unreadable=tuple(sorted(unreadable.values())),
         sessions={name: tuple(found) for name, found in live_sessions.items()},
-        principal_limits={name: (rate_of(rate), burst) for name, rate, burst in limited},
-        coverage=coverage,
+        principal_limits={
+            name: (compiler.rate_of(rate), burst)
+            for _, name, _, rate, burst in people
+            if rate is not None
+        },
+        principal_ids=names,
+        credential_ids={cid: c.name for cid, c in by_id.items()} | unreadable,
+        coverage=compile_coverage(covering),
     )
 
 

@@ -12,7 +12,7 @@ from sqlalchemy import select
 
 from store import principals
 from store.crypto import hash_token, new_token
-from store.engine import Database
+from store.engine import TOKEN, Database, changed
 from store.errors import InvalidInput, NotFound
 from store.models import Principal, PrincipalToken, utcnow
 from store.records import TokenEntry
@@ -39,6 +39,7 @@ def add(
         )
         session.add(row)
         session.flush()
+        changed(session, TOKEN, row.id)
         return row.id, token
 
 
@@ -85,3 +86,4 @@ def revoke(db: Database, token_id: int) -> None:
             raise NotFound(f"no token with id {token_id}")
         if token.revoked_at is None:
             token.revoked_at = utcnow()
+        changed(session, TOKEN, token_id)

@@ -15,7 +15,7 @@ from store.schema import MIGRATIONS, SCHEMA_HEAD
 
 TABLES = {
     "alembic_version", "store_state", "principals", "credentials", "grants", "access_requests",
-    "principal_tokens", "rate_buckets",
+    "principal_tokens", "rate_buckets", "change_log",
 }
 CREATED = datetime(2024, 1, 2, 3, 4, 5, tzinfo=UTC)
 
