@@ -7,7 +7,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from bench.bodies import KINDS
+from bench.bodies import KINDS, parse_sizes
 from bench.processes import BenchError
 from bench.run import CONFIGS, DEFAULT_CONFIGS, DOWNLOAD_BYTES, DOWNLOAD_CONFIGS, Settings, run
 
@@ -21,20 +21,6 @@ def _ints(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(f"not a comma-separated list of integers: {text}") from e
     if not values or min(values) < 1:
         raise argparse.ArgumentTypeError("concurrency levels must be positive")
-    return values
-
-
-def _sizes(text: str) -> tuple[int, ...]:
-    units = {"k": 1024, "m": 1024 * 1024}
-    try:
-        values = tuple(
-            int(v[:-1]) * units[v[-1].lower()] if v[-1].lower() in units else int(v)
-            for v in (v.strip() for v in text.split(","))
-        )
-    except (ValueError, IndexError) as e:
-        raise argparse.ArgumentTypeError(f"not a comma-separated list of sizes: {text}") from e
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError("sizes must be positive")
     return values
 
 
@@ -70,7 +56,7 @@ def parse(argv: Sequence[str] | None) -> Settings:
     )
     p.add_argument(
         "--download",
-        type=_sizes,
+        type=parse_sizes,
         help="download mode: GET bodies of these sizes (e.g. 1m,16m) through a redacted grant "
         "and compare MB/s with bare mitmproxy streaming them",
     )

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import argparse
 import base64
 import functools
 import random
@@ -37,3 +38,18 @@ def body(kind: str, size: int) -> bytes:
             total += len(part)
         return b"".join(parts)[:size]
     raise ValueError(f"unknown body kind {kind!r}")
+
+
+def parse_sizes(text: str) -> tuple[int, ...]:
+    """`1m,16m` -> sizes in bytes (k and m are binary); an argparse type."""
+    units = {"k": 1024, "m": 1024 * 1024}
+    try:
+        values = tuple(
+            int(v[:-1]) * units[v[-1].lower()] if v[-1].lower() in units else int(v)
+            for v in (v.strip() for v in text.split(","))
+        )
+    except (ValueError, IndexError) as e:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of sizes: {text}") from e
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError("sizes must be positive")
+    return values
