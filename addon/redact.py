@@ -128,17 +128,17 @@ def _exactly(texts: set[bytes]) -> bytes:
     return b"(?:" + out + b")?" if b"" in texts else out
 
 
-def _escapes(needles: list[bytes]) -> tuple[re.Pattern[bytes], ...]:
-    """One regex per escape's first byte, matching exactly the escapes of the needles' bytes.
+def _escapes(needles: list[bytes]) -> tuple[tuple[bytes, re.Pattern[bytes]], ...]:
+    """Per escape's first byte, a regex matching exactly the escapes of the needles' bytes.
 
-    Each is led by a literal byte, which the regex engine skips to in a tight loop.
+    Each is led by that literal byte, which the regex engine skips to in a tight loop.
     """
     by_lead: dict[int, set[bytes]] = {}
     for byte in {b for n in needles for b in n}:
         for e in encodings(byte)[1:]:
             by_lead.setdefault(e[0], set()).add(e[1:])
     return tuple(
-        re.compile(re.escape(bytes((lead,))) + _exactly(rest))
+        (bytes((lead,)), re.compile(re.escape(bytes((lead,))) + _exactly(rest)))
         for lead, rest in sorted(by_lead.items())
     )
 
@@ -206,8 +206,9 @@ class _Compiled:
             while at >= 0:
                 hits.append(at)
                 at = data.find(text, at + 1)
-        for escape in self.escapes:
-            hits += [m.start() for m in escape.finditer(data)]
+        for lead, escape in self.escapes:
+            if lead in data:  # memchr: text without backslashes skips a pass
+                hits += [m.start() for m in escape.finditer(data)]
         if not hits:
             return False
         if len(hits) * self.reach > len(data):

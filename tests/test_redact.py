@@ -349,3 +349,20 @@ def test_echoes_far_apart_in_a_large_body_are_redacted_at_any_piece_size(data, s
     assert out == expected
     assert redactor.count == count >= 1
     assert not any(echo in out for echo in echoes)
+
+
+@pytest.mark.parametrize(
+    "before",
+    [
+        pytest.param(b"%73", id="an escape of one of the secret's bytes, alone"),
+        pytest.param(b"sk-live", id="the start of the secret, alone"),
+        pytest.param(b"\\u0073k", id="a JSON escape and a byte, alone"),
+    ],
+)
+def test_a_form_far_past_a_lone_near_miss_is_redacted(before: bytes):
+    # The sieve's first window holds only the near miss; the form is in a later one.
+    filler = b"." * 5000
+    body = before + filler + SECRET + filler + before
+    expected = before + filler + MARK + filler + before
+    assert Redactor([SECRET]).whole(body) == expected
+    assert run(Redactor([SECRET]), [body[:7000], body[7000:]]) == expected
