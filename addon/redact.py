@@ -6,7 +6,8 @@ escape (`\\u00hh`, `\\/`, `\\"` ...), each byte independently.
 
 A body is first sieved: an encoded form holds either a form's text whole (found with
 `bytes.find`) or at least one escape (found with a regex led by the escape's first byte, which
-the regex engine skips to in a tight loop). Only the neighbourhood of what the sieve finds is
+the regex engine skips to in a tight loop; backslashes read as percent signs, so that one pass
+finds JSON and URL escapes). Only the neighbourhood of what the sieve finds is
 searched with the full pattern, and only a hit there makes the whole body go through it.
 """
 
@@ -19,6 +20,8 @@ import zlib
 from collections.abc import Callable, Sequence
 
 MARK = b"[REDACTED]"
+# The sieve reads backslashes as percent signs: JSON and URL escapes then share one lead byte.
+FOLD = (b"\\", b"%")
 # Re-matching after a substitution ends within a few passes unless a form lives inside MARK.
 MAX_PASSES = 8
 _JSON_SHORT = {0x22: b'\\"', 0x5C: b"\\\\", 0x2F: b"\\/", 8: b"\\b", 12: b"\\f", 10: b"\\n"}
@@ -129,16 +132,19 @@ def _exactly(texts: set[bytes]) -> bytes:
 
 
 def _escapes(needles: list[bytes]) -> tuple[tuple[bytes, re.Pattern[bytes]], ...]:
-    """Per escape's first byte, a regex matching exactly the escapes of the needles' bytes.
+    """Per escape's first byte, a regex matching exactly the escapes of the needles' bytes,
+    in a chunk whose backslashes were replaced by percent signs (FOLD).
 
-    Each is led by that literal byte, which the regex engine skips to in a tight loop.
+    Folded, `%hh`, `\\u00hh` and `\\/` all begin with `%`: one pass finds them all. Each regex
+    is led by a literal byte, which the regex engine skips to in a tight loop.
     """
-    by_lead: dict[int, set[bytes]] = {}
+    by_lead: dict[bytes, set[bytes]] = {}
     for byte in {b for n in needles for b in n}:
         for e in encodings(byte)[1:]:
-            by_lead.setdefault(e[0], set()).add(e[1:])
+            e = e.replace(*FOLD)
+            by_lead.setdefault(e[:1], set()).add(e[1:])
     return tuple(
-        (bytes((lead,)), re.compile(re.escape(bytes((lead,))) + _exactly(rest)))
+        (lead, re.compile(re.escape(lead) + _exactly(rest)))
         for lead, rest in sorted(by_lead.items())
     )
 
@@ -206,9 +212,11 @@ class _Compiled:
             while at >= 0:
                 hits.append(at)
                 at = data.find(text, at + 1)
+        # Byte for byte, so positions hold; without a backslash, `data` itself (memchr).
+        folded = data.replace(*FOLD)
         for lead, escape in self.escapes:
-            if lead in data:  # memchr: text without backslashes skips a pass
-                hits += [m.start() for m in escape.finditer(data)]
+            if lead in folded:  # memchr again: plain text skips the pass
+                hits += [m.start() for m in escape.finditer(folded)]
         if not hits:
             return False
         if len(hits) * self.reach > len(data):
