@@ -154,12 +154,19 @@ def start_upstream(workdir: Path, cert: Path, key: Path) -> Running:
     )
 
 
-def start_bare_mitmproxy(workdir: Path, certs: Path, upstream_ca: Path) -> Running:
+def start_bare_mitmproxy(
+    workdir: Path,
+    certs: Path,
+    upstream_ca: Path,
+    name: str = "mitmproxy",
+    stream: str | None = None,
+) -> Running:
+    """Bare mitmproxy; `stream` sets its stream_large_bodies (None: bodies are buffered)."""
     # Built here, so that the bare process imports neither credproxy nor its store.
     bundle = _trust_bundle(upstream_ca, workdir)
-    options = json.dumps(REQUIRED_OPTIONS)
+    options = json.dumps({**REQUIRED_OPTIONS, "stream_large_bodies": stream})
     args = [sys.executable, "-m", "bench.bare_mitmproxy", str(certs), str(bundle), options]
-    return start("mitmproxy", args, dict(os.environ), workdir / "mitmproxy.out", '"proxy.started"')
+    return start(name, args, dict(os.environ), workdir / f"{name}.out", '"proxy.started"')
 
 
 def credproxy_env(workdir: Path, db: Path) -> dict[str, str]:
