@@ -331,8 +331,10 @@ class Supervisor:
         prefix = f'{{"worker":{w.index},'
         partial = b""
         while True:
-            while not audit.writable():
-                await asyncio.sleep(STATE_POLL)  # our stdout is behind: so are the workers
+            while not audit.writable() and not self.stopping.is_set():
+                # Our stdout is behind: so are the workers, which refuse requests meanwhile.
+                # Stopping, every line is taken: the writer queues or counts what it drops.
+                await asyncio.sleep(STATE_POLL)
             data = await pipe.read(READ_CHUNK)
             if not data:
                 break
