@@ -185,7 +185,6 @@ class Supervisor:
         self.stopping = asyncio.Event()
         self.announced = False
         self.held: list[str] = []  # workers' lines before our proxy.started
-        self.lost = 0
         self.state = audit.OK
         self.signals = 0
 
@@ -330,6 +329,7 @@ class Supervisor:
         """The worker's audit lines, whole, on our stdout, each with the worker's index."""
         prefix = f'{{"worker":{w.index},'
         partial = b""
+        lost = 0
         while True:
             while not audit.writable() and not self.stopping.is_set():
                 # Our stdout is behind: so are the workers, which refuse requests meanwhile.
@@ -342,17 +342,16 @@ class Supervisor:
             end = partial.rfind(b"\n")
             if end < 0:
                 if len(partial) > LINE_LIMIT:
-                    self.lost += 1
+                    lost += 1
                     partial = b""
                 continue
             lines, partial = partial[: end + 1], partial[end + 1 :]
             for raw in lines.splitlines(keepends=True):
                 self.pass_line(w, prefix, raw.decode("utf-8", "backslashreplace"))
         if partial:
-            self.lost += 1  # a worker killed mid-line: never half a line on stdout
-        if self.lost:
-            self.log.warning("audit.lines_lost", worker=w.index, count=self.lost)
-            self.lost = 0
+            lost += 1  # a worker killed mid-line: never half a line on stdout
+        if lost:
+            self.log.warning("audit.lines_lost", worker=w.index, count=lost)
 
     def pass_line(self, w: Worker, prefix: str, line: str) -> None:
         if not line.startswith("{") or line.startswith("{}"):
