@@ -171,6 +171,7 @@ class Worker:
     backoff: float = BACKOFF_START
     restarts: int = 0
     relay: asyncio.Task[None] | None = None
+    policy: dict[str, Any] = dataclasses.field(default_factory=dict)  # from its proxy.started
 
 
 class Supervisor:
@@ -249,6 +250,9 @@ class Supervisor:
             pid=os.getpid(),
             workers=[w.process.pid for w in self.workers if w.process],
             db=self.db,
+            grants=min(int(w.policy.get("grants", 0)) for w in self.workers),
+            counter=min(int(w.policy.get("counter", 0)) for w in self.workers),
+            unreadable=sorted({u for w in self.workers for u in w.policy.get("unreadable", [])}),
         )
         self.announced = True
         for line in self.held:
@@ -358,6 +362,8 @@ class Supervisor:
             line = json.dumps({"event": "worker.output", "bytes": len(line)}) + "\n"
         if not w.started and '"proxy.started"' in line:
             w.started = True
+            with contextlib.suppress(ValueError, AttributeError):
+                w.policy = json.loads(line)
         line = prefix + line[1:]
         if not self.announced:
             self.held.append(line)

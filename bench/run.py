@@ -40,6 +40,8 @@ from store.repository import Store
 
 POPULATIONS = {
     "credproxy-10": Population(principals=10, credentials=10, grants_per_principal=1),
+    # The same, served by `run --workers 2`, never pinned to one CPU (see --no-pin).
+    "credproxy-10-w2": Population(principals=10, credentials=10, grants_per_principal=1),
     "credproxy-10k": Population(principals=1000, credentials=1000, grants_per_principal=10),
     # The upstream named `localhost` and found through the system resolver, as in production:
     # no --resolve.
@@ -53,7 +55,9 @@ POPULATIONS = {
 }
 DNS_CONFIGS = frozenset({"credproxy-10-dns", "credproxy-10-dns-miss"})
 # Extra `credproxy run` flags per configuration.
-RUN_FLAGS = {"credproxy-10-dns-miss": ("--dns-ttl", "0")}
+RUN_FLAGS = {"credproxy-10-dns-miss": ("--dns-ttl", "0"), "credproxy-10-w2": ("--workers", "2")}
+# Several processes: given every CPU even in a pinned run.
+UNPINNED = frozenset({"credproxy-10-w2"})
 DNS_HOST = "localhost"
 # Bare mitmproxy streaming bodies over this size, as credproxy streams what it does not hold.
 STREAM_LARGE_BODIES = "64k"
@@ -61,7 +65,7 @@ CONFIGS = ("direct", "mitmproxy", "mitmproxy-stream", *POPULATIONS)
 # What runs without --configs: every configuration with a target (not the cache-miss one);
 # streaming mitmproxy is the reference of the download mode only.
 DEFAULT_CONFIGS = tuple(
-    c for c in CONFIGS if c not in ("credproxy-10-dns-miss", "mitmproxy-stream")
+    c for c in CONFIGS if c not in ("credproxy-10-dns-miss", "mitmproxy-stream", *UNPINNED)
 )
 DOWNLOAD_CONFIGS = ("mitmproxy", "mitmproxy-stream", "credproxy-10")
 # Bytes each download cell moves when --requests is not given.
@@ -148,7 +152,16 @@ class Bench:
             elif config in POPULATIONS:
                 tokens = self._store(config, POPULATIONS[config])
                 env = credproxy_env(self.workdir, self.workdir / f"{config}.db")
-                launch = partial(start_credproxy, config, self.workdir, env, upstream_ca, resolve)
+                launch = partial(
+                    start_credproxy,
+                    config,
+                    self.workdir,
+                    env,
+                    upstream_ca,
+                    resolve,
+                    RUN_FLAGS.get(config, ()),
+                    pin=config not in UNPINNED,
+                )
                 target = Target(HOST, 443, PATH, proxy_context, credentials=tuple(tokens))
             else:
                 continue
