@@ -319,7 +319,7 @@ class Supervisor:
                 pid=w.process.pid,
                 status=status,
                 served_s=round(served, 3),
-                restart_in_s=delay,
+                restart_in_s=delay if self.announced else None,
                 restarts=w.restarts,
             )
             if not self.announced:

@@ -237,6 +237,16 @@ def test_sigterm_drains_every_worker(
                     for chunk in answer.iter_bytes():
                         got.append(chunk)
 
+        proxy.process.send_signal(signal.SIGHUP)  # passed on to every worker
+
+        def reloaded() -> bool:
+            lines = proxy.audit()
+            asked = {
+                line.get("worker") for line in lines if line["event"] == "proxy.reload_requested"
+            }
+            return asked == {1, 2}
+
+        assert eventually(reloaded)
         reader = threading.Thread(target=stream)
         reader.start()
         assert eventually(lambda: bool(got), 5)
@@ -299,3 +309,30 @@ def test_a_closed_stdout_refuses_requests_in_every_worker(
     finally:
         process.terminate()
         process.wait(20)
+
+
+def _gone(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return True
+    return "\nState:\tZ" in state  # exited, not yet reaped by its new parent
+
+
+def test_workers_stop_when_their_supervisor_is_killed(
+    tmp_path: Path, initialised_home: Path, upstream_ca: trustme.CA, shared_upstream: Upstream
+):
+    proxy = start_proxy(
+        tmp_path / "home",
+        upstream_ca,
+        _args(shared_upstream),
+        extra=["--workers", "2"],
+        template=initialised_home,
+    )
+    try:
+        pids = proxy.audit()[0]["workers"]
+        assert len(pids) == 2
+        proxy.process.kill()
+        assert eventually(lambda: all(_gone(pid) for pid in pids), 20)
+    finally:
+        stop_proxy(proxy)
