@@ -131,7 +131,8 @@ def supervise(config: RunConfig, argv: list[str]) -> int:
     holders, port = reserve(config.listen_host, config.listen_port)
     audit.configure()
     try:
-        return asyncio.run(Supervisor(config, argv, port, shown_db).run())
+        listening = [f"{h.getsockname()[0]}:{port}" for h in holders]  # as a single process
+        return asyncio.run(Supervisor(config, argv, port, shown_db, listening).run())
     finally:
         for holder in holders:
             holder.close()
@@ -175,7 +176,15 @@ class Worker:
 
 
 class Supervisor:
-    def __init__(self, config: RunConfig, argv: list[str], port: int, db: str) -> None:
+    def __init__(
+        self,
+        config: RunConfig,
+        argv: list[str],
+        port: int,
+        db: str,
+        listening: list[str] | None = None,
+    ) -> None:
+        self.listening = listening or []
         self.config = config
         self.db = db
         self.argv = argv
@@ -241,11 +250,9 @@ class Supervisor:
         return 0
 
     def announce(self, admin_addr: list[tuple[str, int]]) -> None:
-        host = self.config.listen_host
-        shown = f"[{host}]" if ":" in host else host
         self.log.info(
             "proxy.started",
-            listen=[f"{shown}:{self.port}"],
+            listen=self.listening,
             admin=[f"{h}:{p}" for h, p in admin_addr],
             pid=os.getpid(),
             workers=[w.process.pid for w in self.workers if w.process],

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import ssl
 import subprocess
@@ -24,6 +25,7 @@ import trustme
 from store.crypto import Secret
 from tests.e2e.conftest import CREDPROXY, NAMES, Proxy, start_proxy, stop_proxy
 from tests.e2e.raw import connect, proxy_auth
+from tests.e2e.relay import pg_database
 from tests.e2e.test_audit_stream import Pipe, _home
 from tests.e2e.upstream import Upstream
 
@@ -155,12 +157,11 @@ def test_readyz_and_metrics_are_the_workers_together(workers, grant):
     assert "credproxy_store_up 1.0" in body.decode()
 
 
-def test_a_once_grant_is_used_once_from_16_parallel_connections(workers, grant, upstream):
-    agent, token = grant(once=True)
+def _race_once(proxy: Proxy, agent: str, token: str, upstream: Upstream) -> None:
     barrier = threading.Barrier(16)
 
     def one(_: int) -> int:
-        with workers.client(agent, token, timeout=15) as client:
+        with proxy.client(agent, token, timeout=15) as client:
             barrier.wait()
             return client.get("https://api.test/v1/once").status_code
 
@@ -169,6 +170,35 @@ def test_a_once_grant_is_used_once_from_16_parallel_connections(workers, grant, 
     assert statuses.count(200) == 1
     assert statuses.count(403) == 15
     assert len([r for r in upstream.log.requests if r.target == "/v1/once"]) == 1
+
+
+def test_a_once_grant_is_used_once_from_16_parallel_connections(workers, grant, upstream):
+    agent, token = grant(once=True)
+    _race_once(workers, agent, token, upstream)
+
+
+def test_a_once_grant_is_used_once_over_workers_on_postgresql(
+    tmp_path: Path, initialised_home: Path, upstream_ca: trustme.CA, upstream: Upstream
+):
+    with pg_database("credproxy_workers_") as url:
+        home = tmp_path / "home"
+        shutil.copytree(initialised_home, home)
+        env = {
+            **os.environ,
+            "CREDPROXY_DB": url,
+            "CREDPROXY_KEY_FILE": str(home / "credproxy.key"),
+            "CREDPROXY_CERTS": str(home / "certs"),
+        }
+        subprocess.run([*CREDPROXY, "init"], env=env, cwd=home, check=True, capture_output=True)
+        proxy = start_proxy(home, upstream_ca, _args(upstream), extra=["--workers", "2"], db=url)
+        try:
+            token = proxy.store.add_principal("racer")
+            proxy.store.add_credential("rc", "bearer", ["api.test"], Secret(b"sk-pg-race"))
+            proxy.store.add_grant("racer", ["GET"], credential="rc", once=True)
+            wait_reload_all(proxy)
+            _race_once(proxy, "racer", token, upstream)
+        finally:
+            stop_proxy(proxy)
 
 
 def test_the_supervisors_admin_listener_is_no_destination(workers, names):
