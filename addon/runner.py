@@ -32,7 +32,7 @@ from store.settings import Settings
 if TYPE_CHECKING:
     from addon.chain import Chain
     from addon.live import LivePolicy
-    from addon.workers import Role
+    from addon.workerrole import Role
 
 DRAIN_POLL = 0.05
 MAX_SIGNED_BODY = 1024 * 1024 * 1024
@@ -216,10 +216,12 @@ def add_command(sub: Any, common: argparse.ArgumentParser) -> None:
 def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     config = RunConfig.from_args(args, settings)
     if config.workers > 1:
-        from addon import workers
+        from addon.workerrole import Role
 
-        role = workers.Role.from_env()
+        role = Role.from_env()
         if role is None:
+            from addon import workers
+
             return workers.supervise(config, sys.argv[1:])
         config = role.configure(config)
     audit.configure()
@@ -307,7 +309,9 @@ def build_chain(
     SESSIONS.dial = forward.dial  # AssumeRole calls go out as the requests do
     TOKENS.dial = forward.dial  # and so do token endpoint calls
     TOKENS.vault = getattr(live, "store", None)
-    TOKENS.count = lambda credential, outcome: metrics.token_mints.labels(credential, outcome).inc()
+    TOKENS.count = lambda credential, outcome: metrics.token_mints.labels(
+        credential, outcome
+    ).inc()
     return Chain(
         [
             Lifecycle(live),  # configure, running, done: the options and the policy poller
