@@ -26,7 +26,14 @@ from store.crypto import Secret
 from tests.e2e.conftest import CREDPROXY, NAMES, Proxy, start_proxy, stop_proxy
 from tests.e2e.raw import connect, proxy_auth
 from tests.e2e.relay import pg_database
-from tests.e2e.test_audit_stream import Pipe, _home
+from tests.e2e.test_audit_stream import (
+    PAD,
+    Pipe,
+    _assert_each_once,
+    _home,
+    _request_paths,
+    _started,
+)
 from tests.e2e.upstream import Upstream
 
 pytestmark = pytest.mark.e2e
@@ -366,3 +373,73 @@ def test_workers_stop_when_their_supervisor_is_killed(
         assert eventually(lambda: all(_gone(pid) for pid in pids), 20)
     finally:
         stop_proxy(proxy)
+
+
+def test_a_stalled_reader_refuses_in_every_worker_then_every_line_arrives_once(
+    tmp_path: Path, initialised_home: Path, upstream_ca: trustme.CA, shared_upstream: Upstream
+):
+    home, env = _home(tmp_path, initialised_home, upstream_ca)
+    pipe = Pipe()
+    args = [
+        *CREDPROXY,
+        "run",
+        "--workers",
+        "2",
+        "--listen",
+        "127.0.0.1:0",
+        "--admin",
+        "127.0.0.1:0",
+        "--upstream-ca",
+        str(home / "upstream-ca.pem"),
+        "--resolve",
+        f"api.test=127.0.0.1:{shared_upstream.port}",
+    ]
+    process = subprocess.Popen(args, env=env, cwd=home, stdout=pipe.write_end)
+    os.close(pipe.write_end)
+    try:
+        running = None
+        deadline = time.monotonic() + 15
+        while running is None and time.monotonic() < deadline:
+            pipe.read_available(0.1)
+            running = _started(bytes(pipe.data), process, home)
+        assert running is not None
+        token = (home / "token").read_text()
+        sent: list[str] = []
+        refused = None
+        with running.client() as client:
+            for n in range(4_000):  # two workers' pipes and queues, and the supervisor's
+                path = f"/v1/{n}-{PAD}"
+                reply = client.get(f"https://api.test{path}")  # a hang raises ReadTimeout
+                if reply.status_code != 200:
+                    refused = reply
+                    break
+                sent.append(path)
+            assert refused is not None, "never refused: the queues have no bound"
+            assert refused.headers["x-credproxy-reason"] == "audit-unavailable"
+            status, body = running.get_admin("/readyz")
+            assert (status, json.loads(body)["audit"]) == (503, "backlog")
+            for _ in range(4):  # new connections: every worker refuses
+                sock, answer = connect(running.port, "api.test:443", proxy_auth("agent", token))
+                sock.close()
+                assert (answer.status, answer.reason) == (503, "audit-unavailable")
+
+            deadline = time.monotonic() + 30
+            while running.get_admin("/readyz")[0] != 200:
+                assert time.monotonic() < deadline, "serving did not resume"
+                pipe.read_available(0.05)
+            resumed = client.get(f"https://api.test/v1/resumed-{PAD}")
+            sent.append(f"/v1/resumed-{PAD}")
+            assert resumed.status_code == 200
+        deadline = time.monotonic() + 10
+        while _request_paths(bytes(pipe.data))[sent[-1]] == 0:
+            assert time.monotonic() < deadline, "the last line never arrived"
+            pipe.read_available(0.05)
+        _assert_each_once(bytes(pipe.data), sent, refused=5)
+    finally:
+        process.terminate()
+        deadline = time.monotonic() + 20
+        while process.poll() is None and time.monotonic() < deadline:
+            pipe.read_available(0.1)
+        process.kill()
+        process.wait()
+        pipe.close()
