@@ -125,6 +125,7 @@ class Supervisor:
         self.stopping = asyncio.Event()
         self.announced = False
         self.held: list[str] = []  # workers' lines before our proxy.started
+        self.held_bytes = 0
         self.state = audit.OK
         self.signals = 0
 
@@ -272,7 +273,7 @@ class Supervisor:
         partial = b""
         lost = 0
         while True:
-            while not audit.writable() and not self.stopping.is_set():
+            while self.behind() and not self.stopping.is_set():
                 # Our stdout is behind: so are the workers, which refuse requests meanwhile.
                 # Stopping, every line is taken: the writer queues or counts what it drops.
                 await asyncio.sleep(STATE_POLL)
@@ -294,6 +295,10 @@ class Supervisor:
         if lost:
             self.log.warning("audit.lines_lost", worker=w.index, count=lost)
 
+    def behind(self) -> bool:
+        """Our stdout is behind, or start-up has held a queue's worth of lines."""
+        return not audit.writable() or (not self.announced and self.held_bytes > audit.QUEUE_LIMIT)
+
     def pass_line(self, w: Worker, prefix: str, line: str) -> None:
         if not line.startswith("{") or line.startswith("{}"):
             line = json.dumps({"event": "worker.output", "bytes": len(line)}) + "\n"
@@ -304,6 +309,7 @@ class Supervisor:
         line = prefix + line[1:]
         if not self.announced:
             self.held.append(line)
+            self.held_bytes += len(line)
         else:
             audit.relay(line)
 
@@ -369,6 +375,12 @@ class Supervisor:
             "# HELP credproxy_workers_answering Workers whose metrics are in this answer\n"
             "# TYPE credproxy_workers_answering gauge\n"
             f"credproxy_workers_answering {alive}\n"
+            "# HELP credproxy_audit_queue_bytes Audit bytes waiting for stdout\n"
+            "# TYPE credproxy_audit_queue_bytes gauge\n"
+            f"credproxy_audit_queue_bytes {audit.queued_bytes()}\n"
+            "# HELP credproxy_audit_write_failures_total Failed writes to stdout\n"
+            "# TYPE credproxy_audit_write_failures_total counter\n"
+            f"credproxy_audit_write_failures_total {audit.write_failures()}\n"
             "# HELP credproxy_worker_restarts_total Workers restarted after they exited\n"
             "# TYPE credproxy_worker_restarts_total counter\n"
             f"credproxy_worker_restarts_total {sum(w.restarts for w in self.workers)}\n"

@@ -313,6 +313,8 @@ def test_a_closed_stdout_refuses_requests_in_every_worker(
         "2",
         "--listen",
         "127.0.0.1:0",
+        "--admin",
+        "127.0.0.1:0",
         "--upstream-ca",
         str(home / "upstream-ca.pem"),
         "--resolve",
@@ -321,14 +323,13 @@ def test_a_closed_stdout_refuses_requests_in_every_worker(
     process = subprocess.Popen(args, env=env, cwd=home, stdout=pipe.write_end)
     os.close(pipe.write_end)
     try:
-        port = None
+        running = None
         deadline = time.monotonic() + 15
-        while port is None and time.monotonic() < deadline:
+        while running is None and time.monotonic() < deadline:
             pipe.read_available(0.1)
-            for line in bytes(pipe.data).splitlines():
-                if b'"proxy.started"' in line:
-                    port = int(json.loads(line)["listen"][0].rsplit(":", 1)[1])
-        assert port is not None
+            running = _started(bytes(pipe.data), process, home)
+        assert running is not None
+        port = running.port
         pipe.close()  # the reader is gone: the supervisor's writes fail with EPIPE
 
         def refused() -> bool:
@@ -343,6 +344,16 @@ def test_a_closed_stdout_refuses_requests_in_every_worker(
             return reasons == [(503, "audit-unavailable")] * 4
 
         assert eventually(refused)
+        status, body = running.get_admin("/readyz")
+        assert (status, json.loads(body)["audit"]) == (503, "failing")
+        metrics = running.get_admin("/metrics")[1].decode()
+        failures = [
+            float(line.split()[1])
+            for line in metrics.splitlines()
+            if line.startswith("credproxy_audit_write_failures_total ")
+        ]
+        assert failures and failures[0] > 0  # the supervisor's own, counted
+        assert "credproxy_audit_writable 0.0" in metrics
     finally:
         process.terminate()
         process.wait(20)
