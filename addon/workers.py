@@ -211,7 +211,8 @@ class Supervisor:
                     w.process.send_signal(sig)
 
     async def terminate(self) -> None:
-        self.forward(signal.SIGTERM) if self.signals == 0 else None
+        if self.signals == 0:  # not yet passed on by stop()
+            self.forward(signal.SIGTERM)
         for w in self.workers:
             if w.process is not None:
                 await w.process.wait()
@@ -232,6 +233,8 @@ class Supervisor:
             start_new_session=True,  # a terminal's ^C reaches the supervisor, which drains them
         )
         w.since = time.monotonic()
+        if self.stopping.is_set():  # the signal came while it was being started
+            w.process.send_signal(signal.SIGTERM)
         self.send_state(w, self.state)
         assert w.process.stdout is not None
         w.relay = asyncio.get_running_loop().create_task(self.relay(w, w.process.stdout))
