@@ -237,3 +237,36 @@ async def test_a_session_closed_during_its_first_mint_refuses_the_waiting_reques
     s.close()  # rotated or removed
     with pytest.raises(Unavailable, match="changed while its token was minted"):
         await waiting
+
+
+@pytest.mark.parametrize(
+    "lifetime",
+    ["NaN", "Infinity", "-Infinity", "1e999", "-1", '"' + "9" * 5000 + '"', '"\u00b2"'],
+)
+def test_a_lifetime_that_is_not_a_finite_number_is_refused(lifetime: str) -> None:
+    """Python's json reads NaN and Infinity: a NaN lifetime made a token that never expired
+    and a refresh timer that fired at once, forever (the endpoint hammered)."""
+    data = json.loads('{"access_token": "a", "expires_in": ' + lifetime + "}")
+    with pytest.raises(MintFailed, match="no usable expires_in"):
+        bearer(data)
+
+
+@pytest.mark.parametrize("lifetime", ["9" * 400, "1e300", '"999999999999"'])
+def test_a_lifetime_past_a_day_is_read_as_a_day(lifetime: str) -> None:
+    data = json.loads('{"access_token": "a", "expires_in": ' + lifetime + "}")
+    assert bearer(data).lifetime == 86400.0
+
+
+async def test_a_nan_lifetime_does_not_make_a_mint_loop() -> None:
+    class NanMinter(FakeMinter):
+        def mint(self, post: Post) -> Token:
+            self.calls += 1
+            return bearer(json.loads('{"access_token": "a", "expires_in": NaN}'))
+
+    minter = NanMinter()
+    s = session(minter)
+    with pytest.raises(Unavailable, match="no usable expires_in"):
+        await s.ensure()
+    await asyncio.sleep(0.3)  # a backoff of 0.5 s: no second call yet
+    s.close()
+    assert minter.calls == 1
