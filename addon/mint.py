@@ -17,14 +17,18 @@ agent's request.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
+import socket
 import ssl
+import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import certifi
 import urllib3
+import urllib3.connection
 
 from addon import audit
 
@@ -98,6 +102,47 @@ class Answer(NamedTuple):
 Post = Callable[[str, bytes, dict[str, str]], Answer]
 
 
+class _Deadline:
+    """Shuts the call's connection down when TIMEOUT has passed since it began, TLS
+    handshake included: urllib3's timeouts bound each read, so an endpoint that drips its
+    answer a byte at a time would otherwise hold the call (and every request waiting on the
+    mint, and an oauth2-refresh row lock) for as long as it likes."""
+
+    def __init__(self) -> None:
+        self.sockets: list[socket.socket] = []
+        self.passed = False
+        self._lock = threading.Lock()
+        self._timer = threading.Timer(TIMEOUT, self._cut)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def watch(self, sock: socket.socket) -> None:
+        with self._lock:
+            self.sockets.append(sock)
+            if not self.passed:
+                return
+        _shut(sock)
+
+    def _cut(self) -> None:
+        with self._lock:
+            self.passed = True
+            found = list(self.sockets)
+        for sock in found:
+            _shut(sock)
+
+    def cancel(self) -> None:
+        self._timer.cancel()
+        with self._lock:
+            found, self.sockets = self.sockets, []
+        for sock in found:
+            sock.close()
+
+
+def _shut(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+
+
 def https_call(
     address: tuple[str, int],
     host: str,
@@ -109,8 +154,19 @@ def https_call(
     headers: dict[str, str],
 ) -> Answer:
     """One request to a credproxy-side endpoint (in a thread): the dialled address, the name
-    for SNI and certificate, at most MAX_ANSWER bytes read. Raises on any failure."""
+    for SNI and certificate, at most MAX_ANSWER bytes read, TIMEOUT for the whole call.
+    Raises on any failure (TimeoutError when the time ran out)."""
     context = ssl.create_default_context(cafile=cafile or certifi.where())
+    deadline = _Deadline()
+
+    class Connection(urllib3.connection.HTTPSConnection):
+        def _new_conn(self) -> socket.socket:
+            sock = super()._new_conn()
+            # A duplicate of its descriptor: shutting it down ends the connection however
+            # it is wrapped (TLS takes the socket over), and it is ours to close.
+            deadline.watch(sock.dup())
+            return sock
+
     pool = urllib3.HTTPSConnectionPool(
         address[0],
         address[1],
@@ -120,6 +176,7 @@ def https_call(
         timeout=urllib3.Timeout(TIMEOUT),
         retries=False,
     )
+    pool.ConnectionCls = Connection
     sent = {"Host": host if port == 443 else f"{host}:{port}", **headers}
     try:
         answer = pool.urlopen(
@@ -128,8 +185,15 @@ def https_call(
         data = answer.read(MAX_ANSWER + 1)
         if len(data) > MAX_ANSWER:
             raise MintFailed(f"the token endpoint's answer exceeds {MAX_ANSWER} bytes")
+        if deadline.passed:
+            raise TimeoutError
         return Answer(answer.status, dict(answer.headers.items()), data)
+    except Exception:
+        if deadline.passed:
+            raise TimeoutError from None
+        raise
     finally:
+        deadline.cancel()
         pool.close()
 
 

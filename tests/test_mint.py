@@ -5,6 +5,7 @@ tested end to end (tests/e2e/test_minted.py)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from typing import Any
@@ -270,3 +271,89 @@ async def test_a_nan_lifetime_does_not_make_a_mint_loop() -> None:
     await asyncio.sleep(0.3)  # a backoff of 0.5 s: no second call yet
     s.close()
     assert minter.calls == 1
+
+
+class _Dripper:
+    """A TLS token endpoint on 127.0.0.1 that sends a valid answer one byte at a time, each
+    byte well within the per-read timeout, the whole far beyond TIMEOUT."""
+
+    def __init__(self, pause: float) -> None:
+        import trustme
+
+        from tests.e2e.servers import TlsServer, server_context
+
+        self.ca = trustme.CA()
+        body = json.dumps({"access_token": "dripped", "expires_in": 60}).encode()
+        answer = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+        self.sent = 0
+        outer = self
+
+        class Server(TlsServer):
+            def serve(self, tls: Any) -> None:
+                tls.recv(65536)
+                for i in range(len(answer)):
+                    tls.sendall(answer[i : i + 1])
+                    outer.sent += 1
+                    time.sleep(pause)
+
+        self.server = Server(server_context(self.ca, ["auth.example"]), timeout=30)
+        self.total = len(answer)
+
+
+async def test_an_endpoint_that_drips_its_answer_is_cut_off_at_the_timeout(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """TIMEOUT bounds the whole call, not each read: an endpoint that keeps every read just
+    within it cannot hold the mint (and every request waiting on it) for longer."""
+    monkeypatch.setattr(mint, "TIMEOUT", 0.5)
+    drip = _Dripper(pause=0.04)  # about 4 s for the whole answer
+    cafile = tmp_path / "ca.pem"
+    drip.ca.cert_pem.write_to_path(str(cafile))
+
+    async def dial(host: str, _: int) -> tuple[str, int]:
+        return ("127.0.0.1", drip.server.port)
+
+    tokens = Tokens()
+    tokens.dial = dial
+    tokens.cafile = str(cafile)
+    s = tokens.get(_client_record("fp-1"))
+    try:
+        with pytest.raises(Unavailable, match="did not answer in time"):
+            await s.ensure()
+        assert drip.sent < drip.total
+    finally:
+        s.close()
+        drip.server.close()
+
+
+async def test_an_endpoint_that_drips_its_tls_handshake_is_cut_off_at_the_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The deadline covers the handshake too: a TLS record header announcing 16 KiB, then a
+    byte at a time."""
+    from tests.e2e.servers import Server
+
+    monkeypatch.setattr(mint, "TIMEOUT", 0.5)
+
+    class Dripper(Server):
+        def handle(self, sock: Any) -> None:
+            with contextlib.suppress(OSError):
+                sock.sendall(b"\x16\x03\x03\x40\x00")
+                for _ in range(16384):
+                    sock.sendall(b"\x00")
+                    time.sleep(0.04)
+
+    server = Dripper()
+
+    async def dial(host: str, _: int) -> tuple[str, int]:
+        return ("127.0.0.1", server.port)
+
+    tokens = Tokens()
+    tokens.dial = dial
+    s = tokens.get(_client_record("fp-1"))
+    try:
+        with pytest.raises(Unavailable, match="did not answer in time"):
+            await asyncio.wait_for(s.ensure(), 20)
+    finally:
+        s.close()
+        server.close()
