@@ -610,3 +610,32 @@ def test_bad_github_app_input_is_one_line_exit_2(
     )  # fmt: skip
     err = done.stderr.decode()
     assert done.returncode == 2 and err.count("\n") == 1 and message in err, err
+
+
+# -- the token endpoint's reach ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "host", ["localhost", "127.0.0.1", "127.1.2.3", "[::1]", "[::ffff:127.0.0.1]"]
+)
+def test_a_token_endpoint_on_a_private_address_is_never_dialled(
+    sandbox: Sandbox, provider: Provider, upstream_ca: trustme.CA, host: str
+):
+    """Without --allow-private the token URL's host goes through the destination guard as an
+    upstream's does: a loopback name or literal is refused before any connection (the local
+    server would answer: its certificate covers the name)."""
+    bare = host.strip("[]")
+    name = "private-" + secrets.token_hex(3)
+    with Upstream(upstream_ca, [bare, "localhost"], app=provider) as local:
+        sandbox.secrets.append(f"{name}-secret-value")
+        secret = json.dumps({"client_id": name, "client_secret": f"{name}-secret-value"})
+        sandbox.cli(
+            "credential", "add", name, "--scheme", "oauth2-client", "--host", API,
+            "--token-url", f"https://{host}:{local.port}/oauth/token", stdin=secret.encode(),
+        )  # fmt: skip
+        with sandbox.client(name, _agent_for(sandbox, name)) as client:
+            answer = client.get(f"https://{API}/v1/x")
+        assert answer.status_code == 502
+        assert answer.headers["x-credproxy-reason"] == "credentials-unavailable"
+        assert local.log.snis == [] and local.log.requests == []
+    assert f"{name}-secret-value" not in answer.text
