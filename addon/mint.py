@@ -50,6 +50,9 @@ MAX_ANSWER = 64 * 1024
 Dial = Callable[[str, int], Awaitable[tuple[str, int]]]
 
 
+CHANGED = "the credential changed while its token was minted"
+
+
 class Unavailable(Exception):
     """No token that is still valid; `detail` says why, in words safe to show the agent."""
 
@@ -224,6 +227,7 @@ class TokenSession:
         self._failure = "no token yet"
         self._dropped_at = -COOLDOWN
         self.mints = 0
+        self.closed = False  # rotated or removed: never mints again
 
     def __repr__(self) -> str:
         return f"TokenSession({self.name!r})"
@@ -232,12 +236,14 @@ class TokenSession:
         """The token to stamp, if it is usable for a while yet (a request is using it)."""
         self._used = time.monotonic()
         current = self.current
-        if current is None or time.monotonic() >= current.usable_until:
+        if current is None or self.closed or time.monotonic() >= current.usable_until:
             return None
         return current
 
     async def ensure(self) -> Token:
         """A usable token, minted first if there is none. Raises: Unavailable."""
+        if self.closed:
+            raise Unavailable(CHANGED)
         if self.now() is None:
             if time.monotonic() < self._retry_at:
                 raise Unavailable(self._failure)  # backing off: the endpoint is not asked
@@ -247,7 +253,7 @@ class TokenSession:
             except asyncio.CancelledError:
                 if not task.cancelled():
                     raise  # this request itself was cancelled
-                raise Unavailable("the credential changed while its token was minted") from None
+                raise Unavailable(CHANGED) from None
         found = self.now()
         if found is None:
             raise Unavailable(self._failure)
@@ -269,6 +275,7 @@ class TokenSession:
         )
 
     def close(self) -> None:
+        self.closed = True
         if self._timer is not None:
             self._timer.cancel()
         if self._task is not None:
@@ -279,6 +286,10 @@ class TokenSession:
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._renew())
         return self._task
+
+    def _refresh(self) -> None:
+        if not self.closed:
+            self._renewal()
 
     async def _renew(self) -> None:
         loop = asyncio.get_running_loop()
@@ -338,8 +349,8 @@ class TokenSession:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        if time.monotonic() - self._used < IDLE:
-            self._timer = loop.call_later(delay, self._renewal)
+        if not self.closed and time.monotonic() - self._used < IDLE:
+            self._timer = loop.call_later(delay, self._refresh)
 
 
 class Tokens:
@@ -352,11 +363,19 @@ class Tokens:
         self.vault: Any = None  # the store, for schemes that seal state back (oauth2-refresh)
         self.count: Callable[[str, str], None] = lambda credential, outcome: None
         self._sessions: dict[str, tuple[tuple[Any, ...], TokenSession]] = {}
+        self._live: Mapping[str, str] | None = None  # as of the last reload
+
 
     def get(self, credential: CredentialRecord) -> TokenSession:
         from addon.minters import minter_for
 
         key = (credential.fingerprint, credential.scheme, repr(sorted(credential.options.items())))
+        if self._live is not None and self._live.get(credential.name) != credential.fingerprint:
+            # A request holding a record from before a rotation or removal: it gets a closed
+            # session (no token), and never displaces the live credential's.
+            stale = TokenSession(credential.name, minter_for(credential, self), self)
+            stale.close()
+            return stale
         found = self._sessions.get(credential.name)
         if found is not None and found[0] == key:
             return found[1]
@@ -368,6 +387,7 @@ class Tokens:
 
     def retain(self, live: Mapping[str, str]) -> None:
         """Keep only the sessions of these credentials (name -> fingerprint)."""
+        self._live = dict(live)
         for name, (key, session) in list(self._sessions.items()):
             if live.get(name) != key[0]:
                 held = session.current

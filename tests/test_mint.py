@@ -138,6 +138,39 @@ def test_rotation_and_removal_drop_the_session_and_its_token() -> None:
     assert again.current is None
 
 
+async def test_a_closed_session_never_mints_again() -> None:
+    """A request that picked a session up before its credential was rotated or removed, and
+    asks for a token after: refused, and the removed secret is not used (it used to mint,
+    and then refresh in the background for up to IDLE, from a session no one could drop)."""
+    minter = FakeMinter()
+    s = session(minter)
+    await s.ensure()
+    s.close()  # rotated or removed: the reload closed it
+    with pytest.raises(Unavailable, match="credential changed"):
+        await s.ensure()
+    assert minter.calls == 1 and s.current is None and s.now() is None
+
+
+async def test_a_stale_credential_record_never_replaces_the_live_session() -> None:
+    """A request still holding a rotated (or removed) credential's old record, after the
+    reload: it gets no token, and the live credential's session stays as it is."""
+    tokens = Tokens()
+    tokens.dial = reachable
+    tokens.retain({"cc": "fp-2"})
+    live = tokens.get(_client_record("fp-2", "cs2"))
+    live.current = mint.token("cached2", 60)
+    stale = tokens.get(_client_record("fp-1"))  # the record from before the rotation
+    assert stale is not live and live.current is not None
+    assert tokens.get(_client_record("fp-2", "cs2")) is live
+    with pytest.raises(Unavailable, match="credential changed"):
+        await stale.ensure()
+    tokens.retain({})  # removed
+    gone = tokens.get(_client_record("fp-2", "cs2"))
+    with pytest.raises(Unavailable, match="credential changed"):
+        await gone.ensure()
+    assert tokens.get(_client_record("fp-2", "cs2")) is not live and live.current is None
+
+
 def test_minters_never_show_their_secret() -> None:
     minter = OAuth2Client(_client_record("fp-1", "very-secret-value"))
     assert "very-secret-value" not in repr(minter) + repr(mint.token("tok-value", 60))
