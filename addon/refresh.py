@@ -51,10 +51,16 @@ class OAuth2Refresh:
 
     def mint(self, post: Post) -> Token:
         if self._vault is None:  # no store (unit tests): the refresh token lives in memory
-            fresh, updated = self._exchange(post, {"refresh_token": self._refresh})
-            return fresh
+            found, _ = self._exchange(post, {"refresh_token": self._refresh})
+        else:
+            found = self._sealing(post)
+        if isinstance(found, MintFailed):
+            raise found  # what was rotated is sealed already
+        return found
+
+    def _sealing(self, post: Post) -> Token | MintFailed:
         try:
-            found: Token = self._vault.exchange_credential(
+            found: Token | MintFailed = self._vault.exchange_credential(
                 self.name,
                 self._fingerprint,
                 lambda data: self._exchange(post, data),
@@ -66,8 +72,13 @@ class OAuth2Refresh:
             raise MintFailed("the store did not answer: the refresh token stays sealed") from e
         return found
 
-    def _exchange(self, post: Post, data: dict[str, Any]) -> tuple[Token, dict[str, Any] | None]:
-        """One refresh with the refresh token `data` holds; what to seal back, if anything."""
+    def _exchange(
+        self, post: Post, data: dict[str, Any]
+    ) -> tuple[Token | MintFailed, dict[str, Any] | None]:
+        """One refresh with the refresh token `data` holds; what to seal back, if anything.
+        An answer that rotates the refresh token but gives no usable access token still has
+        the new refresh token sealed (the old one is spent): the failure is returned, to be
+        raised once that is committed."""
         self._refresh = data["refresh_token"]
         now = time.time()
         shared = data.get("access_token")
@@ -80,7 +91,6 @@ class OAuth2Refresh:
             form["scope"] = self._scope
         headers = FORM | client_auth(self._auth, self._id, self._secret, form)
         answer = _json(post(self._endpoint.target, _form(form), headers))
-        fresh = bearer(answer)
         rotated = answer.get("refresh_token")
         if rotated is not None and (
             not isinstance(rotated, str) or not _REFRESH.fullmatch(rotated)
@@ -88,6 +98,13 @@ class OAuth2Refresh:
             raise MintFailed("the token endpoint's answer has no usable refresh_token")
         updated = {k: v for k, v in data.items() if k not in SHARED}
         updated["refresh_token"] = rotated or self._refresh
+        try:
+            fresh = bearer(answer)
+        except MintFailed as e:
+            if rotated is None:
+                raise
+            self._refresh = updated["refresh_token"]
+            return e, updated
         updated |= {
             "access_token": fresh.value.decode("ascii"),
             "access_issued": now,

@@ -57,7 +57,7 @@ class Issued:
 class Provider:
     lifetime: float = 3600.0
     delay: float = 0.0
-    mode: str | None = None  # "invalid_grant", "unavailable"
+    mode: str | None = None  # "invalid_grant", "unavailable", "huge", "rotate-unusable"
     rotate: bool = True  # refresh tokens are single use and replaced
     clients: dict[str, str] = field(default_factory=dict)  # client_id -> secret
     refresh: dict[str, str] = field(default_factory=dict)  # live refresh token -> client_id
@@ -154,6 +154,8 @@ class Provider:
                     answer["refresh_token"] = new
             value, _ = self._issue(client_id, scope=form.get("scope"))
             answer["access_token"] = value
+            if self.mode == "rotate-unusable":  # rotated, with an access token of no use
+                answer["token_type"] = "DPoP"
             return _json(200, answer)
         return self._refuse("grant type", 400, "unsupported_grant_type")
 

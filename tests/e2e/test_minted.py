@@ -429,6 +429,35 @@ def test_a_refused_refresh_token_denies_and_leaves_the_store_as_it_was(
     _no_secret_anywhere(sandbox, answer.text)
 
 
+def test_a_rotated_refresh_token_is_sealed_back_even_when_its_access_token_is_refused(
+    sandbox: Sandbox, provider: Provider
+):
+    """The endpoint spends the refresh token, answers a new one, and an access token
+    credproxy cannot use (not a bearer): the request is refused, but the new refresh token
+    is sealed, so the next refresh works (it used to be dropped: invalid_grant for good)."""
+    token = refresh_credential(sandbox, "rotated-unusable")
+    before = _sealed(sandbox, "rotated-unusable")
+    provider.mode = "rotate-unusable"
+    with sandbox.client("rotated-unusable", token) as client:
+        answer = client.get(f"https://{API}/v1/x")
+        assert answer.status_code == 502
+        assert answer.json()["detail"] == "the token endpoint's answer is not a bearer token"
+        live = [r for r, who in provider.refresh.items() if who == "rotated-unusable"]
+        sealed = _sealed(sandbox, "rotated-unusable")
+        # Compared as booleans: pytest would print the values.
+        kept = sealed["refresh_token"] == live[0] and live[0] != before["refresh_token"]
+        assert kept, "the rotated refresh token was not sealed back"
+        assert "access_token" not in sealed  # the refused one is not offered to replicas
+        provider.mode = None
+        deadline = time.monotonic() + 10
+        while (again := client.get(f"https://{API}/v1/x")).status_code != 200:
+            assert time.monotonic() < deadline, again.text
+            time.sleep(0.1)
+    assert provider.stale_refresh == 0
+    sandbox.secrets += list(provider.spent)
+    _no_secret_anywhere(sandbox, answer.text, again.text)
+
+
 def test_an_operator_cannot_seal_an_access_token_in_a_refresh_secret(sandbox: Sandbox):
     secret = {"client_id": "x", "refresh_token": "r", "access_token": "t"}
     text = sandbox.cli(
