@@ -234,6 +234,8 @@ class Provider:
             return _json(401, {"message": "refused"})
         if received.target.startswith("/v1/echo-client"):  # a careless API's error page
             return _json(200, {"client_secret": self.clients.get(found.who)})
+        if received.target.startswith("/v1/echo-forms"):  # a redirect that echoes it all
+            return _forms(value)
         if received.target.startswith("/v1/echo"):
             return _json(200, {"authorization": auth[0], "prefix": prefix})
         return _json(200, {"ok": True, "who": found.who, "narrowing": found.narrowing})
@@ -252,3 +254,22 @@ def _bearer(value: str, lifetime: float, scope: str | None) -> dict[str, Any]:
 
 def _json(status: int, body: dict[str, Any]) -> Answer:
     return status, [("content-type", "application/json")], json.dumps(body).encode()
+
+
+def _forms(value: str) -> Answer:
+    """The token in the forms a careless API might send back: headers, a redirect, base64
+    (both alphabets, unpadded), percent-encoding (upper case, every byte), JSON escapes."""
+    raw = value.encode()
+    b64 = base64.b64encode(raw).decode()
+    b64url = base64.urlsafe_b64encode(raw).decode().rstrip("=")
+    percent = "".join(f"%{b:02X}" for b in raw)
+    escaped = "".join(f"\\u{b:04x}" for b in raw)
+    fields = [
+        ("location", f"https://elsewhere.test/cb?access_token={percent}"),
+        ("www-authenticate", f'Bearer error="invalid_token", token="{value}"'),
+        ("set-cookie", f"t={b64}; Path=/"),
+        ("x-echo", b64url),
+        ("content-type", "application/json"),
+    ]
+    body = f'{{"raw": "{value}", "escaped": "{escaped}", "b64": "{b64url}"}}'
+    return 302, fields, body.encode()

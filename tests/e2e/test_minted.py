@@ -4,6 +4,7 @@ loopback (tests/e2e/fakeoauth.py), real clients. Secrets are only asserted with 
 
 from __future__ import annotations
 
+import base64
 import json
 import secrets
 import socket
@@ -149,6 +150,29 @@ def test_an_echoed_client_secret_is_redacted(sandbox: Sandbox, provider: Provide
         answer = client.get(f"https://{API}/v1/echo-client")
     assert answer.status_code == 200 and answer.json()["client_secret"] == "[REDACTED]"
     _no_secret_anywhere(sandbox, answer.text)
+
+
+def test_an_api_echoing_the_minted_token_in_any_form_is_redacted(
+    sandbox: Sandbox, provider: Provider
+):
+    token = sandbox.client_credential("echo-forms")
+    with sandbox.client("echo-forms", token) as client:
+        answer = client.get(f"https://{API}/v1/echo-forms")
+    assert answer.status_code == 302
+    [value] = [v for v, i in provider.issued.items() if i.who == "echo-forms"]
+    seen = answer.text + "\n".join(f"{k}: {v}" for k, v in answer.headers.multi_items())
+    raw = value.encode()
+    for form in (
+        value,
+        base64.b64encode(raw).decode(),
+        base64.urlsafe_b64encode(raw).decode().rstrip("="),
+        "".join(f"%{b:02X}" for b in raw),
+        "".join(f"\\u{b:04x}" for b in raw),
+    ):
+        leaked = form in seen
+        assert not leaked, "a form of the minted token reached the agent"
+    assert seen.count("[REDACTED]") >= 7
+    _no_secret_anywhere(sandbox, seen)
 
 
 def test_a_custom_header_and_prefix(sandbox: Sandbox, provider: Provider):
