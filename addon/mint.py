@@ -180,12 +180,20 @@ def https_call(
         retries=False,
     )
     pool.ConnectionCls = Connection
-    sent = {"Host": host if port == 443 else f"{host}:{port}", **headers}
+    sent = {
+        "Host": host if port == 443 else f"{host}:{port}",
+        "Accept-Encoding": "identity",
+        **headers,
+    }
     try:
         answer = pool.urlopen(
             method, target, body=body, headers=sent, preload_content=False, redirect=False
         )
-        data = answer.read(MAX_ANSWER + 1)
+        encoding = answer.headers.get("content-encoding", "identity").strip().lower()
+        if encoding not in ("identity", ""):
+            # Never inflated: urllib3 before 2.6 inflated a whole read at once.
+            raise MintFailed("the token endpoint's answer is compressed, which was not asked")
+        data = answer.read(MAX_ANSWER + 1, decode_content=False)
         if len(data) > MAX_ANSWER:
             raise MintFailed(f"the token endpoint's answer exceeds {MAX_ANSWER} bytes")
         if deadline.passed:

@@ -390,3 +390,37 @@ async def test_an_endpoint_that_drips_its_tls_handshake_is_cut_off_at_the_timeou
     finally:
         s.close()
         server.close()
+
+
+def test_an_answer_compressed_unasked_is_never_inflated(tmp_path: Any) -> None:
+    """credproxy asks for identity; an endpoint that compresses anyway is refused, its body
+    never inflated (urllib3 before 2.6, which botocore allows, inflated a whole read at once:
+    64 KiB of gzip is 64 MiB, of brotli far more)."""
+    import gzip
+
+    import trustme
+
+    from tests.e2e.servers import TlsServer, server_context
+
+    ca = trustme.CA()
+    cafile = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(cafile))
+    body = gzip.compress(json.dumps({"access_token": "inflated", "expires_in": 60}).encode())
+    asked: list[bytes] = []
+
+    class Server(TlsServer):
+        def serve(self, tls: Any) -> None:
+            asked.append(tls.recv(65536))
+            head = b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: %d\r\n\r\n"
+            tls.sendall(head % len(body) + body)
+
+    server = Server(server_context(ca, ["auth.example"]))
+    try:
+        with pytest.raises(MintFailed, match="compressed"):
+            mint.https_call(
+                ("127.0.0.1", server.port), "auth.example", 443, str(cafile), "POST", "/t",
+                b"", {},
+            )  # fmt: skip
+    finally:
+        server.close()
+    assert b"\r\naccept-encoding: identity\r\n" in asked[0].lower()
