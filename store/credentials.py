@@ -159,9 +159,25 @@ def exchange(
         ).first()
         if row is None or row.fingerprint != fingerprint:
             raise Conflict(f"credential {name!r} changed")
-        plain = keys.unseal(key, name, row.key_id, row.nonce, row.ciphertext)
+        read_nonce = row.nonce
+        plain = keys.unseal(key, name, row.key_id, read_nonce, row.ciphertext)
         result, updated = step(json.loads(plain.reveal()))
         if updated is not None:
             sealed = Secret(json.dumps(updated, separators=(",", ":"), sort_keys=True).encode())
-            row.key_id, row.nonce, row.ciphertext = keys.seal(key, name, sealed)
+            key_id, nonce, ciphertext = keys.seal(key, name, sealed)
+            # Written only over what was read: SQLite's read takes no lock, and a rotate or
+            # remove meanwhile must win (a new nonce comes with every seal).
+            written = session.execute(
+                update(Credential)
+                .where(
+                    Credential.id == row.id,
+                    Credential.fingerprint == fingerprint,
+                    Credential.nonce == read_nonce,
+                    Credential.removed_at.is_(None),
+                )
+                .values(key_id=key_id, nonce=nonce, ciphertext=ciphertext)
+                .execution_options(synchronize_session=False)
+            )
+            if rowcount(written) != 1:
+                raise Conflict(f"credential {name!r} changed")
         return result
