@@ -102,6 +102,8 @@ class Provider:
             return _json(200, {"access_token": "x", "pad": "x" * 70_000, "note": BODY_MARK})
         if self.mode == "invalid_grant":
             return _json(400, {"error": "invalid_grant", "error_description": BODY_MARK})
+        if self.mode is not None and self.mode.startswith("leak-"):
+            return _leak(self.mode, received)
         answer: Answer = handler(received)
         return answer
 
@@ -273,3 +275,29 @@ def _forms(value: str) -> Answer:
     ]
     body = f'{{"raw": "{value}", "escaped": "{escaped}", "b64": "{b64url}"}}'
     return 302, fields, body.encode()
+
+
+def _leak(mode: str, received: Received) -> Answer:
+    """A token endpoint that hands back what it was sent (the client's Authorization and the
+    form: client secret, refresh token, assertion), each mode in another place."""
+    sent = " ".join([*received.header("authorization"), received.body.decode()])
+    plain = unquote(sent)
+    text = f"{sent} {plain} {BODY_MARK}"
+    j = [("content-type", "application/json")]
+    if mode == "leak-description":
+        return 400, j, json.dumps({"error": "invalid_client", "error_description": text}).encode()
+    if mode == "leak-code":  # the echo where the registered code should be
+        return 400, j, json.dumps({"error": text}).encode()
+    if mode == "leak-headers":
+        fields = [("www-authenticate", f'Basic realm="{plain}"'), ("x-debug", sent), *j]
+        return 401, fields, json.dumps({"error": "invalid_client"}).encode()
+    if mode == "leak-redirect":
+        return 302, [("location", f"https://elsewhere.test/?{sent}")], text.encode()
+    if mode == "leak-html":
+        return 500, [("content-type", "text/html")], f"<pre>{text}</pre>".encode()
+    if mode == "leak-token-crlf":  # a token that would add a header carrying the secret
+        value = "tok\r\nX-Leak: " + plain.replace("\r", " ").replace("\n", " ")
+        return 200, j, json.dumps({"access_token": value, "token_type": "Bearer"}).encode()
+    if mode == "leak-200-error":
+        return 200, j, json.dumps({"error": "invalid_grant", "error_description": text}).encode()
+    raise AssertionError(mode)

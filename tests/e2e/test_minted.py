@@ -302,6 +302,44 @@ def test_a_failing_endpoint_denies_cleanly_and_recovers(
     _no_secret_anywhere(sandbox, refused.text, again.text)
 
 
+@pytest.mark.parametrize(
+    ("mode", "detail"),
+    [
+        ("leak-description", "the token endpoint answered 400 (invalid_client)"),
+        ("leak-code", "the token endpoint answered 400"),
+        ("leak-headers", "the token endpoint answered 401 (invalid_client)"),
+        ("leak-redirect", "the token endpoint answered 302"),
+        ("leak-html", "the token endpoint answered 500"),
+        ("leak-token-crlf", "the token endpoint's answer has no usable access_token"),
+        ("leak-200-error", "the token endpoint's answer has no usable access_token"),
+    ],
+)
+@pytest.mark.parametrize("scheme", ["oauth2-client", "oauth2-refresh"])
+def test_a_token_endpoint_echoing_what_it_was_sent_never_reaches_the_agent(
+    sandbox: Sandbox, provider: Provider, mode: str, detail: str, scheme: str
+):
+    """The client secret, refresh token and whole form, echoed by the token endpoint in its
+    error text, its code, its headers, a redirect, an HTML page, a token with CR LF: the
+    agent reads only the status and a registered code, the audit stream likewise."""
+    name = f"{mode}-{scheme}"
+    if scheme == "oauth2-client":
+        token = sandbox.client_credential(name)
+    else:
+        token = refresh_credential(sandbox, name)
+    provider.mode = mode
+    with sandbox.client(name, token) as client:
+        answer = client.get(f"https://{API}/v1/x")
+    assert answer.status_code == 502
+    assert answer.headers["x-credproxy-reason"] == "credentials-unavailable"
+    assert answer.json()["detail"] == detail
+    assert "x-leak" not in answer.headers and "x-debug" not in answer.headers
+    seen = answer.text + "\n".join(f"{k}: {v}" for k, v in answer.headers.multi_items())
+    text = sandbox.proxy.output()
+    for value in [*sandbox.secrets, *provider.refresh, BODY_MARK]:
+        leaked = value in seen or value in text
+        assert not leaked, "something the token endpoint echoed reached the agent or the log"
+
+
 def test_an_unreachable_endpoint_denies_502(sandbox: Sandbox, provider: Provider):
     provider.clients["unreachable"] = "whatever"
     secret = json.dumps({"client_id": "unreachable", "client_secret": "whatever-secret-1"})
