@@ -24,8 +24,9 @@ if TYPE_CHECKING:
     from addon.mint import Minter, Tokens
     from store.records import CredentialRecord
 
-# What may go into a header after the prefix, as the endpoint gave it.
-_TOKEN = re.compile(r"[\x21-\x7e]{1,8192}")
+# What may go into a header after the prefix, as the endpoint gave it: long enough for the
+# redactor to find it (it ignores secrets under 4 bytes), no space or control character.
+_TOKEN = re.compile(r"[\x21-\x7e]{8,8192}")
 _SECONDS = re.compile(r"[0-9]{1,12}")
 MAX_LIFETIME = 86400.0  # a longer lifetime is read as a day: the token is minted again daily
 # OAuth error codes named in a refusal's detail: the registered ones (RFC 6749 §4.1.2.1, §5.2,

@@ -19,6 +19,8 @@ from store.crypto import Secret
 from store.grammar import parse_host
 from store.records import CredentialRecord
 
+LONG = "a-long-token"
+
 
 class FakeMinter:
     host, port = "auth.example", 443
@@ -216,9 +218,9 @@ def test_a_refusal_names_the_status_and_code_only(answer: Answer, detail: str) -
         pytest.param({"token_type": "bearer"}, id="no access_token"),
         pytest.param({"access_token": "a\r\nX-Evil: 1"}, id="a token that would split headers"),
         pytest.param({"access_token": "a b"}, id="a token with a space"),
-        pytest.param({"access_token": "a", "token_type": "mac"}, id="not a bearer token"),
-        pytest.param({"access_token": "a", "expires_in": -5}, id="a negative lifetime"),
-        pytest.param({"access_token": "a", "expires_in": True}, id="a lifetime that is a bool"),
+        pytest.param({"access_token": LONG, "token_type": "mac"}, id="not a bearer token"),
+        pytest.param({"access_token": LONG, "expires_in": -5}, id="a negative lifetime"),
+        pytest.param({"access_token": LONG, "expires_in": True}, id="a lifetime that is a bool"),
     ],
 )
 def test_answers_that_give_no_usable_token_are_refused(data: dict[str, Any]) -> None:
@@ -227,7 +229,18 @@ def test_answers_that_give_no_usable_token_are_refused(data: dict[str, Any]) -> 
 
 
 def test_a_string_lifetime_is_read() -> None:
-    assert bearer({"access_token": "a", "expires_in": "120"}).lifetime == 120
+    assert bearer({"access_token": LONG, "expires_in": "120"}).lifetime == 120
+
+
+@pytest.mark.parametrize("value", ["a", "abc", "abcdefg"])
+def test_a_token_too_short_to_redact_is_refused(value: str) -> None:
+    """Redaction finds a secret of four bytes or more: a token shorter than that, echoed by
+    the API, reached the agent as it was. Tokens of fewer than 8 characters are refused."""
+    from addon.redact import Redactor
+
+    assert Redactor([b"abc"]).whole(b"echo: abc") == b"echo: abc"  # why
+    with pytest.raises(MintFailed, match="no usable access_token"):
+        bearer({"access_token": value, "token_type": "Bearer"})
 
 
 async def test_a_silent_endpoint_times_out_and_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -280,14 +293,14 @@ async def test_a_session_closed_during_its_first_mint_refuses_the_waiting_reques
 def test_a_lifetime_that_is_not_a_finite_number_is_refused(lifetime: str) -> None:
     """Python's json reads NaN and Infinity: a NaN lifetime made a token that never expired
     and a refresh timer that fired at once, forever (the endpoint hammered)."""
-    data = json.loads('{"access_token": "a", "expires_in": ' + lifetime + "}")
+    data = json.loads('{"access_token": "a-long-token", "expires_in": ' + lifetime + "}")
     with pytest.raises(MintFailed, match="no usable expires_in"):
         bearer(data)
 
 
 @pytest.mark.parametrize("lifetime", ["9" * 400, "1e300", '"999999999999"'])
 def test_a_lifetime_past_a_day_is_read_as_a_day(lifetime: str) -> None:
-    data = json.loads('{"access_token": "a", "expires_in": ' + lifetime + "}")
+    data = json.loads('{"access_token": "a-long-token", "expires_in": ' + lifetime + "}")
     assert bearer(data).lifetime == 86400.0
 
 
@@ -295,7 +308,7 @@ async def test_a_nan_lifetime_does_not_make_a_mint_loop() -> None:
     class NanMinter(FakeMinter):
         def mint(self, post: Post) -> Token:
             self.calls += 1
-            return bearer(json.loads('{"access_token": "a", "expires_in": NaN}'))
+            return bearer(json.loads('{"access_token": "a-long-token", "expires_in": NaN}'))
 
     minter = NanMinter()
     s = session(minter)
