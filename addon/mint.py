@@ -218,6 +218,9 @@ class Minter(Protocol):
 
     def mint(self, post: Post) -> Token: ...
 
+    def refused(self, token: Token) -> None:
+        """The upstream refused `token`: a later mint must not hand it back."""
+
 
 class TokenSession:
     """One credential's current token and the task refreshing it."""
@@ -275,6 +278,7 @@ class TokenSession:
             return
         self._dropped_at = now
         self.current = None
+        self.minter.refused(stamped)
         audit.logger().warning(
             "token.dropped",
             credential=self.name,

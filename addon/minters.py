@@ -166,6 +166,9 @@ class OAuth2Client:
     def __repr__(self) -> str:
         return "OAuth2Client([secure])"
 
+    def refused(self, token: Token) -> None:
+        pass  # each mint asks the endpoint
+
     def secrets(self) -> tuple[bytes, ...]:
         return (self._secret.encode(),)
 
@@ -195,6 +198,9 @@ class GoogleServiceAccount:
 
     def __repr__(self) -> str:
         return "GoogleServiceAccount([secure])"
+
+    def refused(self, token: Token) -> None:
+        pass  # each mint asks the endpoint
 
     def secrets(self) -> tuple[bytes, ...]:
         return (self._pem.encode(), json.dumps(self._pem)[1:-1].encode())
@@ -240,6 +246,9 @@ class GitHubApp:
 
     def __repr__(self) -> str:
         return "GitHubApp([secure])"
+
+    def refused(self, token: Token) -> None:
+        pass  # each mint asks the endpoint
 
     def secrets(self) -> tuple[bytes, ...]:
         return (self._pem.encode(), json.dumps(self._pem)[1:-1].encode())

@@ -41,9 +41,13 @@ class OAuth2Refresh:
         self._auth: str = options.get("client_auth", default)
         self._scope = " ".join(options.get("scope", ()))
         self._vault = tokens.vault
+        self._refused: str | None = None  # the access token an upstream answered 401 to
 
     def __repr__(self) -> str:
         return "OAuth2Refresh([secure])"
+
+    def refused(self, token: Token) -> None:
+        self._refused = token.value.decode("ascii")
 
     def secrets(self) -> tuple[bytes, ...]:
         found = (self._secret, self._refresh)
@@ -82,7 +86,7 @@ class OAuth2Refresh:
         self._refresh = data["refresh_token"]
         now = time.time()
         shared = data.get("access_token")
-        if shared and now < data["access_issued"] + REFRESH_AT * (
+        if shared and shared != self._refused and now < data["access_issued"] + REFRESH_AT * (
             data["access_expires"] - data["access_issued"]
         ):
             return token(shared, data["access_expires"] - now), None  # another replica's

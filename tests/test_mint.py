@@ -33,6 +33,9 @@ class FakeMinter:
     def secrets(self) -> tuple[bytes, ...]:
         return (b"long-lived",)
 
+    def refused(self, token: Token) -> None:
+        pass
+
     def mint(self, post: Post) -> Token:
         self.calls += 1
         time.sleep(0.05)  # in a thread: concurrent callers arrive meanwhile

@@ -53,7 +53,7 @@ class Issued:
     narrowing: dict[str, Any] | None = None
 
 
-@dataclass
+@dataclass(repr=False)  # its fields hold client secrets and tokens: never in test output
 class Provider:
     lifetime: float = 3600.0
     delay: float = 0.0

@@ -520,6 +520,21 @@ def test_a_rotated_refresh_token_is_sealed_back_even_when_its_access_token_is_re
     _no_secret_anywhere(sandbox, answer.text, again.text)
 
 
+def test_an_upstream_401_drops_a_refreshed_token_for_good(sandbox: Sandbox, provider: Provider):
+    """oauth2-refresh keeps the access token beside the refresh token in the store, for the
+    other replicas. A 401 must not be answered by taking the refused token back from there:
+    the next request gets a freshly refreshed one."""
+    token = refresh_credential(sandbox, "refresh-rejected")
+    with sandbox.client("refresh-rejected", token) as client:
+        assert client.get(f"https://{API}/v1/ok").status_code == 200
+        assert client.get(f"https://{API}/v1/reject").status_code == 401
+        assert client.get(f"https://{API}/v1/ok").status_code == 200
+    mints = provider.count("refresh-rejected")
+    assert mints == 2
+    fps = [r["token_fp"] for r in sandbox.proxy.requests("refresh-rejected") if "token_fp" in r]
+    assert fps[0] == fps[1] != fps[2]
+
+
 def test_an_operator_cannot_seal_an_access_token_in_a_refresh_secret(sandbox: Sandbox):
     secret = {"client_id": "x", "refresh_token": "r", "access_token": "t"}
     text = sandbox.cli(
