@@ -9,6 +9,7 @@ a provider that invalidates a refresh token on use sees each one once.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import time
@@ -24,7 +25,9 @@ if TYPE_CHECKING:
 
 _REFRESH = re.compile(r"[\x21-\x7e]{1,4096}")
 # Sealed beside the refresh token: the access token it last gave, for the other replicas.
-SHARED = ("access_token", "access_issued", "access_expires")
+# `access_for` names the settings it was minted for: after `apply` changed the scope or the
+# token URL (the secret untouched), a token minted for the old ones is never taken up again.
+SHARED = ("access_token", "access_issued", "access_expires", "access_for")
 
 
 class OAuth2Refresh:
@@ -42,6 +45,8 @@ class OAuth2Refresh:
         self._scope = " ".join(options.get("scope", ()))
         self._vault = tokens.vault
         self._refused: str | None = None  # the access token an upstream answered 401 to
+        settings = [options["token_url"], self._scope, self._auth, self._id]
+        self._for = hashlib.sha256(json.dumps(settings).encode()).hexdigest()[:16]
 
     def __repr__(self) -> str:
         return "OAuth2Refresh([secure])"
@@ -86,8 +91,12 @@ class OAuth2Refresh:
         self._refresh = data["refresh_token"]
         now = time.time()
         shared = data.get("access_token")
-        if shared and shared != self._refused and now < data["access_issued"] + REFRESH_AT * (
-            data["access_expires"] - data["access_issued"]
+        if (
+            shared
+            and shared != self._refused
+            and data.get("access_for") == self._for
+            and now
+            < data["access_issued"] + REFRESH_AT * (data["access_expires"] - data["access_issued"])
         ):
             return token(shared, data["access_expires"] - now), None  # another replica's
         form = {"grant_type": "refresh_token", "refresh_token": self._refresh}
@@ -113,6 +122,7 @@ class OAuth2Refresh:
             "access_token": fresh.value.decode("ascii"),
             "access_issued": now,
             "access_expires": now + fresh.lifetime,
+            "access_for": self._for,
         }
         self._refresh = updated["refresh_token"]
         return fresh, updated

@@ -535,6 +535,35 @@ def test_an_upstream_401_drops_a_refreshed_token_for_good(sandbox: Sandbox, prov
     assert fps[0] == fps[1] != fps[2]
 
 
+def test_a_narrowed_scope_is_never_served_the_wider_token_kept_in_the_store(
+    sandbox: Sandbox, provider: Provider
+):
+    """`apply` narrows a refresh credential's scope, its secret untouched. The access token
+    sealed beside the refresh token for the other replicas was minted for the wider scope:
+    it must not be stamped again (it was, for up to 75 % of its lifetime)."""
+    import hashlib
+
+    token = refresh_credential(sandbox, "narrowed", "--scope", "read", "--scope", "write")
+    policy = sandbox.home / "narrowed.toml"
+    policy.write_text(
+        "[[credential]]\n"
+        'name = "narrowed"\nscheme = "oauth2-refresh"\n'
+        f'hosts = ["{API}"]\ntoken_url = "{TOKEN_URL}"\nscope = ["read"]\n'
+    )
+    with sandbox.client("narrowed", token) as client:
+        assert client.get(f"https://{API}/v1/wide").status_code == 200
+        sandbox.cli("apply", str(policy), "--yes")
+        sandbox.proxy.wait_reload()
+        assert client.get(f"https://{API}/v1/narrow").status_code == 200
+    by_fp = {
+        "tok-" + hashlib.sha256(v.encode()).hexdigest()[:12]: i
+        for v, i in provider.issued.items()
+    }
+    lines = [r for r in sandbox.proxy.requests("narrowed") if r["path"].startswith("/v1/")]
+    scopes = [by_fp[line["token_fp"]].scope for line in lines]
+    assert scopes == ["read write", "read"]
+
+
 def test_an_operator_cannot_seal_an_access_token_in_a_refresh_secret(sandbox: Sandbox):
     secret = {"client_id": "x", "refresh_token": "r", "access_token": "t"}
     text = sandbox.cli(
