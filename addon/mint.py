@@ -31,6 +31,7 @@ import urllib3
 import urllib3.connection
 
 from addon import audit
+from store.mintspec import token_version
 
 if TYPE_CHECKING:
     from store.records import CredentialRecord
@@ -374,15 +375,15 @@ class Tokens:
         self.cafile: str | None = None
         self.vault: Any = None  # the store, for schemes that seal state back (oauth2-refresh)
         self.count: Callable[[str, str], None] = lambda credential, outcome: None
-        self._sessions: dict[str, tuple[tuple[Any, ...], TokenSession]] = {}
-        self._live: Mapping[str, str] | None = None  # as of the last reload
+        self._sessions: dict[str, tuple[str, TokenSession]] = {}
+        self._live: Mapping[str, str] | None = None  # name -> token_version, at the last reload
 
 
     def get(self, credential: CredentialRecord) -> TokenSession:
         from addon.minters import minter_for
 
-        key = (credential.fingerprint, credential.scheme, repr(sorted(credential.options.items())))
-        if self._live is not None and self._live.get(credential.name) != credential.fingerprint:
+        key = token_version(credential)
+        if self._live is not None and self._live.get(credential.name) != key:
             # A request holding a record from before a rotation or removal: it gets a closed
             # session (no token), and never displaces the live credential's.
             stale = TokenSession(credential.name, minter_for(credential, self), self)
@@ -398,10 +399,12 @@ class Tokens:
         return session
 
     def retain(self, live: Mapping[str, str]) -> None:
-        """Keep only the sessions of these credentials (name -> fingerprint)."""
+        """Keep only the sessions of these credentials as they are now (name ->
+        token_version): rotated, removed, or with other settings (apply), a session is
+        dropped."""
         self._live = dict(live)
         for name, (key, session) in list(self._sessions.items()):
-            if live.get(name) != key[0]:
+            if live.get(name) != key:
                 held = session.current
                 session.close()
                 del self._sessions[name]

@@ -277,5 +277,12 @@ HINTS = {
 }
 
 
+def token_version(credential: Any) -> str:
+    """What defines a minted credential's tokens: its secret (fingerprint), scheme and
+    settings. A token minted for another version is dropped (addon/mint.py Tokens)."""
+    settings = json.dumps(credential.options or {}, sort_keys=True, default=str)
+    return f"{credential.fingerprint} {credential.scheme} {settings}"
+
+
 def hint(scheme: str, data: Mapping[str, Any]) -> dict[str, str]:
     return {shown: str(data[field]) for field, shown in HINTS.get(scheme, {}).items()}

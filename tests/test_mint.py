@@ -17,6 +17,7 @@ from addon.mint import Answer, MintFailed, Post, Token, Tokens, TokenSession, Un
 from addon.minters import OAuth2Client, bearer, failed
 from store.crypto import Secret
 from store.grammar import parse_host
+from store.mintspec import token_version
 from store.records import CredentialRecord
 
 LONG = "a-long-token"
@@ -117,12 +118,19 @@ async def test_an_upstream_401_drops_the_token_once_per_cooldown() -> None:
     s.close()
 
 
-def _client_record(fingerprint: str, secret: str = "cs") -> CredentialRecord:
+def _client_record(
+    fingerprint: str, secret: str = "cs", url: str = "https://auth.example/token"
+) -> CredentialRecord:
     value = json.dumps({"client_id": "id", "client_secret": secret})
     return CredentialRecord(
         "cc", "oauth2-client", None, None, (parse_host("api.example"),),
-        Secret(value.encode()), fingerprint, {"token_url": "https://auth.example/token"},
+        Secret(value.encode()), fingerprint, {"token_url": url},
     )  # fmt: skip
+
+
+def _live(fingerprint: str, secret: str = "cs", **more: str) -> dict[str, str]:
+    """What a reload hands Tokens.retain for the credential `cc` as given."""
+    return {"cc": token_version(_client_record(fingerprint, secret, **more))}
 
 
 def test_rotation_and_removal_drop_the_session_and_its_token() -> None:
@@ -133,14 +141,26 @@ def test_rotation_and_removal_drop_the_session_and_its_token() -> None:
     rotated = tokens.get(_client_record("fp-2", "cs2"))
     assert rotated is not first and first.current is None
     rotated.current = mint.token("cached2", 60)
-    tokens.retain({"cc": "fp-2"})
+    tokens.retain(_live("fp-2", "cs2"))
     assert rotated.current is not None
-    tokens.retain({"cc": "fp-3"})  # rotated again, reloaded, and no request since
+    tokens.retain(_live("fp-3", "cs3"))  # rotated again, reloaded, and no request since
     assert rotated.current is None
     again = tokens.get(_client_record("fp-3", "cs3"))
     again.current = mint.token("cached3", 60)
     tokens.retain({})  # removed
     assert again.current is None
+
+
+def test_a_settings_change_drops_the_session_at_the_reload() -> None:
+    """apply moved the token URL (or the scope), the secret untouched: the session minted
+    with the old settings is dropped at the reload, not at the next request (meanwhile it
+    refreshed in the background, sending the client secret to the old URL)."""
+    tokens = Tokens()
+    tokens.retain(_live("fp-1"))
+    first = tokens.get(_client_record("fp-1"))
+    first.current = mint.token("cached-old-url", 60)
+    tokens.retain(_live("fp-1", url="https://new-auth.example/token"))
+    assert first.current is None and first.closed
 
 
 async def test_a_closed_session_never_mints_again() -> None:
@@ -161,7 +181,7 @@ async def test_a_stale_credential_record_never_replaces_the_live_session() -> No
     reload: it gets no token, and the live credential's session stays as it is."""
     tokens = Tokens()
     tokens.dial = reachable
-    tokens.retain({"cc": "fp-2"})
+    tokens.retain(_live("fp-2", "cs2"))
     live = tokens.get(_client_record("fp-2", "cs2"))
     live.current = mint.token("cached2", 60)
     stale = tokens.get(_client_record("fp-1"))  # the record from before the rotation
