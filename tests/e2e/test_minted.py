@@ -774,3 +774,28 @@ def test_a_token_endpoint_on_a_private_address_is_never_dialled(
         assert answer.headers["x-credproxy-reason"] == "credentials-unavailable"
         assert local.log.snis == [] and local.log.requests == []
     assert f"{name}-secret-value" not in answer.text
+
+
+def test_a_principal_never_gets_another_principals_minted_token(
+    sandbox: Sandbox, provider: Provider
+):
+    """Two principals, each granted its own oauth2-client credential on the same API and
+    paths: each request carries its own credential's token, a 401 to one drops only that
+    one, and a principal without a grant on a credential never makes it mint."""
+    alice = sandbox.client_credential("cross-a")
+    bob = sandbox.client_credential("cross-b")
+    carol = sandbox.proxy.store.add_principal("cross-c")  # no grant at all
+    sandbox.proxy.wait_reload()
+    with sandbox.client("cross-c", carol) as c, pytest.raises(httpx.ProxyError, match="403"):
+        c.get(f"https://{API}/v1/who")  # refused at CONNECT: no grant on the host
+    assert provider.count("cross-a") == 0
+    with sandbox.client("cross-a", alice) as a, sandbox.client("cross-b", bob) as b:
+        assert a.get(f"https://{API}/v1/who").json()["who"] == "cross-a"
+        assert b.get(f"https://{API}/v1/who").json()["who"] == "cross-b"
+        assert b.get(f"https://{API}/v1/reject").status_code == 401
+        assert a.get(f"https://{API}/v1/who").json()["who"] == "cross-a"
+        assert b.get(f"https://{API}/v1/who").json()["who"] == "cross-b"
+    assert (provider.count("cross-a"), provider.count("cross-b")) == (1, 2)
+    fps_a = {r["token_fp"] for r in sandbox.proxy.requests("cross-a") if "token_fp" in r}
+    fps_b = {r["token_fp"] for r in sandbox.proxy.requests("cross-b") if "token_fp" in r}
+    assert len(fps_a) == 1 and len(fps_b) == 2 and not fps_a & fps_b
