@@ -181,8 +181,9 @@ def https_call(
         retries=False,
     )
     pool.ConnectionCls = Connection
+    name = f"[{host}]" if ":" in host else host  # an IPv6 address, bracketed
     sent = {
-        "Host": host if port == 443 else f"{host}:{port}",
+        "Host": name if port == 443 else f"{name}:{port}",
         "Accept-Encoding": "identity",
         **headers,
     }

@@ -460,3 +460,32 @@ def test_an_answer_compressed_unasked_is_never_inflated(tmp_path: Any) -> None:
     finally:
         server.close()
     assert b"\r\naccept-encoding: identity\r\n" in asked[0].lower()
+
+
+def test_an_ipv6_token_endpoint_gets_a_well_formed_host_header(tmp_path: Any) -> None:
+    """https://[2001:db8::1]:8443/t: the Host header brackets the address (RFC 9110 §7.2);
+    it used to read `2001:db8::1:8443`, which a server cannot parse."""
+    import trustme
+
+    from tests.e2e.servers import TlsServer, server_context
+
+    ca = trustme.CA()
+    cafile = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(cafile))
+    asked: list[bytes] = []
+    body = json.dumps({"access_token": "a-long-token", "expires_in": 60}).encode()
+
+    class Server(TlsServer):
+        def serve(self, tls: Any) -> None:
+            asked.append(tls.recv(65536))
+            tls.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+
+    server = Server(server_context(ca, ["2001:db8::1"]))
+    try:
+        answer = mint.https_call(
+            ("127.0.0.1", server.port), "2001:db8::1", 8443, str(cafile), "POST", "/t", b"", {}
+        )
+    finally:
+        server.close()
+    assert answer.status == 200
+    assert b"\r\nhost: [2001:db8::1]:8443\r\n" in asked[0].lower()
