@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
-from collections.abc import Callable, Mapping, Sequence
+import os
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -12,8 +16,8 @@ from sqlalchemy.orm import Session
 
 from store import keys, validation
 from store.crypto import MasterKey, Secret
-from store.engine import CREDENTIAL, Database, changed, rowcount
-from store.errors import Conflict, NotFound
+from store.engine import CREDENTIAL, Database, changed, rowcount, sqlite_path
+from store.errors import Conflict, NotFound, StoreUnavailable
 from store.grammar import validate_name
 from store.models import Credential, Grant, utcnow
 from store.records import CredentialEntry
@@ -132,6 +136,33 @@ def destroy(session: Session, row: Credential, now: datetime) -> int:
 T = TypeVar("T")
 
 
+@contextlib.contextmanager
+def _one_at_a_time(db: Database, hold: float) -> Iterator[None]:
+    """SQLite has no row lock (FOR UPDATE is ignored, and nothing is locked before the first
+    write): two processes on one file (--workers, or a second proxy) would both read the same
+    refresh token and present it. An exclusive lock on a file beside the database serialises
+    the exchanges (SQLite is one host's, so is the lock) and no other write. PostgreSQL's
+    row lock does this there."""
+    path = sqlite_path(db.url)
+    if path is None:
+        yield
+        return
+    fd = os.open(path.with_name(path.name + ".exchange-lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        deadline = time.monotonic() + hold
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise StoreUnavailable("another process held the token exchange") from None
+                time.sleep(0.02)
+        yield
+    finally:
+        os.close(fd)  # and with it the lock
+
+
 def exchange(
     db: Database,
     key: MasterKey,
@@ -147,7 +178,7 @@ def exchange(
     rotated or removed meanwhile; a failing `step` leaves the row as it was. `step` may take
     up to `hold` seconds (PostgreSQL's timeouts are raised for this transaction to match).
     """
-    with db.change() as session:
+    with _one_at_a_time(db, hold), db.change() as session:
         if session.get_bind().dialect.name == "postgresql":
             ms = int(hold * 1000)
             session.execute(text(f"SET LOCAL statement_timeout = {ms}"))

@@ -1,6 +1,7 @@
 """The credentials table: sealed secrets, their schemes and hosts, rotation and removal."""
 
 
+import contextlib
 import json
 import threading
 from collections.abc import Callable
@@ -192,3 +193,41 @@ def test_a_rotation_or_removal_during_a_token_exchange_is_never_overwritten(
         sealed = json.loads(store.snapshot().credentials["rt"].secret.reveal())
         kept = sealed["refresh_token"] == "refresh-operator"
         assert kept, "the operator's rotation was overwritten by the exchange"
+
+
+def test_two_processes_never_present_one_refresh_token_twice(
+    store: Store, open_store: Callable[[MasterKey | None], Store], key: MasterKey
+):
+    """Two stores on one database (two `--workers`, or two replicas) refresh the same
+    credential at once: the second must read the refresh token the first sealed back. On
+    SQLite (no row lock) both used to read the first one, and a provider that rotates on use
+    saw it twice (reuse detection revokes the whole family)."""
+    first = {"client_id": "a", "client_secret": "s", "refresh_token": "refresh-0"}
+    fingerprint = store.add_credential(
+        "rt", "oauth2-refresh", ["api.example.com"], Secret(json.dumps(first).encode()),
+        options={"token_url": "https://auth.example.com/t"},
+    )  # fmt: skip
+    presented: list[str] = []
+    lock = threading.Lock()
+    start = threading.Barrier(2)
+
+    def step(data: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        with lock:
+            presented.append(data["refresh_token"])
+            n = len(presented)
+        threading.Event().wait(0.3)  # the token endpoint's call
+        return "ok", {**data, "refresh_token": f"refresh-{n}"}
+
+    def worker(s: Store) -> None:
+        start.wait(5)
+        with contextlib.suppress(Conflict):
+            s.exchange_credential("rt", fingerprint, step, hold=5)
+
+    threads = [threading.Thread(target=worker, args=(s,)) for s in (store, open_store(key))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(15)
+    twice = len(presented) != len(set(presented))
+    assert not twice, "one refresh token was presented twice"
+    assert len(presented) == 2
