@@ -10,6 +10,7 @@ within one poll.
 from __future__ import annotations
 
 import asyncio
+import select
 import time
 import weakref
 from collections.abc import Callable
@@ -30,8 +31,12 @@ if TYPE_CHECKING:
     from addon.metrics import Metrics
     from addon.state import Record, Step
 
-# How often the store is asked about the requests held here (one query for all of them).
+# How often the store is asked about the requests held here (one query for all of them), and
+# their clients' connections are looked at.
 POLL_INTERVAL = 0.25
+GONE = "gone"  # the held request's client closed its connection: it must never be sent
+# The peer closed (or half-closed) the connection, or it broke: seen while reading is paused.
+_HUNG_UP = getattr(select, "POLLRDHUP", 0) | select.POLLHUP | select.POLLERR
 
 
 @dataclass(frozen=True)
@@ -58,7 +63,7 @@ class Holds:
         # Called with each new held request's event and fields (the notifier).
         self.notify: Callable[[str, dict[str, Any]], None] = lambda event, fields: None
         self._held: dict[str, int] = {}  # principal -> requests held now
-        self._waiters: dict[int, list[asyncio.Future[str]]] = {}
+        self._waiters: dict[int, list[tuple[asyncio.Future[str], http.HTTPFlow]]] = {}
         self._poller: asyncio.Task[None] | None = None
         self._paused: weakref.WeakKeyDictionary[connection.Client, int] = (
             weakref.WeakKeyDictionary()
@@ -102,7 +107,9 @@ class Holds:
             self.on_hold(flow)
             self._pause(flow)
             try:
-                state = await self._decision(request_id, rule.hold)
+                state = await self._decision(request_id, rule.hold, flow)
+                if state == GONE:
+                    await self._leave(request_id)
             finally:
                 self._resume(flow)
         finally:
@@ -111,9 +118,14 @@ class Holds:
                 del self._held[principal]
         self.metrics.hold_seconds.observe(time.monotonic() - started)
         asked = {"access_request": {"id": request_id, "state": state}}
+        if state == GONE:
+            self.metrics.holds.labels("gone").inc()
+            raise Denied(Reason.CLIENT_GONE, "the client left while its request was held", asked)
         if state == APPROVED:
             self.metrics.holds.labels("approved").inc()
             self._still_granted(rule, principal)
+            if gone(flow):  # it left just before the approval was seen: never send it
+                raise Denied(Reason.CLIENT_GONE, "the client left while its request was held")
             return
         if state == DENIED:
             self.metrics.holds.labels("denied").inc()
@@ -160,10 +172,16 @@ class Holds:
         except CredproxyError as e:
             raise Denied(Reason.STORE_UNAVAILABLE, "the store did not answer") from e
 
-    async def _decision(self, request_id: int, hold: int) -> str:
+    async def _leave(self, request_id: int) -> None:
+        try:
+            await self.live.call(self.live.store.leave_hold, request_id)
+        except CredproxyError:
+            pass  # its deadline still ends it; this request is refused either way
+
+    async def _decision(self, request_id: int, hold: int, flow: http.HTTPFlow) -> str:
         future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         waiting = self._waiters.setdefault(request_id, [])
-        waiting.append(future)
+        waiting.append((future, flow))
         if self._poller is None or self._poller.done():
             self._poller = asyncio.get_running_loop().create_task(self._poll())
         try:
@@ -171,8 +189,8 @@ class Holds:
         except TimeoutError:
             pass
         finally:
-            if future in waiting:
-                waiting.remove(future)
+            if (future, flow) in waiting:
+                waiting.remove((future, flow))
             if not waiting:
                 self._waiters.pop(request_id, None)
         # Expire it, unless a decision landed first: that one stands.
@@ -184,6 +202,11 @@ class Holds:
     async def _poll(self) -> None:
         while self._waiters:
             await asyncio.sleep(self.poll_interval)
+            # First the clients (the store may be down): one that left is answered now.
+            for waiting in list(self._waiters.values()):
+                for future, flow in waiting:
+                    if not future.done() and gone(flow):
+                        future.set_result(GONE)
             ids = list(self._waiters)
             try:
                 found = await self.live.call(self.live.store.hold_states, ids)
@@ -195,7 +218,7 @@ class Holds:
             for request_id, state in found.items():
                 if state == PENDING:
                     continue
-                for future in self._waiters.pop(request_id, []):
+                for future, _ in self._waiters.pop(request_id, []):
                     if not future.done():
                         future.set_result(state)
 
@@ -256,7 +279,29 @@ def _stay_paused() -> None:
     pass
 
 
-def _transport(client: connection.Client) -> Any:
+def gone(flow: http.HTTPFlow) -> bool:
+    """Has the client of this held flow closed or broken its connection? Its reading is
+    paused, so mitmproxy would only see that once it was sent: ask the socket."""
+    try:
+        transport = _transport(flow.client_conn, strict=True)
+    except LookupError:
+        return True  # its connection's handler is gone
+    if transport is None:
+        return False  # no master: a unit test calling hooks directly
+    if transport.is_closing():
+        return True
+    sock = transport.get_extra_info("socket")
+    fd = sock.fileno() if sock is not None else -1
+    if fd < 0:
+        return True
+    poller = select.poll()
+    poller.register(fd, _HUNG_UP)
+    return bool(poller.poll(0))
+
+
+def _transport(client: connection.Client, strict: bool = False) -> Any:
+    """The client's asyncio transport; None without a master. Without one for this client:
+    None, or with `strict` LookupError."""
     from mitmproxy import ctx
 
     try:
@@ -266,4 +311,7 @@ def _transport(client: connection.Client) -> Any:
     handler = proxyserver.connections.get(client.id) if proxyserver is not None else None
     io = handler.transports.get(client) if handler is not None else None
     writer = io.writer if io is not None else None
-    return getattr(writer, "transport", None)
+    transport = getattr(writer, "transport", None)
+    if transport is None and strict:
+        raise LookupError(client.id)
+    return transport

@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 from mitmproxy import http
 
 from addon import audit, mint, wire, wsredact
-from addon.approval import Holds
+from addon.approval import Holds, gone
 from addon.assume import RoleSession, Unavailable
 from addon.dns import DEFAULT_TTL, FORBIDDEN, LookupFailed, Resolver
 from addon.failclosed import Denied, deny_on_error, kill_on_error
@@ -185,6 +185,9 @@ class Forward:
             except LookupFailed as e:
                 raise _refusal(e, rec, v.rule) from e
             rec.dns_ms = round(waited * 1000, 2)
+        if v.rule.approval is not None and gone(flow):
+            # Approved, then its client left while the proxy dialled or minted: never sent.
+            raise Denied(Reason.CLIENT_GONE, "the client left while its request was held")
         await self._consume(v.rule)
         self._forward(flow, step, rec, address, plan)
 

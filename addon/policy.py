@@ -66,6 +66,7 @@ class Reason(enum.StrEnum):
     APPROVAL_DENIED = "approval-denied"
     APPROVAL_TIMEOUT = "approval-timeout"
     TOO_MANY_HOLDS = "too-many-holds"
+    CLIENT_GONE = "client-gone"
 
 
 STATUS = {
@@ -90,6 +91,7 @@ STATUS = {
     Reason.CREDENTIALS_IN_RESPONSE: 502,
     Reason.CREDENTIALS_UNAVAILABLE: 502,
     Reason.TOO_MANY_HOLDS: 429,
+    Reason.CLIENT_GONE: 499,  # nobody reads it: the agent closed its connection
 }
 # The grant allowed the request and the upstream failed it: never a denial.
 UPSTREAM_REASONS = frozenset(

@@ -247,3 +247,28 @@ def test_concurrent_first_holds_of_a_kind_share_one_request(store: Store) -> Non
         held = list(pool.map(lambda _: _hold(store, grant_id, share=True), range(8)))
     assert len({request_id for request_id, _ in held}) == 1
     assert [created for _, created in held].count(True) == 1
+
+
+def test_a_hold_whose_clients_all_left_expires_and_an_approval_comes_too_late(
+    store: Store,
+) -> None:
+    grant_id = _grant(store, "first")
+    shared, _ = _hold(store, grant_id, share=True)
+    assert _hold(store, grant_id, share=True) == (shared, False)  # two wait on it
+    store.leave_hold(shared)
+    assert store.hold_states([shared]) == {shared: "pending"}  # one still waits
+    store.leave_hold(shared)
+    assert store.hold_states([shared]) == {shared: "expired"}
+    with pytest.raises(InvalidInput, match="expired, not pending"):
+        store.approve_request(shared)
+    # A decision that landed first stands.
+    each = _grant_again(store)
+    decided, _ = _hold(store, each, share=False)
+    store.approve_request(decided)
+    store.leave_hold(decided)
+    assert store.hold_states([decided]) == {decided: "approved"}
+
+
+def _grant_again(store: Store) -> int:
+    limits = validation.limits(None, None, approval="each")
+    return store.add_grant("agent", ["GET"], credential="gh", limits=limits)

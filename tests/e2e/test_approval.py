@@ -7,6 +7,8 @@ import json
 import os
 import shutil
 import socket
+import ssl
+import struct
 import subprocess
 import threading
 import time
@@ -21,6 +23,7 @@ import trustme
 
 from store import validation
 from store.crypto import Secret
+from tests.e2e import raw
 from tests.e2e.conftest import CREDPROXY, NAMES, Proxy, start_proxy, stop_proxy
 from tests.e2e.relay import pg_database
 from tests.e2e.upstream import Upstream
@@ -482,3 +485,70 @@ def test_shared_rates_hold_exactly_across_replicas(
     assert statuses.count(200) == 4
     assert statuses.count(429) == 12
     assert _reached(upstream, path) == 4
+
+
+def _held_raw(proxy: Proxy, agent: str, token: str, path: str) -> ssl.SSLSocket:
+    """A raw TLS tunnel with one GET of `path` sent on it (the proxy holds it)."""
+    tls = raw.tunnel(
+        proxy.port, "api.test:443", raw.proxy_auth(agent, token), "api.test", proxy.ca_file
+    )
+    tls.sendall(f"GET {path} HTTP/1.1\r\nHost: api.test\r\n\r\n".encode())
+    return tls
+
+
+def _never_reached(upstream: Upstream, path: str, connections: int) -> bool:
+    """Nothing of `path` reached the upstream, nor did any connection since `connections`
+    (the upstream may still be reading what was sent: give it a moment)."""
+    deadline = time.monotonic() + 1.5
+    while time.monotonic() < deadline:
+        if _reached(upstream, path) or upstream.log.connections != connections:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def _request_line(proxy: Proxy, agent: str, timeout: float = 15.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        lines = proxy.requests(agent)
+        if lines:
+            return lines[0]
+        time.sleep(0.05)
+    raise AssertionError("no request audit line")
+
+
+def test_a_held_request_whose_client_left_is_never_sent_on_approval(
+    held_proxy: Proxy, upstream: Upstream, names
+) -> None:
+    agent, token, _ = _granted(held_proxy, names, "each")
+    path = f"/v1/{agent}/gone"
+    tls = _held_raw(held_proxy, agent, token, path)
+    (event,) = _pending(held_proxy, agent)
+    connections = upstream.log.connections
+    tls.close()  # the agent goes away while its request waits
+    cli(held_proxy, "request", "approve", str(event["id"]))  # whether or not it was noticed
+    line = _request_line(held_proxy, agent)
+    assert _never_reached(upstream, path, connections)
+    assert (line["decision"], line["reason"]) == ("deny", "client-gone")
+
+
+@pytest.mark.parametrize("how", ["close", "reset"])
+def test_a_client_leaving_ends_its_hold_at_once(
+    held_proxy: Proxy, upstream: Upstream, names, how: str
+) -> None:
+    agent, token, _ = _granted(held_proxy, names, "each")
+    path = f"/v1/{agent}/left"
+    tls = _held_raw(held_proxy, agent, token, path)
+    (event,) = _pending(held_proxy, agent)
+    connections = upstream.log.connections
+    if how == "reset":
+        tls.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    tls.close()
+    # Noticed long before the 20 s hold ends: the hold is over and its place is free.
+    line = _request_line(held_proxy, agent)
+    assert (line["decision"], line["reason"]) == ("deny", "client-gone")
+    assert line["approval"] == event["id"]
+    late = cli(held_proxy, "request", "approve", str(event["id"]))
+    assert late.returncode == 2 and "not pending" in late.stderr
+    assert _never_reached(upstream, path, connections)
+    assert "credproxy_holds_pending 0.0" in _metrics(held_proxy)
