@@ -123,7 +123,7 @@ class Holds:
             raise Denied(Reason.CLIENT_GONE, "the client left while its request was held", asked)
         if state == APPROVED:
             self.metrics.holds.labels("approved").inc()
-            self._still_granted(rule, principal)
+            self._still_granted(rule, principal, flow, step)
             if gone(flow):  # it left just before the approval was seen: never send it
                 raise Denied(Reason.CLIENT_GONE, "the client left while its request was held")
             return
@@ -222,15 +222,31 @@ class Holds:
                     if not future.done():
                         future.set_result(state)
 
-    def _still_granted(self, rule: Rule, principal: str) -> None:
-        """The grant may have gone while the request waited: it must still serve it."""
+    def _still_granted(self, rule: Rule, principal: str, flow: http.HTTPFlow, step: Step) -> None:
+        """The grant may have gone or changed while the request waited (a policy file
+        updates a grant in place): it must still serve this request, as it is now."""
+        v = step.verdict
+        assert v is not None and v.host is not None and v.port is not None
+        assert v.method is not None and v.path is not None
         policy = self.live.current()
         if policy is None:
             raise Denied(Reason.STORE_UNAVAILABLE, "the policy is stale")
         now = datetime.now(UTC)
         current = policy.rule(rule.grant_id)
-        if current is None or principal not in policy.principals():
+        if (
+            current is None
+            or principal not in policy.principals()
+            or policy.owner(rule.grant_id) != principal
+        ):
             raise Denied(Reason.NO_GRANT, "the grant was revoked while the request was held")
+        if not current.allows_host(v.host, v.port, flow.request.scheme):
+            raise Denied(Reason.NO_GRANT, "the grant no longer allows this host")
+        if not current.allows_method(v.method):
+            raise Denied(Reason.METHOD_NOT_ALLOWED, "the grant no longer allows this method")
+        if current.longest_path(v.path) < 0:
+            raise Denied(Reason.PATH_NOT_ALLOWED, "the grant no longer allows this path")
+        if b"upgrade" in step.headers.index and not current.websocket:
+            raise Denied(Reason.UPGRADE_NOT_ALLOWED, "the grant no longer allows an upgrade")
         if current.expires_at is not None and current.expires_at <= now:
             raise Denied(Reason.GRANT_EXPIRED, "the grant expired while the request was held")
         if current.consumed:

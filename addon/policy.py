@@ -455,6 +455,10 @@ class Policy:
         decoded = unquote_to_bytes(target)
         return any(s.reveal() in target or s.reveal() in decoded for s in self.path_secrets)
 
+    def owner(self, grant_id: int) -> str | None:
+        """The principal the grant belongs to now (a policy file may move a grant)."""
+        return self._owner.get(grant_id)
+
     def rule(self, grant_id: int) -> Rule | None:
         """The grant's compiled rule, if the policy holds it (a tombstone included)."""
         owner = self._owner.get(grant_id)

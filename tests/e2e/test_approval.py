@@ -552,3 +552,63 @@ def test_a_client_leaving_ends_its_hold_at_once(
     assert late.returncode == 2 and "not pending" in late.stderr
     assert _never_reached(upstream, path, connections)
     assert "credproxy_holds_pending 0.0" in _metrics(held_proxy)
+
+
+def _apply(proxy: Proxy, tmp_path: Path, text: str) -> None:
+    policy = tmp_path / "policy.toml"
+    policy.write_text(text)
+    applied = cli(proxy, "apply", str(policy), "--yes")
+    assert applied.returncode == 0, applied.stderr
+    proxy.wait_reload()
+
+
+def _grant_file(grant_id: int, principal: str, cred: str, paths: str, approval: str) -> str:
+    return (
+        f'[[grant]]\nid = "grant-{grant_id}"\nprincipal = "{principal}"\ncredential = "{cred}"\n'
+        f'methods = ["GET"]\npaths = [{paths}]\napproval = "{approval}"\nhold = "20s"\n'
+    )
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"), [("path", "path-not-allowed"), ("principal", "no-grant")]
+)
+def test_a_grant_changed_while_its_request_is_held_serves_nothing_on_approval(
+    held_proxy: Proxy, upstream: Upstream, names, tmp_path: Path, change: str, reason: str
+) -> None:
+    agent, token, grant_id = _granted(held_proxy, names, "each")
+    path = f"/v1/{agent}/changed"
+    answer = _send(held_proxy, agent, token, f"https://api.test{path}")
+    (event,) = _pending(held_proxy, agent)
+    # The same grant, updated in place: it no longer serves this request.
+    owner, paths = agent, '"/v1/"'
+    if change == "path":
+        paths = '"/v2/"'
+    else:
+        owner = names("other")
+        held_proxy.store.add_principal(owner)
+    _apply(held_proxy, tmp_path, _grant_file(grant_id, owner, names("cred"), paths, "each"))
+    cli(held_proxy, "request", "approve", str(event["id"]))
+    response = answer.result(timeout=10)
+    assert (response.status_code, response.headers["x-credproxy-reason"]) == (403, reason)
+    assert _reached(upstream, path) == 0
+
+
+def test_an_approval_of_first_never_covers_the_principal_a_grant_moved_to(
+    held_proxy: Proxy, upstream: Upstream, names, tmp_path: Path
+) -> None:
+    agent, token, grant_id = _granted(held_proxy, names, "first")
+    path = f"/v1/{agent}/moved"
+    answer = _send(held_proxy, agent, token, f"https://api.test{path}")
+    (event,) = _pending(held_proxy, agent)
+    cli(held_proxy, "request", "approve", str(event["id"]))  # covers the kind for good
+    assert answer.result(timeout=10).status_code == 200
+    other = names("other")
+    other_token = held_proxy.store.add_principal(other)
+    _apply(held_proxy, tmp_path, _grant_file(grant_id, other, names("cred"), '"/v1/"', "first"))
+    # The other principal's first request of that kind waits for its own approval.
+    moved = _send(held_proxy, other, other_token, f"https://api.test{path}")
+    (second,) = _pending(held_proxy, other)
+    assert second["grant_id"] == grant_id and not moved.done()
+    cli(held_proxy, "request", "deny", str(second["id"]))
+    assert moved.result(timeout=10).status_code == 403
+    assert _reached(upstream, path) == 1
