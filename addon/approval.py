@@ -124,6 +124,7 @@ class Holds:
         if state == APPROVED:
             self.metrics.holds.labels("approved").inc()
             self._still_granted(rule, principal, flow, step)
+            await settle_reads(flow)
             if gone(flow):  # it left just before the approval was seen: never send it
                 raise Denied(Reason.CLIENT_GONE, "the client left while its request was held")
             return
@@ -312,7 +313,71 @@ def gone(flow: http.HTTPFlow) -> bool:
         return True
     poller = select.poll()
     poller.register(fd, _HUNG_UP)
-    return bool(poller.poll(0))
+    return bool(poller.poll(0)) or _stream_reset(flow)
+
+
+async def settle_reads(flow: http.HTTPFlow) -> None:
+    """After a hold, let mitmproxy read what the client sent meanwhile (an HTTP/2 stream
+    reset waits in the socket while its reading is paused), so that `gone` can see it."""
+    if not flow.request.is_http2:
+        return
+    transport = _transport(flow.client_conn)
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    fd = sock.fileno() if sock is not None else -1
+    if fd < 0:
+        return
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    for _ in range(_SETTLE_ROUNDS):
+        # Read, handed to the TLS and HTTP/2 layers, then queued at the held stream.
+        for _ in range(3):
+            await asyncio.sleep(0)
+        if not poller.poll(0):
+            return
+
+
+_SETTLE_ROUNDS = 16
+
+
+def _stream_reset(flow: http.HTTPFlow) -> bool:
+    """Did the client reset this flow's HTTP/2 stream while it was held? mitmproxy queues
+    that at the stream's layer, which waits on the hook: look there."""
+    if not flow.request.is_http2:
+        return False
+    from mitmproxy import ctx
+    from mitmproxy.proxy.layers.http import HttpStream
+    from mitmproxy.proxy.layers.http._events import RequestProtocolError
+
+    try:
+        proxyserver = ctx.master.addons.get("proxyserver")
+        handler = proxyserver.connections.get(flow.client_conn.id)
+    except AttributeError:
+        return False
+    if handler is None:
+        return True
+    stack: list[Any] = [handler.layer]
+    seen: set[int] = set()
+    while stack:
+        layer = stack.pop()
+        if layer is None or id(layer) in seen or len(seen) > _MAX_LAYERS:
+            continue
+        seen.add(id(layer))
+        if isinstance(layer, HttpStream) and layer.flow is flow:
+            queued = getattr(layer, "_paused_event_queue", ())
+            return any(isinstance(e, RequestProtocolError) for e in queued)
+        stack.extend(
+            getattr(getattr(layer, name, None), "__self__", None)
+            for name in ("_handle_event", "_handle")
+        )
+        stack.extend((getattr(layer, "layer", None), getattr(layer, "child_layer", None)))
+        for name in ("streams", "connections"):
+            children = getattr(layer, name, None)
+            if isinstance(children, dict):
+                stack.extend(children.values())
+    return False
+
+
+_MAX_LAYERS = 4096
 
 
 def _transport(client: connection.Client, strict: bool = False) -> Any:

@@ -612,3 +612,34 @@ def test_an_approval_of_first_never_covers_the_principal_a_grant_moved_to(
     cli(held_proxy, "request", "deny", str(second["id"]))
     assert moved.result(timeout=10).status_code == 403
     assert _reached(upstream, path) == 1
+
+
+@pytest.mark.parametrize("how", ["reset-stream", "close"])
+def test_a_held_h2_stream_its_client_gave_up_is_never_sent_on_approval(
+    held_proxy: Proxy, upstream: Upstream, names, how: str
+) -> None:
+    import h2.connection
+    import h2.errors
+
+    agent, token, _ = _granted(held_proxy, names, "each")
+    path = f"/v1/{agent}/h2-{how}"
+    tls = raw.h2_tunnel(held_proxy, raw.proxy_auth(agent, token), "api.test")
+    assert tls.selected_alpn_protocol() == "h2"
+    conn = h2.connection.H2Connection()
+    conn.initiate_connection()
+    fields = [(":method", "GET"), (":scheme", "https"), (":authority", "api.test"), (":path", path)]
+    conn.send_headers(1, fields, end_stream=True)
+    tls.sendall(conn.data_to_send())
+    (event,) = _pending(held_proxy, agent)
+    connections = upstream.log.connections
+    if how == "reset-stream":
+        conn.reset_stream(1, h2.errors.ErrorCodes.CANCEL)  # the agent cancels; the connection stays
+        tls.sendall(conn.data_to_send())
+    else:
+        tls.close()
+    cli(held_proxy, "request", "approve", str(event["id"]))
+    line = _request_line(held_proxy, agent)
+    assert _never_reached(upstream, path, connections)
+    # Refused before anything was spent or dialled, with the reason.
+    assert (line["decision"], line["reason"]) == ("deny", "client-gone")
+    tls.close()
