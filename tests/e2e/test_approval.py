@@ -643,3 +643,15 @@ def test_a_held_h2_stream_its_client_gave_up_is_never_sent_on_approval(
     # Refused before anything was spent or dialled, with the reason.
     assert (line["decision"], line["reason"]) == ("deny", "client-gone")
     tls.close()
+
+
+@pytest.mark.parametrize("guess", ["2147483648", "9223372036854775808", "9" * 5000])
+def test_an_agent_guessing_a_huge_request_id_gets_not_found(
+    held_proxy: Proxy, names, guess: str
+) -> None:
+    agent = names("agent")
+    token = held_proxy.store.add_principal(agent)
+    held_proxy.wait_reload()
+    with httpx.Client(proxy=held_proxy.url(agent, token)) as client:
+        found = client.get(f"http://credproxy.internal/access-requests/{guess}")
+    assert (found.status_code, found.headers["x-credproxy-reason"]) == (404, "not-found")
