@@ -655,3 +655,47 @@ def test_an_agent_guessing_a_huge_request_id_gets_not_found(
     with httpx.Client(proxy=held_proxy.url(agent, token)) as client:
         found = client.get(f"http://credproxy.internal/access-requests/{guess}")
     assert (found.status_code, found.headers["x-credproxy-reason"]) == (404, "not-found")
+
+
+@pytest.mark.parametrize(
+    ("where", "allowed"), [("localhost", False), ("127.0.0.1", False), ("127.0.0.1", True)]
+)
+def test_a_webhook_on_loopback_without_allow_private_is_never_dialled(
+    tmp_path_factory: pytest.TempPathFactory,
+    shared_upstream: Upstream,
+    upstream_ca: trustme.CA,
+    initialised_home: Path,
+    upstream: Upstream,
+    names,
+    where: str,
+    allowed: bool,
+) -> None:
+    with Upstream(upstream_ca, ["localhost", "127.0.0.1"]) as hook:
+        resolve = [f"{n}=127.0.0.1:{shared_upstream.port}" for n in NAMES if n != "localhost"]
+        home = tmp_path_factory.mktemp("notify-private")
+        extra = ["--notify", f"https://{where}:{hook.port}/hook", "--admin", "127.0.0.1:0"]
+        if allowed:  # the control: the same webhook, its range opened, gets both events
+            extra += ["--allow-private", "127.0.0.0/8"]
+        proxy = start_proxy(home, upstream_ca, resolve, extra, template=initialised_home)
+        try:
+            agent, token, _ = _granted(proxy, names, "each", hold="3s")
+            with proxy.client(agent, token, timeout=30) as client:
+                held = client.get(f"https://api.test/v1/{agent}/private-hook")
+                asked = client.get(f"https://api.test/v2/{agent}")
+            assert (held.status_code, asked.status_code) == (403, 403)
+            metrics = _metrics_of(proxy)
+            deadline = time.monotonic() + 15
+            outcome = "sent" if allowed else "failed"
+            while f'credproxy_notifications_total{{outcome="{outcome}"}} 2.0' not in metrics:
+                assert time.monotonic() < deadline, metrics
+                time.sleep(0.2)
+                metrics = _metrics_of(proxy)
+            assert len(hook.log.requests) == (2 if allowed else 0)
+            assert bool(hook.log.connections) == allowed
+        finally:
+            stop_proxy(proxy)
+
+
+def _metrics_of(proxy: Proxy) -> str:
+    [started] = [line for line in proxy.audit() if line.get("event") == "proxy.started"]
+    return httpx.get(f"http://{started['admin'][0]}/metrics").text
