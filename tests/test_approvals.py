@@ -272,3 +272,58 @@ def test_a_hold_whose_clients_all_left_expires_and_an_approval_comes_too_late(
 def _grant_again(store: Store) -> int:
     limits = validation.limits(None, None, approval="each")
     return store.add_grant("agent", ["GET"], credential="gh", limits=limits)
+
+
+def test_an_approval_racing_the_deadline_either_wins_whole_or_is_refused(store: Store) -> None:
+    from threading import Barrier
+
+    from store.errors import CredproxyError
+
+    grant_id = _grant(store, "each")
+    for _ in range(15):
+        request_id, _ = _hold(store, grant_id, share=False)
+        barrier = Barrier(2)
+
+        def approve(rid: int = request_id, barrier: Barrier = barrier) -> bool:
+            barrier.wait()
+            try:
+                store.approve_request(rid)
+            except (InvalidInput, CredproxyError):
+                return False
+            return True
+
+        def settle(rid: int = request_id, barrier: Barrier = barrier) -> str:
+            barrier.wait()
+            return store.settle_hold(rid)
+
+        with ThreadPoolExecutor(2) as pool:
+            approved, settled = pool.submit(approve), pool.submit(settle)
+            # The holder goes on exactly when the owner was told the approval took.
+            assert (settled.result() == "approved") == approved.result()
+        assert store.hold_states([request_id])[request_id] == settled.result()
+
+
+def test_two_owners_approving_one_access_request_at_once_make_one_grant(store: Store) -> None:
+    from threading import Barrier
+
+    from store.errors import CredproxyError
+
+    store.add_principal("agent")
+    store.add_credential("gh", "bearer", ["api.github.com"], SECRET)
+    for i in range(10):
+        recorded = store.record_access_request("agent", "api.github.com", 443, "GET", f"/r/{i}")
+        assert recorded is not None
+        barrier = Barrier(2)
+
+        def approve(rid: int = recorded[0], barrier: Barrier = barrier) -> bool:
+            barrier.wait()
+            try:
+                store.approve_request(rid, credential="gh")
+            except (InvalidInput, CredproxyError):
+                return False
+            return True
+
+        with ThreadPoolExecutor(2) as pool:
+            results = list(pool.map(lambda _: approve(), range(2)))
+        grants = [g for g in store.list_grants() if g.paths == [f"/r/{i}"]]
+        assert (results.count(True), len(grants)) == (1, 1)
