@@ -101,6 +101,7 @@ class Holds:
             raise Denied(Reason.STORE_UNAVAILABLE, "held requests need the store")
         self._held[principal] = self._held.get(principal, 0) + 1
         started = time.monotonic()
+        keep = 0.0  # how long the place stays taken after the request is answered
         try:
             request_id = await self._record(step, rule, v.host, v.port, v.method, v.path)
             rec.approval = request_id
@@ -110,12 +111,17 @@ class Holds:
                 state = await self._decision(request_id, rule.hold, flow)
                 if state == GONE:
                     await self._leave(request_id)
+                    # A client that leaves keeps its place to the hold's end, as one that
+                    # stayed would: connecting and leaving must not record (and notify)
+                    # holds faster than the caps allow.
+                    keep = max(0.0, started + rule.hold - time.monotonic())
             finally:
                 self._resume(flow)
         finally:
-            self._held[principal] -= 1
-            if not self._held[principal]:
-                del self._held[principal]
+            if keep:
+                asyncio.get_running_loop().call_later(keep, self._release, principal)
+            else:
+                self._release(principal)
         self.metrics.hold_seconds.observe(time.monotonic() - started)
         asked = {"access_request": {"id": request_id, "state": state}}
         if state == GONE:
@@ -133,6 +139,11 @@ class Holds:
             raise Denied(Reason.APPROVAL_DENIED, "an owner denied this request", asked)
         self.metrics.holds.labels("timeout").inc()
         raise Denied(Reason.APPROVAL_TIMEOUT, f"no owner decided within {rule.hold} s", asked)
+
+    def _release(self, principal: str) -> None:
+        self._held[principal] -= 1
+        if not self._held[principal]:
+            del self._held[principal]
 
     async def _record(
         self, step: Step, rule: Rule, host: str, port: int, method: str, path: str

@@ -544,14 +544,22 @@ def test_a_client_leaving_ends_its_hold_at_once(
     if how == "reset":
         tls.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     tls.close()
-    # Noticed long before the 20 s hold ends: the hold is over and its place is free.
+    # Noticed long before the 20 s hold ends: the request is refused and its hold expired.
     line = _request_line(held_proxy, agent)
     assert (line["decision"], line["reason"]) == ("deny", "client-gone")
     assert line["approval"] == event["id"]
     late = cli(held_proxy, "request", "approve", str(event["id"]))
     assert late.returncode == 2 and "not pending" in late.stderr
     assert _never_reached(upstream, path, connections)
-    assert "credproxy_holds_pending 0.0" in _metrics(held_proxy)
+    # Its place stays taken to the hold's end (--max-held 2): leaving and coming back
+    # records no more holds than staying would.
+    again = _send(held_proxy, agent, token, f"https://api.test{path}/again")
+    (_, second) = _pending(held_proxy, agent, 2)
+    with held_proxy.client(agent, token) as client:
+        third = client.get(f"https://api.test{path}/third")
+    assert (third.status_code, third.headers["x-credproxy-reason"]) == (429, "too-many-holds")
+    cli(held_proxy, "request", "deny", str(second["id"]))
+    assert again.result(timeout=10).status_code == 403
 
 
 def _apply(proxy: Proxy, tmp_path: Path, text: str) -> None:
@@ -699,3 +707,58 @@ def test_a_webhook_on_loopback_without_allow_private_is_never_dialled(
 def _metrics_of(proxy: Proxy) -> str:
     [started] = [line for line in proxy.audit() if line.get("event") == "proxy.started"]
     return httpx.get(f"http://{started['admin'][0]}/metrics").text
+
+
+def test_max_uses_of_an_approved_grant_hold_exactly_across_replicas(
+    replicas: list[Proxy], upstream: Upstream, names
+) -> None:
+    a, b = replicas
+    agent, cred = names("agent"), names("cred")
+    token = a.store.add_principal(agent)
+    a.store.add_credential(cred, "bearer", ["api.test"], Secret(SECRET))
+    limits = validation.limits(None, None, 3, approval="first", hold="30s")
+    grant_id = a.store.add_grant(agent, ["GET"], credential=cred, paths=["/v1/"], limits=limits)
+    a.wait_reload()
+    b.wait_reload()
+    path = f"/v1/{agent}/uses"
+    first = _send(a, agent, token, f"https://api.test{path}")
+    (event,) = _pending(a, agent)
+    (entry,) = [g for g in a.store.list_grants() if g.id == grant_id]
+    assert entry.uses == 0  # nothing spent while held
+    cli(b, "request", "approve", str(event["id"]))  # covers the kind for good
+    assert first.result(timeout=10).status_code == 200
+    a.wait_reload()
+    b.wait_reload()
+    barrier = threading.Barrier(12)
+
+    def one(i: int) -> int:
+        with (a if i % 2 else b).client(agent, token, timeout=30) as client:
+            barrier.wait()
+            return client.get(f"https://api.test{path}").status_code
+
+    with ThreadPoolExecutor(12) as pool:
+        statuses = list(pool.map(one, range(12)))
+    assert sorted(statuses) == [200, 200] + [403] * 10
+    assert _reached(upstream, path) == 3
+
+
+def test_a_shared_hold_one_replicas_client_left_still_serves_the_other(
+    replicas: list[Proxy], upstream: Upstream, names
+) -> None:
+    a, b = replicas
+    agent, token, _ = _granted(a, names, "first", hold="60s")
+    b.wait_reload()
+    path = f"/v1/{agent}/shared-left"
+    tls = _held_raw(a, agent, token, path)
+    (event,) = _pending(a, agent)
+    waiting = _send(b, agent, token, f"https://api.test{path}")
+    (joined,) = _pending(b, agent)
+    assert joined["id"] == event["id"]  # one kind, one decision, across replicas
+    tls.close()  # A's agent leaves: B's request still waits on the decision
+    line = _request_line(a, agent)
+    assert (line["decision"], line["reason"]) == ("deny", "client-gone")
+    assert not waiting.done()
+    approved = cli(a, "request", "approve", str(event["id"]))
+    assert approved.returncode == 0, approved.stderr
+    assert waiting.result(timeout=10).status_code == 200
+    assert _reached(upstream, path) == 1
