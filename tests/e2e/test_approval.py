@@ -762,3 +762,24 @@ def test_a_shared_hold_one_replicas_client_left_still_serves_the_other(
     assert approved.returncode == 0, approved.stderr
     assert waiting.result(timeout=10).status_code == 200
     assert _reached(upstream, path) == 1
+
+
+def test_an_approval_of_first_ends_when_a_policy_file_changes_the_grants_credential(
+    held_proxy: Proxy, upstream: Upstream, names, tmp_path: Path
+) -> None:
+    agent, token, grant_id = _granted(held_proxy, names, "first")
+    path = f"/v1/{agent}/recredentialed"
+    answer = _send(held_proxy, agent, token, f"https://api.test{path}")
+    (event,) = _pending(held_proxy, agent)
+    cli(held_proxy, "request", "approve", str(event["id"]))  # covers the kind for good
+    assert answer.result(timeout=10).status_code == 200
+    other = names("admin-cred")
+    held_proxy.store.add_credential(other, "bearer", ["api.test"], Secret(b"sk-admin-other"))
+    _apply(held_proxy, tmp_path, _grant_file(grant_id, agent, other, '"/v1/"', "first"))
+    # The owner approved requests sent with the old credential: the new one asks again.
+    again = _send(held_proxy, agent, token, f"https://api.test{path}")
+    (_, second) = _pending(held_proxy, agent, 2)
+    assert not again.done()
+    cli(held_proxy, "request", "deny", str(second["id"]))
+    assert again.result(timeout=10).status_code == 403
+    assert _reached(upstream, path) == 1
