@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 import weakref
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 
 from mitmproxy import http
 
@@ -167,6 +168,7 @@ class Forward:
             if self.holds is None:
                 raise Denied(Reason.APPROVAL_DENIED, "this proxy holds no requests")
             await self.holds.wait(flow, step, rec)  # before anything is spent or dialled
+            self._still_authenticated(flow, step)
         if role is not None:
             try:
                 await role.ensure()
@@ -275,6 +277,18 @@ class Forward:
         if address is None:
             address, _ = await self.resolver.resolve(host, port)
         return address
+
+    def _still_authenticated(self, flow: http.HTTPFlow, step: Step) -> None:
+        """A held request waited: the session token of its tunnel may have been revoked or
+        have expired meanwhile (auth checked it when the request came)."""
+        state = self.clients.get(flow.client_conn)
+        if step.tunnel is None or state is None:
+            return
+        policy = self.live.current()
+        if policy is None:
+            raise Denied(Reason.STORE_UNAVAILABLE, "the policy is stale")
+        if not policy.token_live(step.principal, state.token, datetime.now(UTC)):
+            raise Denied(Reason.AUTH_REQUIRED, "the session token was revoked or has expired")
 
     async def _consume(self, rule: Rule) -> None:
         """A once- or use-counted grant is used as the last step before forwarding; losing

@@ -783,3 +783,23 @@ def test_an_approval_of_first_ends_when_a_policy_file_changes_the_grants_credent
     cli(held_proxy, "request", "deny", str(second["id"]))
     assert again.result(timeout=10).status_code == 403
     assert _reached(upstream, path) == 1
+
+
+def test_a_session_token_revoked_while_its_request_is_held_sends_nothing_on_approval(
+    held_proxy: Proxy, upstream: Upstream, names
+) -> None:
+    agent, _, _ = _granted(held_proxy, names, "each")
+    token_id, session = held_proxy.store.add_token(agent, None)
+    held_proxy.wait_reload()
+    path = f"/v1/{agent}/revoked-token"
+    answer = _send(held_proxy, agent, session, f"https://api.test{path}")
+    (event,) = _pending(held_proxy, agent)
+    held_proxy.store.revoke_token(token_id)
+    held_proxy.wait_reload()
+    cli(held_proxy, "request", "approve", str(event["id"]))
+    response = answer.result(timeout=10)
+    assert (response.status_code, response.headers["x-credproxy-reason"]) == (
+        407,
+        "auth-required",
+    )
+    assert _reached(upstream, path) == 0
