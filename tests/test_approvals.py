@@ -327,3 +327,21 @@ def test_two_owners_approving_one_access_request_at_once_make_one_grant(store: S
             results = list(pool.map(lambda _: approve(), range(2)))
         grants = [g for g in store.list_grants() if g.paths == [f"/r/{i}"]]
         assert (results.count(True), len(grants)) == (1, 1)
+
+
+def test_an_approval_of_first_covers_no_other_host_port_grant_or_principal(store: Store) -> None:
+    grant_id = _grant(store, "first")
+    held, _ = _hold(store, grant_id, share=True)
+    store.approve_request(held)
+    limits = validation.limits(None, None, approval="first")
+    sibling = store.add_grant("agent", ["GET"], credential="gh", limits=limits)
+    store.add_principal("other")
+    others = store.add_grant("other", ["GET"], credential="gh", limits=limits)
+    policy = Policy(store.snapshot())
+    now = utcnow()
+    assert policy.covering(grant_id, "GET", "api.github.com", 443, PATH, now) is not None
+    assert policy.covering(grant_id, "GET", "api.github.com", 8443, PATH, now) is None
+    assert policy.covering(grant_id, "GET", "uploads.github.com", 443, PATH, now) is None
+    assert policy.covering(grant_id, "HEAD", "api.github.com", 443, PATH, now) is None
+    for gid in (sibling, others):
+        assert policy.covering(gid, "GET", "api.github.com", 443, PATH, now) is None
