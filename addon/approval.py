@@ -217,7 +217,9 @@ class Holds:
             # First the clients (the store may be down): one that left is answered now.
             for waiting in list(self._waiters.values()):
                 for future, flow in waiting:
-                    if not future.done() and gone(flow):
+                    # A stream reset is not read while the connection is paused: the
+                    # socket is all there is to look at until the hold ends.
+                    if not future.done() and gone(flow, streams=False):
                         future.set_result(GONE)
             ids = list(self._waiters)
             try:
@@ -307,9 +309,10 @@ def _stay_paused() -> None:
     pass
 
 
-def gone(flow: http.HTTPFlow) -> bool:
-    """Has the client of this held flow closed or broken its connection? Its reading is
-    paused, so mitmproxy would only see that once it was sent: ask the socket."""
+def gone(flow: http.HTTPFlow, streams: bool = True) -> bool:
+    """Has the client of this held flow closed or broken its connection (or, with
+    `streams`, reset its HTTP/2 stream)? Its reading is paused, so mitmproxy would only see
+    that once it was sent: ask the socket."""
     try:
         transport = _transport(flow.client_conn, strict=True)
     except LookupError:
@@ -324,7 +327,7 @@ def gone(flow: http.HTTPFlow) -> bool:
         return True
     poller = select.poll()
     poller.register(fd, _HUNG_UP)
-    return bool(poller.poll(0)) or _stream_reset(flow)
+    return bool(poller.poll(0)) or (streams and _stream_reset(flow))
 
 
 async def settle_reads(flow: http.HTTPFlow) -> None:
