@@ -68,6 +68,8 @@ class Holds:
         self._paused: weakref.WeakKeyDictionary[connection.Client, int] = (
             weakref.WeakKeyDictionary()
         )
+        # Flows that waited for a decision (not those an approval covered at once).
+        self.waited: weakref.WeakSet[http.HTTPFlow] = weakref.WeakSet()
         metrics.held = self.count
 
     def count(self) -> int:
@@ -105,6 +107,7 @@ class Holds:
         try:
             request_id = await self._record(step, rule, v.host, v.port, v.method, v.path)
             rec.approval = request_id
+            self.waited.add(flow)
             self.on_hold(flow)
             self._pause(flow)
             try:

@@ -187,7 +187,7 @@ class Forward:
             except LookupFailed as e:
                 raise _refusal(e, rec, v.rule) from e
             rec.dns_ms = round(waited * 1000, 2)
-        if v.rule.approval is not None and gone(flow):
+        if self.holds is not None and flow in self.holds.waited and gone(flow):
             # Approved, then its client left while the proxy dialled or minted: never sent.
             raise Denied(Reason.CLIENT_GONE, "the client left while its request was held")
         await self._consume(v.rule)
