@@ -406,7 +406,9 @@ def _transport(client: connection.Client, strict: bool = False) -> Any:
         proxyserver = ctx.master.addons.get("proxyserver")
     except AttributeError:  # no master: a unit test calling hooks directly
         return None
-    handler = proxyserver.connections.get(client.id) if proxyserver is not None else None
+    if proxyserver is None:  # a test master without a proxy server
+        return None
+    handler = proxyserver.connections.get(client.id)
     io = handler.transports.get(client) if handler is not None else None
     writer = io.writer if io is not None else None
     transport = getattr(writer, "transport", None)
