@@ -165,4 +165,6 @@ def approve(
             until="--for",
         )
     row.state, row.decided_at = APPROVED, utcnow()
-    row.cover_uses, row.cover_until = next_uses, until
+    # Under `each` the owner let this one request go: none after it, even if a policy file
+    # later makes the grant `first` (whose approvals cover their kind).
+    row.cover_uses, row.cover_until = (next_uses if first else 0), until

@@ -345,3 +345,17 @@ def test_an_approval_of_first_covers_no_other_host_port_grant_or_principal(store
     assert policy.covering(grant_id, "HEAD", "api.github.com", 443, PATH, now) is None
     for gid in (sibling, others):
         assert policy.covering(gid, "GET", "api.github.com", 443, PATH, now) is None
+
+
+def test_an_approval_under_each_never_covers_once_the_grant_becomes_first(store: Store) -> None:
+    from sqlalchemy import update
+
+    from store.models import Grant
+
+    grant_id = _grant(store, "each")
+    held, _ = _hold(store, grant_id, share=False)
+    store.approve_request(held)  # one request, as `each` asks
+    with store.db.change() as session:  # a policy file switches the grant, in place
+        session.execute(update(Grant).where(Grant.id == grant_id).values(approval="first"))
+    policy = Policy(store.snapshot())
+    assert policy.covering(grant_id, "GET", "api.github.com", 443, PATH, utcnow()) is None
