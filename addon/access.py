@@ -34,6 +34,7 @@ HOW_TO_ASK = (
 # explicit asks alike: a looping agent cannot turn either into a write load under its row lock.
 RECORD_WINDOW = 10.0
 STORE_DOWN = "the store did not answer"
+MAX_ID = 2**31 - 1  # ids are the store's integers (PostgreSQL's integer)
 TOO_MANY_PENDING = "too many pending access requests: wait for an owner's decision"
 CACHE_SIZE = 10_000
 
@@ -96,10 +97,14 @@ class AccessRequests:
         if path == "/access-requests" and method == "POST":
             return await self._create(flow, principal)
         prefix = "/access-requests/"
-        if path.startswith(prefix) and path[len(prefix) :].isdigit() and method == "GET":
+        digits = path[len(prefix) :]
+        if path.startswith(prefix) and digits.isascii() and digits.isdigit() and method == "GET":
+            # An id beyond the store's integers is no request of anyone's (never a 500/503).
+            if len(digits) > len(str(MAX_ID)) or int(digits) > MAX_ID:
+                return _refused(flow, Reason.NOT_FOUND, "no such access request of yours")
             try:
                 found = await self.live.call(
-                    self.live.store.get_access_request, principal, int(path[len(prefix) :])
+                    self.live.store.get_access_request, principal, int(digits)
                 )
             except InvalidInput:
                 found = None

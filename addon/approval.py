@@ -10,6 +10,7 @@ within one poll.
 from __future__ import annotations
 
 import asyncio
+import select
 import time
 import weakref
 from collections.abc import Callable
@@ -30,8 +31,12 @@ if TYPE_CHECKING:
     from addon.metrics import Metrics
     from addon.state import Record, Step
 
-# How often the store is asked about the requests held here (one query for all of them).
+# How often the store is asked about the requests held here (one query for all of them), and
+# their clients' connections are looked at.
 POLL_INTERVAL = 0.25
+GONE = "gone"  # the held request's client closed its connection: it must never be sent
+# The peer closed (or half-closed) the connection, or it broke: seen while reading is paused.
+_HUNG_UP = getattr(select, "POLLRDHUP", 0) | select.POLLHUP | select.POLLERR
 
 
 @dataclass(frozen=True)
@@ -58,11 +63,13 @@ class Holds:
         # Called with each new held request's event and fields (the notifier).
         self.notify: Callable[[str, dict[str, Any]], None] = lambda event, fields: None
         self._held: dict[str, int] = {}  # principal -> requests held now
-        self._waiters: dict[int, list[asyncio.Future[str]]] = {}
+        self._waiters: dict[int, list[tuple[asyncio.Future[str], http.HTTPFlow]]] = {}
         self._poller: asyncio.Task[None] | None = None
         self._paused: weakref.WeakKeyDictionary[connection.Client, int] = (
             weakref.WeakKeyDictionary()
         )
+        # Flows that waited for a decision (not those an approval covered at once).
+        self.waited: weakref.WeakSet[http.HTTPFlow] = weakref.WeakSet()
         metrics.held = self.count
 
     def count(self) -> int:
@@ -96,30 +103,50 @@ class Holds:
             raise Denied(Reason.STORE_UNAVAILABLE, "held requests need the store")
         self._held[principal] = self._held.get(principal, 0) + 1
         started = time.monotonic()
+        keep = 0.0  # how long the place stays taken after the request is answered
         try:
             request_id = await self._record(step, rule, v.host, v.port, v.method, v.path)
             rec.approval = request_id
+            self.waited.add(flow)
             self.on_hold(flow)
             self._pause(flow)
             try:
-                state = await self._decision(request_id, rule.hold)
+                state = await self._decision(request_id, rule.hold, flow)
+                if state == GONE:
+                    await self._leave(request_id)
+                    # A client that leaves keeps its place to the hold's end, as one that
+                    # stayed would: connecting and leaving must not record (and notify)
+                    # holds faster than the caps allow.
+                    keep = max(0.0, started + rule.hold - time.monotonic())
             finally:
                 self._resume(flow)
         finally:
-            self._held[principal] -= 1
-            if not self._held[principal]:
-                del self._held[principal]
+            if keep:
+                asyncio.get_running_loop().call_later(keep, self._release, principal)
+            else:
+                self._release(principal)
         self.metrics.hold_seconds.observe(time.monotonic() - started)
         asked = {"access_request": {"id": request_id, "state": state}}
+        if state == GONE:
+            self.metrics.holds.labels("gone").inc()
+            raise Denied(Reason.CLIENT_GONE, "the client left while its request was held", asked)
         if state == APPROVED:
             self.metrics.holds.labels("approved").inc()
-            self._still_granted(rule, principal)
+            self._still_granted(rule, principal, flow, step)
+            await settle_reads(flow)
+            if gone(flow):  # it left just before the approval was seen: never send it
+                raise Denied(Reason.CLIENT_GONE, "the client left while its request was held")
             return
         if state == DENIED:
             self.metrics.holds.labels("denied").inc()
             raise Denied(Reason.APPROVAL_DENIED, "an owner denied this request", asked)
         self.metrics.holds.labels("timeout").inc()
         raise Denied(Reason.APPROVAL_TIMEOUT, f"no owner decided within {rule.hold} s", asked)
+
+    def _release(self, principal: str) -> None:
+        self._held[principal] -= 1
+        if not self._held[principal]:
+            del self._held[principal]
 
     async def _record(
         self, step: Step, rule: Rule, host: str, port: int, method: str, path: str
@@ -160,10 +187,16 @@ class Holds:
         except CredproxyError as e:
             raise Denied(Reason.STORE_UNAVAILABLE, "the store did not answer") from e
 
-    async def _decision(self, request_id: int, hold: int) -> str:
+    async def _leave(self, request_id: int) -> None:
+        try:
+            await self.live.call(self.live.store.leave_hold, request_id)
+        except CredproxyError:
+            pass  # its deadline still ends it; this request is refused either way
+
+    async def _decision(self, request_id: int, hold: int, flow: http.HTTPFlow) -> str:
         future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         waiting = self._waiters.setdefault(request_id, [])
-        waiting.append(future)
+        waiting.append((future, flow))
         if self._poller is None or self._poller.done():
             self._poller = asyncio.get_running_loop().create_task(self._poll())
         try:
@@ -171,8 +204,8 @@ class Holds:
         except TimeoutError:
             pass
         finally:
-            if future in waiting:
-                waiting.remove(future)
+            if (future, flow) in waiting:
+                waiting.remove((future, flow))
             if not waiting:
                 self._waiters.pop(request_id, None)
         # Expire it, unless a decision landed first: that one stands.
@@ -184,6 +217,13 @@ class Holds:
     async def _poll(self) -> None:
         while self._waiters:
             await asyncio.sleep(self.poll_interval)
+            # First the clients (the store may be down): one that left is answered now.
+            for waiting in list(self._waiters.values()):
+                for future, flow in waiting:
+                    # A stream reset is not read while the connection is paused: the
+                    # socket is all there is to look at until the hold ends.
+                    if not future.done() and gone(flow, streams=False):
+                        future.set_result(GONE)
             ids = list(self._waiters)
             try:
                 found = await self.live.call(self.live.store.hold_states, ids)
@@ -195,19 +235,35 @@ class Holds:
             for request_id, state in found.items():
                 if state == PENDING:
                     continue
-                for future in self._waiters.pop(request_id, []):
+                for future, _ in self._waiters.pop(request_id, []):
                     if not future.done():
                         future.set_result(state)
 
-    def _still_granted(self, rule: Rule, principal: str) -> None:
-        """The grant may have gone while the request waited: it must still serve it."""
+    def _still_granted(self, rule: Rule, principal: str, flow: http.HTTPFlow, step: Step) -> None:
+        """The grant may have gone or changed while the request waited (a policy file
+        updates a grant in place): it must still serve this request, as it is now."""
+        v = step.verdict
+        assert v is not None and v.host is not None and v.port is not None
+        assert v.method is not None and v.path is not None
         policy = self.live.current()
         if policy is None:
             raise Denied(Reason.STORE_UNAVAILABLE, "the policy is stale")
         now = datetime.now(UTC)
         current = policy.rule(rule.grant_id)
-        if current is None or principal not in policy.principals():
+        if (
+            current is None
+            or principal not in policy.principals()
+            or policy.owner(rule.grant_id) != principal
+        ):
             raise Denied(Reason.NO_GRANT, "the grant was revoked while the request was held")
+        if not current.allows_host(v.host, v.port, flow.request.scheme):
+            raise Denied(Reason.NO_GRANT, "the grant no longer allows this host")
+        if not current.allows_method(v.method):
+            raise Denied(Reason.METHOD_NOT_ALLOWED, "the grant no longer allows this method")
+        if current.longest_path(v.path) < 0:
+            raise Denied(Reason.PATH_NOT_ALLOWED, "the grant no longer allows this path")
+        if b"upgrade" in step.headers.index and not current.websocket:
+            raise Denied(Reason.UPGRADE_NOT_ALLOWED, "the grant no longer allows an upgrade")
         if current.expires_at is not None and current.expires_at <= now:
             raise Denied(Reason.GRANT_EXPIRED, "the grant expired while the request was held")
         if current.consumed:
@@ -256,14 +312,106 @@ def _stay_paused() -> None:
     pass
 
 
-def _transport(client: connection.Client) -> Any:
+def gone(flow: http.HTTPFlow, streams: bool = True) -> bool:
+    """Has the client of this held flow closed or broken its connection (or, with
+    `streams`, reset its HTTP/2 stream)? Its reading is paused, so mitmproxy would only see
+    that once it was sent: ask the socket."""
+    try:
+        transport = _transport(flow.client_conn, strict=True)
+    except LookupError:
+        return True  # its connection's handler is gone
+    if transport is None:
+        return False  # no master: a unit test calling hooks directly
+    if transport.is_closing():
+        return True
+    sock = transport.get_extra_info("socket")
+    fd = sock.fileno() if sock is not None else -1
+    if fd < 0:
+        return True
+    poller = select.poll()
+    poller.register(fd, _HUNG_UP)
+    return bool(poller.poll(0)) or (streams and _stream_reset(flow))
+
+
+async def settle_reads(flow: http.HTTPFlow) -> None:
+    """After a hold, let mitmproxy read what the client sent meanwhile (an HTTP/2 stream
+    reset waits in the socket while its reading is paused), so that `gone` can see it."""
+    if not flow.request.is_http2:
+        return
+    transport = _transport(flow.client_conn)
+    sock = transport.get_extra_info("socket") if transport is not None else None
+    fd = sock.fileno() if sock is not None else -1
+    if fd < 0:
+        return
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    for _ in range(_SETTLE_ROUNDS):
+        # Read, handed to the TLS and HTTP/2 layers, then queued at the held stream.
+        for _ in range(3):
+            await asyncio.sleep(0)
+        if not poller.poll(0):
+            return
+
+
+_SETTLE_ROUNDS = 16
+
+
+def _stream_reset(flow: http.HTTPFlow) -> bool:
+    """Did the client reset this flow's HTTP/2 stream while it was held? mitmproxy queues
+    that at the stream's layer, which waits on the hook: look there."""
+    if not flow.request.is_http2:
+        return False
+    from mitmproxy import ctx
+    from mitmproxy.proxy.layers.http import HttpStream
+    from mitmproxy.proxy.layers.http._events import RequestProtocolError
+
+    try:
+        proxyserver = ctx.master.addons.get("proxyserver")
+        handler = proxyserver.connections.get(flow.client_conn.id)
+    except AttributeError:
+        return False
+    if handler is None:
+        return True
+    stack: list[Any] = [handler.layer]
+    seen: set[int] = set()
+    while stack:
+        layer = stack.pop()
+        if layer is None or id(layer) in seen or len(seen) > _MAX_LAYERS:
+            continue
+        seen.add(id(layer))
+        if isinstance(layer, HttpStream) and layer.flow is flow:
+            queued = getattr(layer, "_paused_event_queue", ())
+            return any(isinstance(e, RequestProtocolError) for e in queued)
+        stack.extend(
+            getattr(getattr(layer, name, None), "__self__", None)
+            for name in ("_handle_event", "_handle")
+        )
+        stack.extend((getattr(layer, "layer", None), getattr(layer, "child_layer", None)))
+        for name in ("streams", "connections"):
+            children = getattr(layer, name, None)
+            if isinstance(children, dict):
+                stack.extend(children.values())
+    return False
+
+
+_MAX_LAYERS = 4096
+
+
+def _transport(client: connection.Client, strict: bool = False) -> Any:
+    """The client's asyncio transport; None without a master. Without one for this client:
+    None, or with `strict` LookupError."""
     from mitmproxy import ctx
 
     try:
         proxyserver = ctx.master.addons.get("proxyserver")
     except AttributeError:  # no master: a unit test calling hooks directly
         return None
-    handler = proxyserver.connections.get(client.id) if proxyserver is not None else None
+    if proxyserver is None:  # a test master without a proxy server
+        return None
+    handler = proxyserver.connections.get(client.id)
     io = handler.transports.get(client) if handler is not None else None
     writer = io.writer if io is not None else None
-    return getattr(writer, "transport", None)
+    transport = getattr(writer, "transport", None)
+    if transport is None and strict:
+        raise LookupError(client.id)
+    return transport

@@ -9,11 +9,12 @@ from __future__ import annotations
 import time
 import weakref
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 
 from mitmproxy import http
 
 from addon import audit, mint, wire, wsredact
-from addon.approval import Holds
+from addon.approval import Holds, gone
 from addon.assume import RoleSession, Unavailable
 from addon.dns import DEFAULT_TTL, FORBIDDEN, LookupFailed, Resolver
 from addon.failclosed import Denied, deny_on_error, kill_on_error
@@ -167,6 +168,7 @@ class Forward:
             if self.holds is None:
                 raise Denied(Reason.APPROVAL_DENIED, "this proxy holds no requests")
             await self.holds.wait(flow, step, rec)  # before anything is spent or dialled
+            self._still_authenticated(flow, step)
         if role is not None:
             try:
                 await role.ensure()
@@ -185,6 +187,9 @@ class Forward:
             except LookupFailed as e:
                 raise _refusal(e, rec, v.rule) from e
             rec.dns_ms = round(waited * 1000, 2)
+        if self.holds is not None and flow in self.holds.waited and gone(flow):
+            # Approved, then its client left while the proxy dialled or minted: never sent.
+            raise Denied(Reason.CLIENT_GONE, "the client left while its request was held")
         await self._consume(v.rule)
         self._forward(flow, step, rec, address, plan)
 
@@ -272,6 +277,18 @@ class Forward:
         if address is None:
             address, _ = await self.resolver.resolve(host, port)
         return address
+
+    def _still_authenticated(self, flow: http.HTTPFlow, step: Step) -> None:
+        """A held request waited: the session token of its tunnel may have been revoked or
+        have expired meanwhile (auth checked it when the request came)."""
+        state = self.clients.get(flow.client_conn)
+        if step.tunnel is None or state is None:
+            return
+        policy = self.live.current()
+        if policy is None:
+            raise Denied(Reason.STORE_UNAVAILABLE, "the policy is stale")
+        if not policy.token_live(step.principal, state.token, datetime.now(UTC)):
+            raise Denied(Reason.AUTH_REQUIRED, "the session token was revoked or has expired")
 
     async def _consume(self, rule: Rule) -> None:
         """A once- or use-counted grant is used as the last step before forwarding; losing

@@ -83,7 +83,7 @@ class Metrics:
         pending.set_function(lambda: float(self.held()))
         self.holds = Counter(
             "credproxy_holds",
-            "Requests held for approval, by outcome: approved, denied, timeout",
+            "Requests held for approval, by outcome: approved, denied, timeout, gone",
             ["outcome"],
             registry=self.registry,
         )

@@ -67,6 +67,7 @@ class Reason(enum.StrEnum):
     APPROVAL_DENIED = "approval-denied"
     APPROVAL_TIMEOUT = "approval-timeout"
     TOO_MANY_HOLDS = "too-many-holds"
+    CLIENT_GONE = "client-gone"
 
 
 STATUS = {
@@ -91,6 +92,7 @@ STATUS = {
     Reason.CREDENTIALS_IN_RESPONSE: 502,
     Reason.CREDENTIALS_UNAVAILABLE: 502,
     Reason.TOO_MANY_HOLDS: 429,
+    Reason.CLIENT_GONE: 499,  # nobody reads it: the agent closed its connection
 }
 # The grant allowed the request and the upstream failed it: never a denial.
 UPSTREAM_REASONS = frozenset(
@@ -454,6 +456,10 @@ class Policy:
     def carries_path_secret(self, target: bytes) -> bool:
         decoded = unquote_to_bytes(target)
         return any(s.reveal() in target or s.reveal() in decoded for s in self.path_secrets)
+
+    def owner(self, grant_id: int) -> str | None:
+        """The principal the grant belongs to now (a policy file may move a grant)."""
+        return self._owner.get(grant_id)
 
     def rule(self, grant_id: int) -> Rule | None:
         """The grant's compiled rule, if the policy holds it (a tombstone included)."""

@@ -59,6 +59,7 @@ TITLES = {
     Reason.APPROVAL_DENIED: "Denied by an owner",
     Reason.APPROVAL_TIMEOUT: "No owner's decision in time",
     Reason.TOO_MANY_HOLDS: "Too many requests held for approval",
+    Reason.CLIENT_GONE: "The client left while its request was held",
 }
 
 

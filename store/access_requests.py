@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import Select, func, select
+from sqlalchemy import Select, func, select, update
 from sqlalchemy.orm import Session
 
 from store import approvals, grants, principals, validation
@@ -183,6 +183,13 @@ def deny(db: Database, request_id: int, reason: str | None = None) -> None:
 
 
 def _pending(session: Session, request_id: int) -> AccessRequest:
+    # A write first: SQLite takes its write lock here (FOR UPDATE is PostgreSQL's; its
+    # driver runs a lone SELECT outside the transaction), so the state read below is the
+    # one this change replaces: two decisions, or a decision and a hold's deadline, never
+    # both take.
+    session.execute(
+        update(AccessRequest).where(AccessRequest.id == request_id).values(id=AccessRequest.id)
+    )
     row = session.get(AccessRequest, request_id, with_for_update=True)
     if row is None:
         raise NotFound(f"no access request with id {request_id}")

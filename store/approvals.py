@@ -103,6 +103,25 @@ def settle(db: Database, request_id: int) -> str:
         return state or EXPIRED
 
 
+def leave(db: Database, request_id: int) -> None:
+    """A held request's client went away: it no longer waits on the decision. The last one
+    to leave a pending hold expires it (a later approval lets nothing go)."""
+    with db.session() as session, session.begin():
+        session.execute(
+            update(AccessRequest)
+            .where(AccessRequest.id == request_id, AccessRequest.state == PENDING)
+            .values(
+                state=case((AccessRequest.count <= 1, EXPIRED), else_=AccessRequest.state),
+                decided_at=case(
+                    (AccessRequest.count <= 1, utcnow()), else_=AccessRequest.decided_at
+                ),
+                count=case(
+                    (AccessRequest.count <= 1, AccessRequest.count), else_=AccessRequest.count - 1
+                ),
+            )
+        )
+
+
 def use_cover(db: Database, request_id: int) -> bool:
     """Spend one request of an approval counted with --next: True for exactly that many
     callers across replicas. The last one moves the change counter (every proxy drops the
@@ -146,4 +165,6 @@ def approve(
             until="--for",
         )
     row.state, row.decided_at = APPROVED, utcnow()
-    row.cover_uses, row.cover_until = next_uses, until
+    # Under `each` the owner let this one request go: none after it, even if a policy file
+    # later makes the grant `first` (whose approvals cover their kind).
+    row.cover_uses, row.cover_until = (next_uses if first else 0), until

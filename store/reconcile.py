@@ -18,15 +18,16 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from store import credentials, keys, principals, validation
 from store.crypto import MasterKey, Secret, hash_token, new_token
 from store.engine import Database, bump
 from store.errors import Conflict, InvalidInput
-from store.models import Credential, Grant, Principal, utcnow
+from store.models import AccessRequest, Credential, Grant, Principal, utcnow
 from store.policyfile import KEYS, CredentialSpec, GrantSpec, PolicyFile, raise_problems
+from store.records import APPROVED, HOLD
 
 CREATE, UPDATE, REVOKE, REMOVE = "create", "update", "revoke", "remove"
 
@@ -462,9 +463,20 @@ def _execute(
             grant = current[0] if current is not None else Grant(created_at=now)
             grant.key = None if g.implicit_id is not None else g.key
             grant.principal_id = state.principals[g.principal].id
-            grant.credential_id = (
-                state.credentials[g.credential].id if g.credential is not None else None
-            )
+            credential_id = state.credentials[g.credential].id if g.credential is not None else None
+            if current is not None and grant.credential_id != credential_id:
+                # An owner approved requests of a `first` grant sent with its credential: a
+                # grant that now stamps another one holds the next request again.
+                session.execute(
+                    update(AccessRequest)
+                    .where(
+                        AccessRequest.grant_id == grant.id,
+                        AccessRequest.kind == HOLD,
+                        AccessRequest.state == APPROVED,
+                    )
+                    .values(cover_until=now)
+                )
+            grant.credential_id = credential_id
             grant.hosts = list(g.hosts) or None
             grant.methods = list(g.methods)
             grant.paths = list(g.paths)

@@ -260,6 +260,9 @@ class Store:
     def settle_hold(self, request_id: int) -> str:
         return approvals.settle(self.db, request_id)
 
+    def leave_hold(self, request_id: int) -> None:
+        approvals.leave(self.db, request_id)
+
     def use_approval(self, request_id: int) -> bool:
         return approvals.use_cover(self.db, request_id)
 

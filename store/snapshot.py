@@ -149,6 +149,9 @@ def coverage(now: datetime) -> Query:
             AccessRequest.state == APPROVED,
             Grant.approval == "first",
             Grant.revoked_at.is_(None),
+            # An approval is the owner's word on one principal's requests: a grant a policy
+            # file moved to another principal takes none of them along.
+            AccessRequest.principal_id == Grant.principal_id,
             (AccessRequest.cover_until.is_(None)) | (AccessRequest.cover_until > now),
             (AccessRequest.cover_uses.is_(None))
             | (AccessRequest.covered < AccessRequest.cover_uses),

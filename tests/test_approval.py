@@ -81,7 +81,9 @@ def _wait(holds: Holds, live: FakeLive, decide: str | None = None) -> Denied | N
     rec = Record(0.0, "id", "client")
 
     async def run() -> None:
-        waiting = asyncio.ensure_future(holds.wait(tflow.tflow(), step, rec))
+        flow = tflow.tflow()
+        flow.request.scheme, flow.request.host, flow.request.port = "https", "api.test", 443
+        waiting = asyncio.ensure_future(holds.wait(flow, step, rec))
         if decide is not None:
             while not live.store.states:
                 await asyncio.sleep(0.005)

@@ -247,3 +247,115 @@ def test_concurrent_first_holds_of_a_kind_share_one_request(store: Store) -> Non
         held = list(pool.map(lambda _: _hold(store, grant_id, share=True), range(8)))
     assert len({request_id for request_id, _ in held}) == 1
     assert [created for _, created in held].count(True) == 1
+
+
+def test_a_hold_whose_clients_all_left_expires_and_an_approval_comes_too_late(
+    store: Store,
+) -> None:
+    grant_id = _grant(store, "first")
+    shared, _ = _hold(store, grant_id, share=True)
+    assert _hold(store, grant_id, share=True) == (shared, False)  # two wait on it
+    store.leave_hold(shared)
+    assert store.hold_states([shared]) == {shared: "pending"}  # one still waits
+    store.leave_hold(shared)
+    assert store.hold_states([shared]) == {shared: "expired"}
+    with pytest.raises(InvalidInput, match="expired, not pending"):
+        store.approve_request(shared)
+    # A decision that landed first stands.
+    each = _grant_again(store)
+    decided, _ = _hold(store, each, share=False)
+    store.approve_request(decided)
+    store.leave_hold(decided)
+    assert store.hold_states([decided]) == {decided: "approved"}
+
+
+def _grant_again(store: Store) -> int:
+    limits = validation.limits(None, None, approval="each")
+    return store.add_grant("agent", ["GET"], credential="gh", limits=limits)
+
+
+def test_an_approval_racing_the_deadline_either_wins_whole_or_is_refused(store: Store) -> None:
+    from threading import Barrier
+
+    from store.errors import CredproxyError
+
+    grant_id = _grant(store, "each")
+    for _ in range(15):
+        request_id, _ = _hold(store, grant_id, share=False)
+        barrier = Barrier(2)
+
+        def approve(rid: int = request_id, barrier: Barrier = barrier) -> bool:
+            barrier.wait()
+            try:
+                store.approve_request(rid)
+            except (InvalidInput, CredproxyError):
+                return False
+            return True
+
+        def settle(rid: int = request_id, barrier: Barrier = barrier) -> str:
+            barrier.wait()
+            return store.settle_hold(rid)
+
+        with ThreadPoolExecutor(2) as pool:
+            approved, settled = pool.submit(approve), pool.submit(settle)
+            # The holder goes on exactly when the owner was told the approval took.
+            assert (settled.result() == "approved") == approved.result()
+        assert store.hold_states([request_id])[request_id] == settled.result()
+
+
+def test_two_owners_approving_one_access_request_at_once_make_one_grant(store: Store) -> None:
+    from threading import Barrier
+
+    from store.errors import CredproxyError
+
+    store.add_principal("agent")
+    store.add_credential("gh", "bearer", ["api.github.com"], SECRET)
+    for i in range(10):
+        recorded = store.record_access_request("agent", "api.github.com", 443, "GET", f"/r/{i}")
+        assert recorded is not None
+        barrier = Barrier(2)
+
+        def approve(rid: int = recorded[0], barrier: Barrier = barrier) -> bool:
+            barrier.wait()
+            try:
+                store.approve_request(rid, credential="gh")
+            except (InvalidInput, CredproxyError):
+                return False
+            return True
+
+        with ThreadPoolExecutor(2) as pool:
+            results = list(pool.map(lambda _: approve(), range(2)))
+        grants = [g for g in store.list_grants() if g.paths == [f"/r/{i}"]]
+        assert (results.count(True), len(grants)) == (1, 1)
+
+
+def test_an_approval_of_first_covers_no_other_host_port_grant_or_principal(store: Store) -> None:
+    grant_id = _grant(store, "first")
+    held, _ = _hold(store, grant_id, share=True)
+    store.approve_request(held)
+    limits = validation.limits(None, None, approval="first")
+    sibling = store.add_grant("agent", ["GET"], credential="gh", limits=limits)
+    store.add_principal("other")
+    others = store.add_grant("other", ["GET"], credential="gh", limits=limits)
+    policy = Policy(store.snapshot())
+    now = utcnow()
+    assert policy.covering(grant_id, "GET", "api.github.com", 443, PATH, now) is not None
+    assert policy.covering(grant_id, "GET", "api.github.com", 8443, PATH, now) is None
+    assert policy.covering(grant_id, "GET", "uploads.github.com", 443, PATH, now) is None
+    assert policy.covering(grant_id, "HEAD", "api.github.com", 443, PATH, now) is None
+    for gid in (sibling, others):
+        assert policy.covering(gid, "GET", "api.github.com", 443, PATH, now) is None
+
+
+def test_an_approval_under_each_never_covers_once_the_grant_becomes_first(store: Store) -> None:
+    from sqlalchemy import update
+
+    from store.models import Grant
+
+    grant_id = _grant(store, "each")
+    held, _ = _hold(store, grant_id, share=False)
+    store.approve_request(held)  # one request, as `each` asks
+    with store.db.change() as session:  # a policy file switches the grant, in place
+        session.execute(update(Grant).where(Grant.id == grant_id).values(approval="first"))
+    policy = Policy(store.snapshot())
+    assert policy.covering(grant_id, "GET", "api.github.com", 443, PATH, utcnow()) is None

@@ -251,3 +251,82 @@ def test_run_refuses_a_bad_notify_url_in_one_line(tmp_path) -> None:  # type: ig
     assert done.returncode == 2
     assert done.stderr == "credproxy: error: invalid --notify URL: use https://HOST[:PORT]/PATH\n"
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_redirecting_receiver_is_never_followed(ca: trustme.CA, cafile: str) -> None:
+    def redirect(_: Received) -> tuple[int, list[tuple[str, str]], bytes]:
+        return 307, [("Location", "https://elsewhere.test/steal")], b""
+
+    with Upstream(ca, ["hooks.test"], redirect) as receiver:
+        dialled: list[str] = []
+
+        async def dial(host: str, port: int) -> tuple[str, int]:
+            dialled.append(host)
+            return ("127.0.0.1", receiver.port)
+
+        metrics = _metrics()
+        notifier = Notifier(
+            Webhook.parse("https://hooks.test/hook"), dial, metrics, cafile, backoff=0.01
+        )
+
+        async def run() -> None:
+            notifier.post("approval.pending", HELD)
+            await _drain(notifier, lambda: _count(metrics, "failed") == 1)
+
+        asyncio.run(run())
+    assert dialled == ["hooks.test"] * 3  # tried again, never where it pointed
+    assert all(r.target == "/hook" for r in receiver.log.requests)
+
+
+@pytest.fixture
+def endless(ca: trustme.CA) -> Iterator[int]:
+    """A TLS receiver whose status line never ends: it writes until the peer goes."""
+    import ssl
+
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ca.issue_cert("hooks.test").configure_cert(context)
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.1)
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            sent = 0
+            try:
+                with context.wrap_socket(conn, server_side=True) as tls:
+                    tls.settimeout(2)
+                    tls.recv(65536)
+                    tls.sendall(b"HTTP/1.1 200 ")
+                    while not stop.is_set() and sent < 64 * 1024 * 1024:
+                        tls.sendall(b"A" * 65536)
+                        sent += 65536
+            except OSError:
+                pass
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    yield listener.getsockname()[1]
+    stop.set()
+    thread.join()
+    listener.close()
+
+
+def test_a_receiver_answering_without_end_is_given_up(endless: int, cafile: str) -> None:
+    port = endless
+
+    async def dial(host: str, p: int) -> tuple[str, int]:
+        return ("127.0.0.1", port)
+
+    metrics = _metrics()
+    notifier = Notifier(Webhook.parse("https://hooks.test/hook"), dial, metrics, cafile, attempts=1)
+
+    async def run() -> None:
+        notifier.post("approval.pending", HELD)
+        await _drain(notifier, lambda: _count(metrics, "failed") == 1)
+
+    asyncio.run(run())
+    assert _count(metrics, "failed") == 1 and _count(metrics, "sent") == 0

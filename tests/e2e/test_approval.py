@@ -7,6 +7,8 @@ import json
 import os
 import shutil
 import socket
+import ssl
+import struct
 import subprocess
 import threading
 import time
@@ -21,6 +23,7 @@ import trustme
 
 from store import validation
 from store.crypto import Secret
+from tests.e2e import raw
 from tests.e2e.conftest import CREDPROXY, NAMES, Proxy, start_proxy, stop_proxy
 from tests.e2e.relay import pg_database
 from tests.e2e.upstream import Upstream
@@ -482,3 +485,321 @@ def test_shared_rates_hold_exactly_across_replicas(
     assert statuses.count(200) == 4
     assert statuses.count(429) == 12
     assert _reached(upstream, path) == 4
+
+
+def _held_raw(proxy: Proxy, agent: str, token: str, path: str) -> ssl.SSLSocket:
+    """A raw TLS tunnel with one GET of `path` sent on it (the proxy holds it)."""
+    tls = raw.tunnel(
+        proxy.port, "api.test:443", raw.proxy_auth(agent, token), "api.test", proxy.ca_file
+    )
+    tls.sendall(f"GET {path} HTTP/1.1\r\nHost: api.test\r\n\r\n".encode())
+    return tls
+
+
+def _never_reached(upstream: Upstream, path: str, connections: int) -> bool:
+    """Nothing of `path` reached the upstream, nor did any connection since `connections`
+    (the upstream may still be reading what was sent: give it a moment)."""
+    deadline = time.monotonic() + 1.5
+    while time.monotonic() < deadline:
+        if _reached(upstream, path) or upstream.log.connections != connections:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def _request_line(proxy: Proxy, agent: str, timeout: float = 15.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        lines = proxy.requests(agent)
+        if lines:
+            return lines[0]
+        time.sleep(0.05)
+    raise AssertionError("no request audit line")
+
+
+def test_a_held_request_whose_client_left_is_never_sent_on_approval(
+    held_proxy: Proxy, upstream: Upstream, names
+) -> None:
+    agent, token, _ = _granted(held_proxy, names, "each")
+    path = f"/v1/{agent}/gone"
+    tls = _held_raw(held_proxy, agent, token, path)
+    (event,) = _pending(held_proxy, agent)
+    connections = upstream.log.connections
+    tls.close()  # the agent goes away while its request waits
+    cli(held_proxy, "request", "approve", str(event["id"]))  # whether or not it was noticed
+    line = _request_line(held_proxy, agent)
+    assert _never_reached(upstream, path, connections)
+    assert (line["decision"], line["reason"]) == ("deny", "client-gone")
+
+
+@pytest.mark.parametrize("how", ["close", "reset"])
+def test_a_client_leaving_ends_its_hold_at_once(
+    held_proxy: Proxy, upstream: Upstream, names, how: str
+) -> None:
+    agent, token, _ = _granted(held_proxy, names, "each")
+    path = f"/v1/{agent}/left"
+    tls = _held_raw(held_proxy, agent, token, path)
+    (event,) = _pending(held_proxy, agent)
+    connections = upstream.log.connections
+    if how == "reset":
+        tls.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    tls.close()
+    # Noticed long before the 20 s hold ends: the request is refused and its hold expired.
+    line = _request_line(held_proxy, agent)
+    assert (line["decision"], line["reason"]) == ("deny", "client-gone")
+    assert line["approval"] == event["id"]
+    late = cli(held_proxy, "request", "approve", str(event["id"]))
+    assert late.returncode == 2 and "not pending" in late.stderr
+    assert _never_reached(upstream, path, connections)
+    # Its place stays taken to the hold's end (--max-held 2): leaving and coming back
+    # records no more holds than staying would.
+    again = _send(held_proxy, agent, token, f"https://api.test{path}/again")
+    (_, second) = _pending(held_proxy, agent, 2)
+    with held_proxy.client(agent, token) as client:
+        third = client.get(f"https://api.test{path}/third")
+    assert (third.status_code, third.headers["x-credproxy-reason"]) == (429, "too-many-holds")
+    cli(held_proxy, "request", "deny", str(second["id"]))
+    assert again.result(timeout=10).status_code == 403
+
+
+def _apply(proxy: Proxy, tmp_path: Path, text: str) -> None:
+    policy = tmp_path / "policy.toml"
+    policy.write_text(text)
+    applied = cli(proxy, "apply", str(policy), "--yes")
+    assert applied.returncode == 0, applied.stderr
+    proxy.wait_reload()
+
+
+def _grant_file(grant_id: int, principal: str, cred: str, paths: str, approval: str) -> str:
+    return (
+        f'[[grant]]\nid = "grant-{grant_id}"\nprincipal = "{principal}"\ncredential = "{cred}"\n'
+        f'methods = ["GET"]\npaths = [{paths}]\napproval = "{approval}"\nhold = "20s"\n'
+    )
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"), [("path", "path-not-allowed"), ("principal", "no-grant")]
+)
+def test_a_grant_changed_while_its_request_is_held_serves_nothing_on_approval(
+    held_proxy: Proxy, upstream: Upstream, names, tmp_path: Path, change: str, reason: str
+) -> None:
+    agent, token, grant_id = _granted(held_proxy, names, "each")
+    path = f"/v1/{agent}/changed"
+    answer = _send(held_proxy, agent, token, f"https://api.test{path}")
+    (event,) = _pending(held_proxy, agent)
+    # The same grant, updated in place: it no longer serves this request.
+    owner, paths = agent, '"/v1/"'
+    if change == "path":
+        paths = '"/v2/"'
+    else:
+        owner = names("other")
+        held_proxy.store.add_principal(owner)
+    _apply(held_proxy, tmp_path, _grant_file(grant_id, owner, names("cred"), paths, "each"))
+    cli(held_proxy, "request", "approve", str(event["id"]))
+    response = answer.result(timeout=10)
+    assert (response.status_code, response.headers["x-credproxy-reason"]) == (403, reason)
+    assert _reached(upstream, path) == 0
+
+
+def test_an_approval_of_first_never_covers_the_principal_a_grant_moved_to(
+    held_proxy: Proxy, upstream: Upstream, names, tmp_path: Path
+) -> None:
+    agent, token, grant_id = _granted(held_proxy, names, "first")
+    path = f"/v1/{agent}/moved"
+    answer = _send(held_proxy, agent, token, f"https://api.test{path}")
+    (event,) = _pending(held_proxy, agent)
+    cli(held_proxy, "request", "approve", str(event["id"]))  # covers the kind for good
+    assert answer.result(timeout=10).status_code == 200
+    other = names("other")
+    other_token = held_proxy.store.add_principal(other)
+    _apply(held_proxy, tmp_path, _grant_file(grant_id, other, names("cred"), '"/v1/"', "first"))
+    # The other principal's first request of that kind waits for its own approval.
+    moved = _send(held_proxy, other, other_token, f"https://api.test{path}")
+    (second,) = _pending(held_proxy, other)
+    assert second["grant_id"] == grant_id and not moved.done()
+    cli(held_proxy, "request", "deny", str(second["id"]))
+    assert moved.result(timeout=10).status_code == 403
+    assert _reached(upstream, path) == 1
+
+
+@pytest.mark.parametrize("how", ["reset-stream", "close"])
+def test_a_held_h2_stream_its_client_gave_up_is_never_sent_on_approval(
+    held_proxy: Proxy, upstream: Upstream, names, how: str
+) -> None:
+    import h2.connection
+    import h2.errors
+
+    agent, token, _ = _granted(held_proxy, names, "each")
+    path = f"/v1/{agent}/h2-{how}"
+    tls = raw.h2_tunnel(held_proxy, raw.proxy_auth(agent, token), "api.test")
+    assert tls.selected_alpn_protocol() == "h2"
+    conn = h2.connection.H2Connection()
+    conn.initiate_connection()
+    fields = [(":method", "GET"), (":scheme", "https"), (":authority", "api.test"), (":path", path)]
+    conn.send_headers(1, fields, end_stream=True)
+    tls.sendall(conn.data_to_send())
+    (event,) = _pending(held_proxy, agent)
+    connections = upstream.log.connections
+    if how == "reset-stream":
+        conn.reset_stream(1, h2.errors.ErrorCodes.CANCEL)  # the agent cancels; the connection stays
+        tls.sendall(conn.data_to_send())
+    else:
+        tls.close()
+    cli(held_proxy, "request", "approve", str(event["id"]))
+    line = _request_line(held_proxy, agent)
+    assert _never_reached(upstream, path, connections)
+    # Refused before anything was spent or dialled, with the reason.
+    assert (line["decision"], line["reason"]) == ("deny", "client-gone")
+    tls.close()
+
+
+@pytest.mark.parametrize("guess", ["2147483648", "9223372036854775808", "9" * 5000])
+def test_an_agent_guessing_a_huge_request_id_gets_not_found(
+    held_proxy: Proxy, names, guess: str
+) -> None:
+    agent = names("agent")
+    token = held_proxy.store.add_principal(agent)
+    held_proxy.wait_reload()
+    with httpx.Client(proxy=held_proxy.url(agent, token)) as client:
+        found = client.get(f"http://credproxy.internal/access-requests/{guess}")
+    assert (found.status_code, found.headers["x-credproxy-reason"]) == (404, "not-found")
+
+
+@pytest.mark.parametrize(
+    ("where", "allowed"), [("localhost", False), ("127.0.0.1", False), ("127.0.0.1", True)]
+)
+def test_a_webhook_on_loopback_without_allow_private_is_never_dialled(
+    tmp_path_factory: pytest.TempPathFactory,
+    shared_upstream: Upstream,
+    upstream_ca: trustme.CA,
+    initialised_home: Path,
+    upstream: Upstream,
+    names,
+    where: str,
+    allowed: bool,
+) -> None:
+    with Upstream(upstream_ca, ["localhost", "127.0.0.1"]) as hook:
+        resolve = [f"{n}=127.0.0.1:{shared_upstream.port}" for n in NAMES if n != "localhost"]
+        home = tmp_path_factory.mktemp("notify-private")
+        extra = ["--notify", f"https://{where}:{hook.port}/hook", "--admin", "127.0.0.1:0"]
+        if allowed:  # the control: the same webhook, its range opened, gets both events
+            extra += ["--allow-private", "127.0.0.0/8"]
+        proxy = start_proxy(home, upstream_ca, resolve, extra, template=initialised_home)
+        try:
+            agent, token, _ = _granted(proxy, names, "each", hold="3s")
+            with proxy.client(agent, token, timeout=30) as client:
+                held = client.get(f"https://api.test/v1/{agent}/private-hook")
+                asked = client.get(f"https://api.test/v2/{agent}")
+            assert (held.status_code, asked.status_code) == (403, 403)
+            metrics = _metrics_of(proxy)
+            deadline = time.monotonic() + 15
+            outcome = "sent" if allowed else "failed"
+            while f'credproxy_notifications_total{{outcome="{outcome}"}} 2.0' not in metrics:
+                assert time.monotonic() < deadline, metrics
+                time.sleep(0.2)
+                metrics = _metrics_of(proxy)
+            assert len(hook.log.requests) == (2 if allowed else 0)
+            assert bool(hook.log.connections) == allowed
+        finally:
+            stop_proxy(proxy)
+
+
+def _metrics_of(proxy: Proxy) -> str:
+    [started] = [line for line in proxy.audit() if line.get("event") == "proxy.started"]
+    return httpx.get(f"http://{started['admin'][0]}/metrics").text
+
+
+def test_max_uses_of_an_approved_grant_hold_exactly_across_replicas(
+    replicas: list[Proxy], upstream: Upstream, names
+) -> None:
+    a, b = replicas
+    agent, cred = names("agent"), names("cred")
+    token = a.store.add_principal(agent)
+    a.store.add_credential(cred, "bearer", ["api.test"], Secret(SECRET))
+    limits = validation.limits(None, None, 3, approval="first", hold="30s")
+    grant_id = a.store.add_grant(agent, ["GET"], credential=cred, paths=["/v1/"], limits=limits)
+    a.wait_reload()
+    b.wait_reload()
+    path = f"/v1/{agent}/uses"
+    first = _send(a, agent, token, f"https://api.test{path}")
+    (event,) = _pending(a, agent)
+    (entry,) = [g for g in a.store.list_grants() if g.id == grant_id]
+    assert entry.uses == 0  # nothing spent while held
+    cli(b, "request", "approve", str(event["id"]))  # covers the kind for good
+    assert first.result(timeout=10).status_code == 200
+    a.wait_reload()
+    b.wait_reload()
+    barrier = threading.Barrier(12)
+
+    def one(i: int) -> int:
+        with (a if i % 2 else b).client(agent, token, timeout=30) as client:
+            barrier.wait()
+            return client.get(f"https://api.test{path}").status_code
+
+    with ThreadPoolExecutor(12) as pool:
+        statuses = list(pool.map(one, range(12)))
+    assert sorted(statuses) == [200, 200] + [403] * 10
+    assert _reached(upstream, path) == 3
+
+
+def test_a_shared_hold_one_replicas_client_left_still_serves_the_other(
+    replicas: list[Proxy], upstream: Upstream, names
+) -> None:
+    a, b = replicas
+    agent, token, _ = _granted(a, names, "first", hold="60s")
+    b.wait_reload()
+    path = f"/v1/{agent}/shared-left"
+    tls = _held_raw(a, agent, token, path)
+    (event,) = _pending(a, agent)
+    waiting = _send(b, agent, token, f"https://api.test{path}")
+    (joined,) = _pending(b, agent)
+    assert joined["id"] == event["id"]  # one kind, one decision, across replicas
+    tls.close()  # A's agent leaves: B's request still waits on the decision
+    line = _request_line(a, agent)
+    assert (line["decision"], line["reason"]) == ("deny", "client-gone")
+    assert not waiting.done()
+    approved = cli(a, "request", "approve", str(event["id"]))
+    assert approved.returncode == 0, approved.stderr
+    assert waiting.result(timeout=10).status_code == 200
+    assert _reached(upstream, path) == 1
+
+
+def test_an_approval_of_first_ends_when_a_policy_file_changes_the_grants_credential(
+    held_proxy: Proxy, upstream: Upstream, names, tmp_path: Path
+) -> None:
+    agent, token, grant_id = _granted(held_proxy, names, "first")
+    path = f"/v1/{agent}/recredentialed"
+    answer = _send(held_proxy, agent, token, f"https://api.test{path}")
+    (event,) = _pending(held_proxy, agent)
+    cli(held_proxy, "request", "approve", str(event["id"]))  # covers the kind for good
+    assert answer.result(timeout=10).status_code == 200
+    other = names("admin-cred")
+    held_proxy.store.add_credential(other, "bearer", ["api.test"], Secret(b"sk-admin-other"))
+    _apply(held_proxy, tmp_path, _grant_file(grant_id, agent, other, '"/v1/"', "first"))
+    # The owner approved requests sent with the old credential: the new one asks again.
+    again = _send(held_proxy, agent, token, f"https://api.test{path}")
+    (_, second) = _pending(held_proxy, agent, 2)
+    assert not again.done()
+    cli(held_proxy, "request", "deny", str(second["id"]))
+    assert again.result(timeout=10).status_code == 403
+    assert _reached(upstream, path) == 1
+
+
+def test_a_session_token_revoked_while_its_request_is_held_sends_nothing_on_approval(
+    held_proxy: Proxy, upstream: Upstream, names
+) -> None:
+    agent, _, _ = _granted(held_proxy, names, "each")
+    token_id, session = held_proxy.store.add_token(agent, None)
+    held_proxy.wait_reload()
+    path = f"/v1/{agent}/revoked-token"
+    answer = _send(held_proxy, agent, session, f"https://api.test{path}")
+    (event,) = _pending(held_proxy, agent)
+    held_proxy.store.revoke_token(token_id)
+    held_proxy.wait_reload()
+    cli(held_proxy, "request", "approve", str(event["id"]))
+    response = answer.result(timeout=10)
+    assert (response.status_code, response.headers["x-credproxy-reason"]) == (
+        407,
+        "auth-required",
+    )
+    assert _reached(upstream, path) == 0
