@@ -274,6 +274,7 @@ class Supervisor:
         """The worker's audit lines, whole, on our stdout, each with the worker's index."""
         prefix = f'{{"worker":{w.index},'
         partial = b""
+        skipping = False  # inside a line over LINE_LIMIT: dropped up to its newline
         lost = 0
         while True:
             while self.behind() and not self.stopping.is_set():
@@ -287,13 +288,16 @@ class Supervisor:
             end = partial.rfind(b"\n")
             if end < 0:
                 if len(partial) > LINE_LIMIT:
-                    lost += 1
-                    partial = b""
+                    lost += 0 if skipping else 1
+                    skipping, partial = True, b""
                 continue
             lines, partial = partial[: end + 1], partial[end + 1 :]
-            for raw in lines.splitlines(keepends=True):
-                self.pass_line(w, prefix, raw.decode("utf-8", "backslashreplace"))
-        if partial:
+            raws = lines.split(b"\n")[:-1]  # "\n" only: a "\r" inside is no line's end
+            if skipping:
+                skipping, raws = False, raws[1:]  # the over-long line's tail
+            for raw in raws:
+                self.pass_line(w, prefix, raw.decode("utf-8", "backslashreplace") + "\n")
+        if partial and not skipping:
             lost += 1  # a worker killed mid-line: never half a line on stdout
         if lost:
             self.log.warning("audit.lines_lost", worker=w.index, count=lost)
@@ -303,12 +307,18 @@ class Supervisor:
         return not audit.writable() or (not self.announced and self.held_bytes > audit.QUEUE_LIMIT)
 
     def pass_line(self, w: Worker, prefix: str, line: str) -> None:
-        if not line.startswith("{") or line.startswith("{}"):
+        """Relay a worker's line (ending in its newline) if it is a JSON object, else only
+        say that the worker printed something, and how much: never its text."""
+        try:
+            parsed = json.loads(line) if line.startswith("{") else None
+        except (ValueError, RecursionError):
+            parsed = None
+        if not isinstance(parsed, dict) or not parsed:
             line = json.dumps({"event": "worker.output", "bytes": len(line)}) + "\n"
-        if not w.started and '"proxy.started"' in line:
+            parsed = None
+        if not w.started and parsed is not None and parsed.get("event") == "proxy.started":
             w.started = True
-            with contextlib.suppress(ValueError, AttributeError):
-                w.policy = json.loads(line)
+            w.policy = parsed
         line = prefix + line[1:]
         if not self.announced:
             self.held.append(line)
