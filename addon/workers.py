@@ -124,7 +124,8 @@ class Supervisor:
         self.workers: list[Worker] = []
         self.stopping = asyncio.Event()
         self.announced = False
-        self.held: list[str] = []  # workers' lines before our proxy.started
+        self.holding = True  # until our proxy.started, or start-up ends without it
+        self.held: list[str] = []  # workers' lines meanwhile
         self.held_bytes = 0
         self.state = audit.OK
         self.signals = 0
@@ -159,6 +160,7 @@ class Supervisor:
                 failed = [w for w in self.workers if w.process and w.process.returncode is not None]
                 if failed:
                     self.stopping.set()
+                    self.release()  # what the others served, and why this one failed
                     await self.terminate()
                     raise InvalidInput(
                         f"worker {failed[0].index} exited at start-up "
@@ -167,6 +169,7 @@ class Supervisor:
                 await asyncio.sleep(0.02)
             if not self.stopping.is_set():
                 self.announce(admin_addr)
+            self.release()  # stopped before every worker started: their lines still count
             await self.stopping.wait()
             await self.terminate()
             await asyncio.gather(*watchers, return_exceptions=True)
@@ -193,9 +196,14 @@ class Supervisor:
             unreadable=sorted({u for w in self.workers for u in w.policy.get("unreadable", [])}),
         )
         self.announced = True
-        for line in self.held:
+        self.release()
+
+    def release(self) -> None:
+        """Write the workers' lines held during start-up; from now on each goes straight out."""
+        self.holding = False
+        held, self.held, self.held_bytes = self.held, [], 0
+        for line in held:
             audit.relay(line)
-        self.held = []
 
     def stop(self, sig: signal.Signals) -> None:
         self.signals += 1
@@ -304,7 +312,7 @@ class Supervisor:
 
     def behind(self) -> bool:
         """Our stdout is behind, or start-up has held a queue's worth of lines."""
-        return not audit.writable() or (not self.announced and self.held_bytes > audit.QUEUE_LIMIT)
+        return not audit.writable() or (self.holding and self.held_bytes > audit.QUEUE_LIMIT)
 
     def pass_line(self, w: Worker, prefix: str, line: str) -> None:
         """Relay a worker's line (ending in its newline) if it is a JSON object, else only
@@ -320,7 +328,7 @@ class Supervisor:
             w.started = True
             w.policy = parsed
         line = prefix + line[1:]
-        if not self.announced:
+        if self.holding:
             self.held.append(line)
             self.held_bytes += len(line)
         else:

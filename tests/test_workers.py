@@ -51,6 +51,7 @@ def relayed(monkeypatch: pytest.MonkeyPatch) -> Any:
 async def _relay(chunks: list[bytes]) -> tuple[Supervisor, Worker]:
     supervisor = Supervisor(None, [], 0, "")  # type: ignore[arg-type]
     supervisor.announced = True
+    supervisor.holding = False
     worker = Worker(3, Role(3, 0, "", ()))
     reader = asyncio.StreamReader()
     for chunk in chunks:
