@@ -151,7 +151,7 @@ class Supervisor:
                 self.workers.append(Worker(index, role))
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(sig, self.stop, sig)
-            loop.add_signal_handler(signal.SIGHUP, self.forward, signal.SIGHUP)
+            loop.add_signal_handler(signal.SIGHUP, self.reload)
             watchers = [loop.create_task(self.watch(w)) for w in self.workers]
             states = loop.create_task(self.tell_state())
             while not all(w.started for w in self.workers):
@@ -212,8 +212,15 @@ class Supervisor:
         self.stopping.set()
         self.forward(signal.SIGTERM)  # a second signal hurries the workers' drain
 
-    def forward(self, sig: signal.Signals) -> None:
+    def reload(self) -> None:
+        """SIGHUP to the workers that have started: one still starting has no handler yet,
+        and SIGHUP would end it (it loads the store's policy as it starts anyway)."""
+        self.forward(signal.SIGHUP, started_only=True)
+
+    def forward(self, sig: signal.Signals, started_only: bool = False) -> None:
         for w in self.workers:
+            if started_only and not w.started:
+                continue
             if w.process is not None and w.process.returncode is None:
                 with contextlib.suppress(ProcessLookupError):
                     w.process.send_signal(sig)

@@ -544,3 +544,34 @@ def test_lines_of_requests_served_before_every_worker_started_survive_a_stop(
     served_lines = [line for line in lines if line.get("path") == "/v1/line"]
     assert len(served_lines) == 1 and served_lines[0]["decision"] == "allow"
     assert lines[-1]["event"] == "proxy.stopped" and "worker" not in lines[-1]
+
+
+def test_a_sighup_while_the_workers_start_neither_kills_one_nor_the_supervisor(
+    tmp_path: Path, initialised_home: Path, upstream_ca: trustme.CA, shared_upstream: Upstream
+):
+    home, env = _home(tmp_path, initialised_home, upstream_ca)
+    args = [*CREDPROXY, "run", "--workers", "2", "--listen", "127.0.0.1:0"]
+    out = (home / "stdout").open("wb")
+    err = (home / "stderr").open("wb")
+    process = subprocess.Popen(args, env=env, cwd=home, stdout=out, stderr=err)
+    try:
+        assert eventually(
+            lambda: len([c for c in _children(process.pid) if _runs_credproxy(c)]) == 2, 15
+        )
+        process.send_signal(signal.SIGHUP)  # a reload asked for while they still import
+
+        def started() -> bool:
+            return b'"proxy.started"' in (home / "stdout").read_bytes().split(b"\n")[0]
+
+        assert eventually(started, 30), (home / "stderr").read_text()
+        assert process.poll() is None
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(30) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        out.close()
+        err.close()
+    lines = [json.loads(line) for line in (home / "stdout").read_bytes().splitlines()]
+    assert not [line for line in lines if line["event"] == "worker.exited"]
