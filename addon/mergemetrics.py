@@ -7,6 +7,7 @@ every other gauge (bytes queued, requests held) the sum.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -35,6 +36,10 @@ def _escape(value: str) -> str:
 
 
 def _number(value: float) -> str:
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
     if value == int(value) and abs(value) < 2**53:
         return f"{int(value)}.0"
     return repr(value)

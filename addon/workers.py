@@ -124,7 +124,8 @@ class Supervisor:
         self.workers: list[Worker] = []
         self.stopping = asyncio.Event()
         self.announced = False
-        self.held: list[str] = []  # workers' lines before our proxy.started
+        self.holding = True  # until our proxy.started, or start-up ends without it
+        self.held: list[str] = []  # workers' lines meanwhile
         self.held_bytes = 0
         self.state = audit.OK
         self.signals = 0
@@ -150,7 +151,7 @@ class Supervisor:
                 self.workers.append(Worker(index, role))
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(sig, self.stop, sig)
-            loop.add_signal_handler(signal.SIGHUP, self.forward, signal.SIGHUP)
+            loop.add_signal_handler(signal.SIGHUP, self.reload)
             watchers = [loop.create_task(self.watch(w)) for w in self.workers]
             states = loop.create_task(self.tell_state())
             while not all(w.started for w in self.workers):
@@ -159,6 +160,7 @@ class Supervisor:
                 failed = [w for w in self.workers if w.process and w.process.returncode is not None]
                 if failed:
                     self.stopping.set()
+                    self.release()  # what the others served, and why this one failed
                     await self.terminate()
                     raise InvalidInput(
                         f"worker {failed[0].index} exited at start-up "
@@ -167,6 +169,7 @@ class Supervisor:
                 await asyncio.sleep(0.02)
             if not self.stopping.is_set():
                 self.announce(admin_addr)
+            self.release()  # stopped before every worker started: their lines still count
             await self.stopping.wait()
             await self.terminate()
             await asyncio.gather(*watchers, return_exceptions=True)
@@ -193,9 +196,14 @@ class Supervisor:
             unreadable=sorted({u for w in self.workers for u in w.policy.get("unreadable", [])}),
         )
         self.announced = True
-        for line in self.held:
+        self.release()
+
+    def release(self) -> None:
+        """Write the workers' lines held during start-up; from now on each goes straight out."""
+        self.holding = False
+        held, self.held, self.held_bytes = self.held, [], 0
+        for line in held:
             audit.relay(line)
-        self.held = []
 
     def stop(self, sig: signal.Signals) -> None:
         self.signals += 1
@@ -204,8 +212,15 @@ class Supervisor:
         self.stopping.set()
         self.forward(signal.SIGTERM)  # a second signal hurries the workers' drain
 
-    def forward(self, sig: signal.Signals) -> None:
+    def reload(self) -> None:
+        """SIGHUP to the workers that have started: one still starting has no handler yet,
+        and SIGHUP would end it (it loads the store's policy as it starts anyway)."""
+        self.forward(signal.SIGHUP, started_only=True)
+
+    def forward(self, sig: signal.Signals, started_only: bool = False) -> None:
         for w in self.workers:
+            if started_only and not w.started:
+                continue
             if w.process is not None and w.process.returncode is None:
                 with contextlib.suppress(ProcessLookupError):
                     w.process.send_signal(sig)
@@ -274,6 +289,7 @@ class Supervisor:
         """The worker's audit lines, whole, on our stdout, each with the worker's index."""
         prefix = f'{{"worker":{w.index},'
         partial = b""
+        skipping = False  # inside a line over LINE_LIMIT: dropped up to its newline
         lost = 0
         while True:
             while self.behind() and not self.stopping.is_set():
@@ -287,30 +303,39 @@ class Supervisor:
             end = partial.rfind(b"\n")
             if end < 0:
                 if len(partial) > LINE_LIMIT:
-                    lost += 1
-                    partial = b""
+                    lost += 0 if skipping else 1
+                    skipping, partial = True, b""
                 continue
             lines, partial = partial[: end + 1], partial[end + 1 :]
-            for raw in lines.splitlines(keepends=True):
-                self.pass_line(w, prefix, raw.decode("utf-8", "backslashreplace"))
-        if partial:
+            raws = lines.split(b"\n")[:-1]  # "\n" only: a "\r" inside is no line's end
+            if skipping:
+                skipping, raws = False, raws[1:]  # the over-long line's tail
+            for raw in raws:
+                self.pass_line(w, prefix, raw.decode("utf-8", "backslashreplace") + "\n")
+        if partial and not skipping:
             lost += 1  # a worker killed mid-line: never half a line on stdout
         if lost:
             self.log.warning("audit.lines_lost", worker=w.index, count=lost)
 
     def behind(self) -> bool:
         """Our stdout is behind, or start-up has held a queue's worth of lines."""
-        return not audit.writable() or (not self.announced and self.held_bytes > audit.QUEUE_LIMIT)
+        return not audit.writable() or (self.holding and self.held_bytes > audit.QUEUE_LIMIT)
 
     def pass_line(self, w: Worker, prefix: str, line: str) -> None:
-        if not line.startswith("{") or line.startswith("{}"):
+        """Relay a worker's line (ending in its newline) if it is a JSON object, else only
+        say that the worker printed something, and how much: never its text."""
+        try:
+            parsed = json.loads(line) if line.startswith("{") else None
+        except (ValueError, RecursionError):
+            parsed = None
+        if not isinstance(parsed, dict) or not parsed:
             line = json.dumps({"event": "worker.output", "bytes": len(line)}) + "\n"
-        if not w.started and '"proxy.started"' in line:
+            parsed = None
+        if not w.started and parsed is not None and parsed.get("event") == "proxy.started":
             w.started = True
-            with contextlib.suppress(ValueError, AttributeError):
-                w.policy = json.loads(line)
+            w.policy = parsed
         line = prefix + line[1:]
-        if not self.announced:
+        if self.holding:
             self.held.append(line)
             self.held_bytes += len(line)
         else:

@@ -49,3 +49,11 @@ def test_the_supervisors_own_families_come_first_and_parse() -> None:
     assert text.startswith(b"# HELP credproxy_workers n\n# TYPE credproxy_workers gauge\n")
     assert _samples(text)[("credproxy_workers", ())] == 2.0
     assert b"# TYPE credproxy_requests_total counter" in text
+
+
+def test_values_that_are_no_finite_number_still_merge() -> None:
+    text = "# TYPE credproxy_a gauge\ncredproxy_a +Inf\n# TYPE credproxy_b gauge\ncredproxy_b NaN\n"
+    merged = merge([text, text])
+    samples = _samples(merged)
+    assert samples[("credproxy_a", ())] == float("inf")
+    assert samples[("credproxy_b", ())] != samples[("credproxy_b", ())]  # NaN

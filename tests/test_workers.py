@@ -51,6 +51,7 @@ def relayed(monkeypatch: pytest.MonkeyPatch) -> Any:
 async def _relay(chunks: list[bytes]) -> tuple[Supervisor, Worker]:
     supervisor = Supervisor(None, [], 0, "")  # type: ignore[arg-type]
     supervisor.announced = True
+    supervisor.holding = False
     worker = Worker(3, Role(3, 0, "", ()))
     reader = asyncio.StreamReader()
     for chunk in chunks:
@@ -81,3 +82,36 @@ def test_a_line_that_is_not_json_is_described_not_copied(relayed: Lines) -> None
     asyncio.run(_relay([b"sk-live-secret printed by accident\n"]))
     (line,) = (json.loads(text) for text in relayed.lines)
     assert line == {"worker": 3, "event": "worker.output", "bytes": 35}
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"{'token': 'sk-live-secret'}\n",  # a dict's repr, printed by accident
+        b'{"event": "request", "path": "/sk-live-secret\n',  # a fragment
+        b"{\n",
+        b'{"event": "request"}\rsk-live-secret\n',  # a CR ends no line
+        b"{" * 200_000 + b"\n",  # nesting past the parser's recursion
+    ],
+)
+def test_a_line_that_opens_a_brace_but_is_no_json_object_is_described(
+    relayed: Lines, raw: bytes
+) -> None:
+    asyncio.run(_relay([raw]))
+    (line,) = (json.loads(text) for text in relayed.lines)  # every relayed line is JSON
+    assert line == {"worker": 3, "event": "worker.output", "bytes": len(raw)}
+
+
+def test_the_rest_of_an_over_long_line_is_dropped_with_it(
+    relayed: Lines, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import addon.workers
+
+    monkeypatch.setattr(addon.workers, "LINE_LIMIT", 1000)
+    monkeypatch.setattr(addon.workers, "READ_CHUNK", 600)
+    long = b'{"event": "request", "path": "/' + b"x" * 1500 + b'", "secret": "sk-tail"}\n'
+    after = b'{"event": "request", "path": "/after"}\n'
+    with capture_logs() as logs:
+        asyncio.run(_relay([long[:600], long[600:1200], long[1200:] + after]))
+    assert [json.loads(line)["path"] for line in relayed.lines] == ["/after"]
+    assert [(log["event"], log["count"]) for log in logs] == [("audit.lines_lost", 1)]

@@ -454,3 +454,124 @@ def test_a_stalled_reader_refuses_in_every_worker_then_every_line_arrives_once(
         process.kill()
         process.wait()
         pipe.close()
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except FileNotFoundError:
+        return []
+    return [int(child) for child in text.split()]
+
+
+def _runs_credproxy(pid: int) -> bool:
+    """Past its exec: a worker's environment, not its parent's (a vfork child's)."""
+    try:
+        return b"CREDPROXY_WORKER=" in Path(f"/proc/{pid}/environ").read_bytes()
+    except FileNotFoundError:
+        return False
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_lines_of_requests_served_before_every_worker_started_survive_a_stop(
+    tmp_path: Path, initialised_home: Path, upstream_ca: trustme.CA, shared_upstream: Upstream
+):
+    """One worker hangs at start-up (stopped), the other serves; SIGTERM then: the served
+    request's audit line must reach stdout, not die in the supervisor's start-up hold."""
+    home, env = _home(tmp_path, initialised_home, upstream_ca)
+    token = (home / "token").read_text()
+    port = _free_port()
+    args = [
+        *CREDPROXY,
+        "run",
+        "--workers",
+        "2",
+        "--listen",
+        f"127.0.0.1:{port}",
+        "--upstream-ca",
+        str(home / "upstream-ca.pem"),
+        "--resolve",
+        f"api.test=127.0.0.1:{shared_upstream.port}",
+    ]
+    out = (home / "stdout").open("wb")
+    err = (home / "stderr").open("wb")
+    process = subprocess.Popen(args, env=env, cwd=home, stdout=out, stderr=err)
+    hung = None
+    try:
+        deadline = time.monotonic() + 15
+        while hung is None and time.monotonic() < deadline:
+            children = [c for c in _children(process.pid) if _runs_credproxy(c)]
+            if children:  # exec'd (a vfork child stopped before exec would stop its parent)
+                hung = children[0]
+                os.kill(hung, signal.SIGSTOP)  # before it imported mitmproxy: never listens
+            time.sleep(0.005)
+        assert hung is not None
+
+        def served() -> bool:
+            try:
+                one_request_as(port, home, token)
+            except httpx.HTTPError:
+                return False  # the other worker is not listening yet
+            return True
+
+        assert eventually(served, 30)
+        supervisors = [
+            line for line in (home / "stdout").read_bytes().splitlines() if b'"worker"' not in line
+        ]
+        assert supervisors == []  # it has not announced: one worker never started
+        process.send_signal(signal.SIGTERM)
+        os.kill(hung, signal.SIGCONT)
+        assert process.wait(30) == 0
+    finally:
+        if hung is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(hung, signal.SIGCONT)
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        out.close()
+        err.close()
+    assert (home / "stderr").read_bytes() == b""
+    lines = [json.loads(line) for line in (home / "stdout").read_bytes().splitlines()]
+    assert shared_upstream.log.requests, "the request reached the upstream"
+    served_lines = [line for line in lines if line.get("path") == "/v1/line"]
+    assert len(served_lines) == 1 and served_lines[0]["decision"] == "allow"
+    assert lines[-1]["event"] == "proxy.stopped" and "worker" not in lines[-1]
+
+
+def test_a_sighup_while_the_workers_start_neither_kills_one_nor_the_supervisor(
+    tmp_path: Path, initialised_home: Path, upstream_ca: trustme.CA, shared_upstream: Upstream
+):
+    home, env = _home(tmp_path, initialised_home, upstream_ca)
+    args = [*CREDPROXY, "run", "--workers", "2", "--listen", "127.0.0.1:0"]
+    out = (home / "stdout").open("wb")
+    err = (home / "stderr").open("wb")
+    process = subprocess.Popen(args, env=env, cwd=home, stdout=out, stderr=err)
+    try:
+        assert eventually(
+            lambda: len([c for c in _children(process.pid) if _runs_credproxy(c)]) == 2, 15
+        )
+        process.send_signal(signal.SIGHUP)  # a reload asked for while they still import
+
+        def started() -> bool:
+            return b'"proxy.started"' in (home / "stdout").read_bytes().split(b"\n")[0]
+
+        assert eventually(started, 30), (home / "stderr").read_text()
+        assert process.poll() is None
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(30) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        out.close()
+        err.close()
+    lines = [json.loads(line) for line in (home / "stdout").read_bytes().splitlines()]
+    assert not [line for line in lines if line["event"] == "worker.exited"]
