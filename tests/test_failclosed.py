@@ -230,6 +230,7 @@ def test_every_request_side_hook_of_every_addon_is_wrapped(chain: Chain) -> None
         ("Auth", "requestheaders"),
         ("Gate", "requestheaders"),
         ("Forward", "requestheaders"),
+        ("Forward", "responseheaders"),  # a minted token's 401 drop: kill_on_error
         ("AccessEndpoint", "request"),
         ("Signing", "request"),
         ("Responses", "responseheaders"),
