@@ -58,6 +58,7 @@ class LivePolicy:
         self._full_at = time.monotonic()
         self._full_counter = -1
         self._polling = asyncio.Lock()
+        self._owed = False  # a forced full read that has not been served yet
         self._reload_key = reload_key
         # Database calls never run on the event loop; a pool of their own so a hung database
         # cannot starve anything else that uses the default executor.
@@ -142,6 +143,9 @@ class LivePolicy:
             if await self.call(self.store.reopen_if_replaced):
                 self._log.warning("store.replaced", db=self.store.display_url)
                 force = True
+            # A forced read (a restore, SIGHUP) that failed is owed until one is served: a
+            # restored store may stand at the very counter the old one had.
+            self._owed = force = force or self._owed
             counter = await self.call(self.store.change_counter)
             policy, mode, changes, decided = self.policy, None, 0, False
             if force and self._full is not None:
@@ -165,6 +169,7 @@ class LivePolicy:
                     decided = delta.decisions
             if mode is not None:
                 self._install(policy, full_counter)
+                self._owed = False
                 self.on_reload()
                 if mode == FULL or decided:
                     await self._log_decisions()

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import sqlite3
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -14,11 +17,13 @@ from sqlalchemy import update
 from structlog.testing import capture_logs
 
 from addon.live import LivePolicy
+from addon.policy import Policy
 from store.crypto import MasterKey
 from store.errors import StoreUnavailable
 from store.models import StoreState
 from store.repository import Store
 from tests.stores import seed
+from tests.test_delta import view
 
 
 @pytest.mark.parametrize(
@@ -198,5 +203,63 @@ def test_a_failed_periodic_full_read_keeps_the_incremental_policy(
             "policy.reloaded:incremental",
         ]
         assert live.policy is not None and live.policy.grant_count == 3
+    finally:
+        live.close()
+
+
+def _copy(url: str, key: MasterKey, name: str) -> tuple[Path, Store]:
+    """A copy of the SQLite store at `url` (a backup), opened on its own."""
+    db = Path(url.removeprefix("sqlite:///"))
+    copy = db.with_name(name)
+    source, target = sqlite3.connect(db), sqlite3.connect(copy)
+    source.backup(target)
+    source.close()
+    target.close()
+    return copy, Store(f"sqlite:///{copy}", key)
+
+
+def _restore(url: str, copy: Path) -> None:
+    db = Path(url.removeprefix("sqlite:///"))
+    for suffix in ("-wal", "-shm"):
+        Path(f"{db}{suffix}").unlink(missing_ok=True)
+    os.replace(copy, db)
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_a_restore_is_read_whole_even_when_its_first_full_read_fails(
+    store: Store, key: MasterKey, open_store: Callable[[MasterKey | None], Store], db_url: str
+) -> None:
+    """A restored file at the counter the replica had: only a full read can tell them apart.
+    The first one failing (a busy store) must not leave the replica on the old file's policy."""
+    old = seed(store)
+    copy, backup = _copy(db_url, key, "backup.db")
+    added = store.add_grant("agent", ["POST"], credential="gh")
+    backup.revoke_grant(old)  # the restored store moved on too: the same counter
+    backup.close()
+    assert store.change_counter() == Store(f"sqlite:///{copy}", key).change_counter()
+    live = LivePolicy(open_store(key))
+    try:
+        policy = live.load()
+        assert set(policy._owner) == {old, added}
+        build, failed = live._build_policy, []
+
+        def busy_once() -> Any:
+            if not failed:
+                failed.append(True)
+                raise StoreUnavailable("the store kept changing while its snapshot was read")
+            return build()
+
+        live._build_policy = busy_once  # type: ignore[method-assign]
+        _restore(db_url, copy)
+        with capture_logs() as logs:
+            asyncio.run(live.poll())  # store.replaced; its full read fails
+            asyncio.run(live.poll())
+        assert failed
+        events = [line["event"] for line in logs]
+        assert "store.replaced" in events and "store.unavailable" in events
+        restored = open_store(key)
+        assert live.policy is not None
+        assert view(live.policy) == view(Policy(restored.snapshot()))
+        assert live.policy.grant_count == 0
     finally:
         live.close()
