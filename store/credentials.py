@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 
 from store import keys, validation
 from store.crypto import MasterKey, Secret
-from store.engine import CREDENTIAL, Database, changed, rowcount
+from store.engine import CREDENTIAL, Database, bump, changed, covered, rowcount
 from store.errors import Conflict, NotFound
 from store.grammar import validate_name
 from store.models import Credential, Grant, utcnow
@@ -121,10 +121,12 @@ def destroy(session: Session, row: Credential, now: datetime) -> int:
     row.removed_at = now
     changed(session, CREDENTIAL, row)
     row.key_id = row.nonce = row.ciphertext = None
-    revoked = session.execute(
-        update(Grant)
-        .where(Grant.credential_id == row.id, Grant.revoked_at.is_(None))
-        .values(revoked_at=now)
+    revoked = session.execute(  # reached by the credential's note: its grants are read
+        covered(
+            update(Grant)
+            .where(Grant.credential_id == row.id, Grant.revoked_at.is_(None))
+            .values(revoked_at=now)
+        )
     )
     return rowcount(revoked)
 
@@ -146,8 +148,10 @@ def exchange(
     operator's (what `credential rotate` changes). Raises Conflict when the credential was
     rotated or removed meanwhile; a failing `step` leaves the row as it was. `step` may take
     up to `hold` seconds (PostgreSQL's timeouts are raised for this transaction to match).
+    Only a secret sealed back is a change: the replicas read that credential again, not the
+    whole store, and an exchange that seals nothing moves no counter.
     """
-    with db.change() as session:
+    with db.session() as session, session.begin():
         if session.get_bind().dialect.name == "postgresql":
             ms = int(hold * 1000)
             session.execute(text(f"SET LOCAL statement_timeout = {ms}"))
@@ -164,4 +168,6 @@ def exchange(
         if updated is not None:
             sealed = Secret(json.dumps(updated, separators=(",", ":"), sort_keys=True).encode())
             row.key_id, row.nonce, row.ciphertext = keys.seal(key, name, sealed)
+            changed(session, CREDENTIAL, row)
+            bump(session)
         return result

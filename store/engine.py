@@ -7,16 +7,26 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import quote
 
 from sqlalchemy import Connection, Engine, create_engine, delete, event, insert, select, update
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, NoSuchModuleError
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import ORMExecuteState, Session, sessionmaker
+from sqlalchemy.sql.base import Executable
 
 from store.errors import Conflict, CredproxyError, InvalidInput, StoreUnavailable
-from store.models import ChangeLog, StoreState
+from store.models import (
+    AccessRequest,
+    Base,
+    ChangeLog,
+    Credential,
+    Grant,
+    Principal,
+    PrincipalToken,
+    StoreState,
+)
 
 # What a change touched, as change_log names it. A change that notes nothing is logged as ALL:
 # every proxy then reloads the whole store, which is always right, only slower.
@@ -29,6 +39,19 @@ PRINCIPAL, TOKEN, CREDENTIAL, GRANT, REQUEST, ALL = (
     "all",
 )
 _NOTED = "credproxy.changed"
+# What the proxy reads, by model: a row of one written through the ORM is noted as its kind,
+# whatever the write itself noted (store_state, the key's row, as everything).
+_KINDS: dict[type[Base], str] = {
+    Principal: PRINCIPAL,
+    PrincipalToken: TOKEN,
+    Credential: CREDENTIAL,
+    Grant: GRANT,
+    AccessRequest: REQUEST,
+    StoreState: ALL,
+}
+_READ_TABLES = frozenset(str(model.__tablename__) for model in _KINDS)
+_COVERED = "credproxy_covered"
+E = TypeVar("E", bound=Executable)
 # change_log keeps the last LOG_KEPT changes; a proxy further behind reloads whole.
 LOG_KEPT = 10_000
 PRUNE_EVERY = 1_000
@@ -168,6 +191,8 @@ class Database:
         self._file = sqlite_path(self.url)
         self.engine = make_engine(self.url, create=create)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        event.listen(self._sessions, "after_flush", _note_flushed)
+        event.listen(self._sessions, "do_orm_execute", _note_bulk)
         self._identity = self._file_identity()
 
     def _file_identity(self) -> tuple[int, int] | None:
@@ -259,6 +284,37 @@ def changed(session: Session, kind: str, *rows: Any) -> None:
     session.info.setdefault(_NOTED, []).extend((kind, row) for row in rows)
 
 
+def covered(statement: E) -> E:
+    """A bulk write whose rows the transaction's notes reach (a removed principal's grants,
+    revoked with it; the grant it noted by id). Without it, one is logged as ALL."""
+    return statement.execution_options(**{_COVERED: True})
+
+
+def _note_flushed(session: Session, _context: Any) -> None:
+    """Note every row of a table the proxy reads that this flush wrote: a write that forgot
+    to note it, or noted another, still reaches every replica."""
+    for row in (*session.new, *session.deleted):
+        kind = _KINDS.get(type(row))
+        if kind is not None:
+            changed(session, kind, 0 if kind == ALL else row)
+    for row in session.dirty:
+        kind = _KINDS.get(type(row))
+        if kind is not None and session.is_modified(row):
+            changed(session, kind, 0 if kind == ALL else row)
+
+
+def _note_bulk(state: ORMExecuteState) -> None:
+    """A bulk INSERT, UPDATE or DELETE of a table the proxy reads is logged as ALL, unless
+    the statement is `covered` by the notes of its transaction."""
+    if not (state.is_insert or state.is_update or state.is_delete):
+        return
+    if state.execution_options.get(_COVERED):
+        return
+    table = getattr(state.statement, "table", None)
+    if getattr(table, "name", None) in _READ_TABLES:
+        changed(state.session, ALL, 0)
+
+
 def bump(session: Session) -> int:
     """Move the change counter and log the rows noted in this transaction; the new counter.
 
@@ -268,10 +324,12 @@ def bump(session: Session) -> int:
     session.flush()
     noted = session.info.pop(_NOTED, [])
     counter: int = session.execute(
-        update(StoreState)
-        .where(StoreState.id == 1)
-        .values(change_counter=StoreState.change_counter + 1)
-        .returning(StoreState.change_counter)
+        covered(
+            update(StoreState)
+            .where(StoreState.id == 1)
+            .values(change_counter=StoreState.change_counter + 1)
+            .returning(StoreState.change_counter)
+        )
     ).scalar_one()
     rows = {(kind, row if isinstance(row, int) else row.id) for kind, row in noted}
     session.execute(

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from sqlalchemy import delete, update
+from sqlalchemy import delete, select, update
 
 from addon.policy import Policy, Reason, Request
 from store import engine
@@ -41,6 +41,7 @@ def view(policy: Policy) -> dict[str, Any]:
         "rules": {name: p.rules for name, p in principals.items()},
         "exact": {name: _index(p.exact) for name, p in principals.items()},
         "wildcard": {name: _index(p.wildcard) for name, p in principals.items()},
+        "coverage": {gid: found for gid, found in policy._coverage.items() if found},
     }
 
 
@@ -70,7 +71,13 @@ def _add_credential(store: Store, name: str, secret: bytes) -> None:
             name, "path", [HOSTS[2]], Secret(secret.hex().encode()), options=PATH_OPTIONS
         )
     else:
-        store.add_credential(name, "bearer", [HOSTS[CREDENTIALS.index(name)]], Secret(secret))
+        hosts = [HOSTS[CREDENTIALS.index(name)]]
+        store.add_credential(name, "bearer", hosts, _sealed(name, secret))
+
+
+def _sealed(name: str, secret: bytes) -> Secret:
+    """pypi's secret is JSON, as a refreshed credential's is (credential exchange)."""
+    return Secret(b'{"r":"%s"}' % secret if name == "pypi" else secret)
 
 
 def _grant_ids(store: Store) -> list[int]:
@@ -99,8 +106,10 @@ def _apply_op(store: Store, op: tuple[Any, ...]) -> None:
     elif kind == "credential":
         _add_credential(store, args[0], args[1])
     elif kind == "rotate":
-        secret = args[1].hex().encode() if args[0] == "bot" else args[1]
-        store.rotate_credential(args[0], Secret(secret))
+        if args[0] == "bot":
+            store.rotate_credential(args[0], Secret(args[1].hex().encode()))
+        else:
+            store.rotate_credential(args[0], _sealed(args[0], args[1]))
     elif kind == "remove_credential":
         store.remove_credential(args[0])
     elif kind == "grant":
@@ -124,6 +133,29 @@ def _apply_op(store: Store, op: tuple[Any, ...]) -> None:
             {"revoke": store.revoke_grant, "consume": store.consume_once, "use": store.use_grant}[
                 kind
             ](grant_id)
+    elif kind == "hold":
+        principal, decision = args
+        first = [g for g in store.list_grants(principal) if g.approval == "first"]
+        if not first:
+            store.add_grant(
+                principal, ["GET"], hosts=["pypi.org"], limits=Limits(approval="first", hold=60)
+            )
+            return
+        grant = first[-1]
+        held, _ = store.hold_request(principal, grant.id, "pypi.org", 443, "GET", "/x", 60, True)
+        if decision == "deny":
+            store.deny_access_request(held)
+        else:
+            store.approve_request(held, next_uses=2 if decision == "counted" else None)
+    elif kind == "use_approval":
+        counted = [r.id for r in store.list_access_requests() if r.cover_uses is not None]
+        if counted:
+            store.use_approval(counted[args[0] % len(counted)])
+    elif kind == "exchange":
+        (found,) = [c for c in store.list_credentials() if c.name == "pypi"] or [None]
+        if found is not None:
+            sealed = {"n": args[1].decode()} if args[2] else None
+            store.exchange_credential("pypi", found.fingerprint, lambda data: (0, sealed))
     elif kind == "request":
         found = store.record_access_request(args[0], "api.github.com", 443, "GET", "/v1/x")
         if found is not None and args[1]:
@@ -153,6 +185,9 @@ OPS = st.one_of(
     ),
     st.tuples(st.sampled_from(["revoke", "consume", "use"]), st.integers(0, 40)),
     st.tuples(st.just("request"), _principal, st.booleans()),
+    st.tuples(st.just("hold"), _principal, st.sampled_from(["approve", "counted", "deny"])),
+    st.tuples(st.just("use_approval"), st.integers(0, 10)),
+    st.tuples(st.just("exchange"), st.just("pypi"), _secret, st.booleans()),
 )
 
 
@@ -252,9 +287,11 @@ def test_an_unreadable_credential_is_named_and_its_grants_dropped(store: Store) 
     row = read_row(store, Credential, "gh")
     with store.db.change() as session:  # a tampered row, logged as a change to it
         session.execute(
-            update(Credential)
-            .where(Credential.id == row.id)
-            .values(ciphertext=bytes([row.ciphertext[0] ^ 1]) + row.ciphertext[1:])
+            engine.covered(
+                update(Credential)
+                .where(Credential.id == row.id)
+                .values(ciphertext=bytes([row.ciphertext[0] ^ 1]) + row.ciphertext[1:])
+            )
         )
         engine.changed(session, engine.CREDENTIAL, row.id)
     caught_up(store, policy)
@@ -379,3 +416,100 @@ def test_more_rows_than_a_full_read_costs_is_a_full_read(
     assert store.delta(counter) is None
     monkeypatch.setattr(delta, "MAX_ROWS", 2)
     assert store.delta(counter) is not None
+
+
+# -- writes that note the wrong rows ---------------------------------------------------------
+# Whatever a write notes, the rows it wrote reach the replicas: an ORM row written is noted
+# as its kind, and a bulk UPDATE or DELETE of a table the proxy reads is logged as ALL unless
+# the write vouches that its notes cover it (engine.covered).
+
+
+def _wrong_note_orm(store: Store, grant: int, token: int) -> None:
+    with store.db.change() as session:
+        row = session.get(Grant, grant)
+        assert row is not None
+        row.paths = ["/elsewhere/"]  # the grant narrowed, the token noted
+        engine.changed(session, engine.TOKEN, token)
+
+
+def _wrong_note_bulk(store: Store, grant: int, token: int) -> None:
+    with store.db.change() as session:
+        session.execute(update(Grant).values(revoked_at=utcnow()))  # every grant revoked
+        engine.changed(session, engine.GRANT, grant + 1)  # one of them noted
+
+
+def _wrong_kind(store: Store, grant: int, token: int) -> None:
+    with store.db.change() as session:
+        row = session.get(Grant, grant)
+        assert row is not None
+        row.methods = ["DELETE"]
+        engine.changed(session, engine.TOKEN, 999)  # a token's kind, and no such token
+
+
+def _credential_unnoted(store: Store, grant: int, token: int) -> None:
+    with store.db.change() as session:
+        row = session.scalars(select(Credential).where(Credential.name == "gh")).one()
+        row.removed_at = utcnow()  # removed by hand; a grant noted instead
+        engine.changed(session, engine.GRANT, grant)
+
+
+@pytest.mark.parametrize(
+    "write",
+    [
+        pytest.param(_wrong_note_orm, id="an ORM row written, another kind noted"),
+        pytest.param(_wrong_note_bulk, id="a bulk UPDATE, one row noted"),
+        pytest.param(_wrong_kind, id="a grant written, noted as a token"),
+        pytest.param(_credential_unnoted, id="a credential written, its grant noted"),
+    ],
+)
+def test_a_write_that_notes_the_wrong_rows_never_leaves_a_replica_stale(
+    store: Store, write: Callable[[Store, int, int], None]
+) -> None:
+    grant = seed(store)
+    store.add_grant("agent", ["POST"], credential="gh")
+    token, _ = store.add_token("agent", None)
+    policy = Policy(store.snapshot())
+    write(store, grant, token)
+    delta = store.delta(policy.counter)
+    if delta is not None:
+        policy.apply(delta)
+    else:
+        policy = Policy(store.snapshot())
+    assert view(policy) == view(Policy(store.snapshot()))
+
+
+# -- writes that used to be read whole by every replica ---------------------------------------
+
+
+def test_approvals_of_held_requests_and_their_last_counted_use_are_deltas(store: Store) -> None:
+    store.add_principal("agent")
+    grant = store.add_grant(
+        "agent", ["GET"], hosts=["pypi.org"], limits=Limits(approval="first", hold=60)
+    )
+    policy = Policy(store.snapshot())
+    held, _ = store.hold_request("agent", grant, "pypi.org", 443, "GET", "/x", 60, True)
+    store.approve_request(held, next_uses=2)
+    delta = store.delta(policy.counter)
+    assert delta is not None and delta.decisions and delta.coverage is not None
+    policy.apply(delta)
+    assert policy.covering(grant, "GET", "pypi.org", 443, "/x", utcnow()) is not None
+    assert store.use_approval(held) and store.use_approval(held)  # the last one: a change
+    caught_up(store, policy)
+    assert policy.covering(grant, "GET", "pypi.org", 443, "/x", utcnow()) is None
+    assert view(policy) == view(Policy(store.snapshot()))
+
+
+def test_an_exchange_is_a_change_to_its_credential_only_when_it_seals_back(store: Store) -> None:
+    store.add_principal("agent")
+    fingerprint = store.add_credential("j", "bearer", ["api.x.com"], Secret(b'{"r":"one"}'))
+    store.add_grant("agent", ["GET"], credential="j")
+    policy = Policy(store.snapshot())
+    counter = store.change_counter()
+    assert store.exchange_credential("j", fingerprint, lambda data: (1, None)) == 1
+    assert store.change_counter() == counter  # nothing sealed: nothing for the replicas
+    store.exchange_credential("j", fingerprint, lambda data: (2, {"r": "two"}))
+    delta = store.delta(policy.counter)
+    assert delta is not None and list(delta.credentials) == [1]
+    policy.apply(delta)
+    assert policy._credentials["j"].secret == Secret(b'{"r":"two"}')
+    assert view(policy) == view(Policy(store.snapshot()))
