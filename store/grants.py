@@ -138,9 +138,11 @@ def revoke(db: Database, grant_id: int) -> None:
 
 
 def consume_once(db: Database, grant_id: int) -> bool:
-    """Use a once-grant: True for exactly one caller, across every replica."""
+    """Use a once-grant: True for exactly one caller, across every replica. Only the winner
+    moves the change counter: the callers that lost a race changed nothing, and each replica
+    would otherwise read and apply one change per loser."""
     now = utcnow()
-    with db.change() as session:
+    with db.session() as session, session.begin():
         result = session.execute(
             covered(
                 update(Grant)
@@ -154,8 +156,11 @@ def consume_once(db: Database, grant_id: int) -> bool:
                 .values(consumed_at=now)
             )
         )
+        if rowcount(result) != 1:
+            return False
         changed(session, GRANT, grant_id)
-        return rowcount(result) == 1
+        bump(session)
+        return True
 
 
 def use(db: Database, grant_id: int) -> bool:
