@@ -104,7 +104,14 @@ UPSTREAM_REASONS = frozenset(
 )
 
 DEFAULT_PORTS = {"https": 443, "http": 80}
-LONG_LIVED = 0  # the token made by `principal add`; session tokens have ids from 1
+
+
+def long_lived(principal_id: int) -> int:
+    """The id of the token `principal add` made: minus its principal's id (session tokens have
+    ids from 1). A name removed and added again is another principal, its token another id."""
+    return -principal_id
+
+
 CANDIDATE_CACHE = 1024
 
 
@@ -244,6 +251,7 @@ class Policy:
         self.key_id = snapshot.key_id
         self._tokens = dict(snapshot.token_hashes)
         self._principal_names = dict(snapshot.principal_ids)
+        self._principal_ids = {name: pid for pid, name in snapshot.principal_ids.items()}
         self._sessions = {
             name: {t.id: t for t in found} for name, found in snapshot.sessions.items()
         }
@@ -289,12 +297,14 @@ class Policy:
         for pid in delta.principals:
             gone = self._principal_names.pop(pid, None)
             if gone is not None:
+                self._principal_ids.pop(gone, None)
                 self._tokens.pop(gone, None)
                 self._limits.pop(gone, None)
                 self._sessions.pop(gone, None)  # its tokens are in the delta with it
         for pid, principal in delta.principals.items():
             if principal is not None:
                 self._principal_names[pid] = name = principal.name
+                self._principal_ids[name] = pid
                 self._tokens[name] = principal.token_hash
                 if principal.limit is not None:
                     self._limits[name] = principal.limit
@@ -361,11 +371,11 @@ class Policy:
         return self.token_of(name, token, now or datetime.now(UTC)) is not None
 
     def token_of(self, name: str, token: str, now: datetime) -> int | None:
-        """Which live token of `name` this is (LONG_LIVED or a session's id), or None."""
+        """Which live token of `name` this is (its `long_lived` id, or a session's), or None."""
         token_hash = self._tokens.get(name)
         # Compare against a dummy when the name is unknown, so timing does not reveal names.
         if token_matches(token, token_hash or "0" * 64) and token_hash is not None:
-            return LONG_LIVED
+            return long_lived(self._principal_ids.get(name, 0))
         sessions = self._sessions.get(name)
         if sessions:
             digest = hash_token(token)
@@ -378,8 +388,8 @@ class Policy:
         """Is the token a connection authenticated with still live (not revoked, expired)?"""
         if name not in self._tokens:
             return False
-        if token_id == LONG_LIVED:
-            return True
+        if token_id < 1:  # the principal's own token: the principal it was checked against
+            return long_lived(self._principal_ids.get(name, 0)) == token_id
         session = self._sessions.get(name, {}).get(token_id)
         return session is not None and _unexpired(session, now)
 

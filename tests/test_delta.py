@@ -30,6 +30,7 @@ def view(policy: Policy) -> dict[str, Any]:
         "key_id": policy.key_id,
         "tokens": policy._tokens,
         "principal_ids": policy._principal_names,
+        "principal_by_name": policy._principal_ids,
         "limits": policy._limits,
         "sessions": {name: found for name, found in policy._sessions.items() if found},
         "session_owner": policy._session_owner,
