@@ -24,7 +24,7 @@ import trustme
 from store import validation
 from store.crypto import Secret
 from tests.e2e.conftest import CREDPROXY, NAMES, Proxy, start_proxy, stop_proxy
-from tests.e2e.raw import connect, proxy_auth
+from tests.e2e.raw import connect, exchange, proxy_auth, tunnel
 from tests.e2e.relay import Relay, pg_database
 from tests.e2e.upstream import Upstream
 
@@ -192,6 +192,34 @@ def test_changes_reach_every_replica_within_a_second(replicas, upstream: Upstrea
 
     store.remove_principal(agent)
     assert eventually(lambda: all(get_status(p, agent, token) == 407 for p in replicas))
+
+
+def test_a_principal_added_again_under_its_name_is_another_on_every_replica(
+    replicas, upstream: Upstream, grant
+):
+    """Tunnels the removed principal opened, one on each replica, end with it: the new
+    principal of the same name and its grants are not theirs."""
+    store = replicas[0].store
+    agent, old, cred, _ = grant(paths=["/v1/"])
+    request = b"GET /v1/x HTTP/1.1\r\nHost: api.test\r\n\r\n"
+    auth = proxy_auth(agent, old)
+    tunnels = [tunnel(p.port, "api.test:443", auth, "api.test", p.ca_file) for p in replicas]
+    try:
+        for tls in tunnels:
+            tls.settimeout(10)
+            assert exchange(tls, request).status == 200
+        store.remove_principal(agent)
+        new = store.add_principal(agent)
+        store.add_grant(agent, ["GET"], credential=cred, paths=["/v1/"])
+        for proxy in replicas:
+            proxy.wait_reload(timeout=3)
+        replies = [exchange(tls, request) for tls in tunnels]
+    finally:
+        for tls in tunnels:
+            tls.close()
+    assert [(r.status, r.reason) for r in replies] == [(407, "auth-required")] * 2
+    assert all(get_status(p, agent, old) == 407 for p in replicas)
+    assert all(get(p, agent, new).status_code == 200 for p in replicas)
 
 
 def readyz(proxy: Proxy) -> int:
