@@ -204,11 +204,36 @@ class PrincipalPolicy:
     # Hosts come from agents: bounded, cleared whole when full.
     _found: dict[tuple[str, int, str], tuple[Rule, ...]] = field(default_factory=dict)
 
-    @classmethod
-    def of(cls, rules: Iterable[Rule]) -> PrincipalPolicy:
-        built = cls()
-        for rule in rules:
-            built.add(rule)
+    def changed(self, changes: dict[int, Rule | None]) -> PrincipalPolicy | None:
+        """A new PrincipalPolicy: this one with `changes` (None: the grant is gone), or None
+        when no rule is left. Only the index entries of the hosts the changed rules name are
+        built again; the others are shared with this one (built lists are never changed)."""
+        rules = {**self.rules}
+        touched: set[tuple[bool, str]] = set()
+        for gid, rule in changes.items():
+            for found in (rules.pop(gid, None), rule):
+                if found is not None:
+                    touched.update(_buckets(found))
+            if rule is not None:
+                rules[gid] = rule
+        if not rules:
+            return None
+        built = PrincipalPolicy(
+            exact=defaultdict(list, self.exact),
+            wildcard=defaultdict(list, self.wildcard),
+            rules=rules,
+        )
+        for wildcard, host in touched:
+            index = built.wildcard if wildcard else built.exact
+            index[host] = [r for r in index.get(host, ()) if r.grant_id not in changes]
+        for rule in changes.values():
+            if rule is not None:
+                for wildcard, host in _buckets(rule):
+                    (built.wildcard if wildcard else built.exact)[host].append(rule)
+        for wildcard, host in touched:
+            index = built.wildcard if wildcard else built.exact
+            if not index[host]:
+                del index[host]
         return built
 
     def add(self, rule: Rule) -> None:
@@ -345,11 +370,10 @@ class Policy:
                 changed.setdefault(grant.principal, {})[gid] = _rule(grant, credential)
                 self._owner[gid] = grant.principal
         for name, rules in changed.items():
-            before = self._principals.get(name)
-            kept = {**(before.rules if before is not None else {}), **rules}
-            live = [rule for rule in kept.values() if rule is not None]
-            if live:
-                self._principals[name] = PrincipalPolicy.of(live)
+            # In time proportional to the change: a principal's other rules are shared.
+            built = self._principals.get(name, PrincipalPolicy()).changed(rules)
+            if built is not None:
+                self._principals[name] = built
             else:
                 self._principals.pop(name, None)
         if delta.coverage is not None:
@@ -485,6 +509,12 @@ class Policy:
 
     def principals(self) -> Iterable[str]:
         return self._tokens.keys()
+
+
+def _buckets(rule: Rule) -> Iterator[tuple[bool, str]]:
+    """The index entries a rule is found under: (wildcard, host or suffix)."""
+    for pattern in rule.hosts:
+        yield (True, pattern.host[1:]) if pattern.wildcard else (False, pattern.host)
 
 
 def _unexpired(session: SessionToken, now: datetime) -> bool:

@@ -514,3 +514,49 @@ def test_an_exchange_is_a_change_to_its_credential_only_when_it_seals_back(store
     policy.apply(delta)
     assert policy._credentials["j"].secret == Secret(b'{"r":"two"}')
     assert view(policy) == view(Policy(store.snapshot()))
+
+
+def test_a_change_rebuilds_only_the_index_entries_it_touches() -> None:
+    """A principal with many grants: one grant's change costs in proportion to it, the other
+    entries of the principal's index are shared (never copied, never changed)."""
+    import dataclasses
+
+    from store.grammar import parse_host
+    from store.records import Delta, GrantRecord, Snapshot
+
+    grants = tuple(
+        GrantRecord(
+            gid,
+            "agent",
+            None,
+            (parse_host(f"h{gid % 50}.example.com"), parse_host("*.x.org")),
+            frozenset({"GET"}),
+            ("/",),
+            True,
+            False,
+            None,
+        )
+        for gid in range(1, 501)
+    )
+    snapshot = Snapshot(1, "k", {"agent": "0" * 64}, {}, grants, (), principal_ids={1: "agent"})
+    policy = Policy(snapshot)
+    before = policy._principals["agent"]
+    consumed = dataclasses.replace(grants[6], consumed=True)  # on h7.example.com and *.x.org
+    added = dataclasses.replace(grants[0], id=501, hosts=(parse_host("new.example.com"),))
+    policy.apply(Delta(2, "k", 2, {}, {}, {}, {consumed.id: consumed, added.id: added, 3: None}))
+    after = policy._principals["agent"]
+    assert after is not before and not before.rules[7].consumed  # a decision's copy stands
+    assert after.rules[7].consumed and 3 not in after.rules and 501 in after.rules
+    touched = {"h7.example.com", "h3.example.com", "new.example.com"}
+    for host, rules in after.exact.items():
+        assert (rules is before.exact.get(host)) is (host not in touched), host
+    assert after.wildcard[".x.org"] is not before.wildcard[".x.org"]
+    assert view(policy) == view(
+        Policy(
+            dataclasses.replace(
+                snapshot,
+                counter=2,
+                grants=(*grants[:2], *grants[3:6], consumed, *grants[7:], added),
+            )
+        )
+    )
