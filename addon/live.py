@@ -143,6 +143,8 @@ class LivePolicy:
             if await self.call(self.store.reopen_if_replaced):
                 self._log.warning("store.replaced", db=self.store.display_url)
                 force = True
+            if await self.call(self._key_caught_up):
+                force = True
             # A forced read (a restore, SIGHUP) that failed is owed until one is served: a
             # restored store may stand at the very counter the old one had.
             self._owed = force = force or self._owed
@@ -233,6 +235,24 @@ class LivePolicy:
                 self.store.key = new_key
                 snapshot = self.store.snapshot()
         return Policy(snapshot)
+
+    def _key_caught_up(self) -> bool:
+        """Served with another key than the store's (a rotation whose key file had not reached
+        this replica when it looked): True once the key file holds the store's key, which is
+        then the one used. Looked at every poll until then, the file being small."""
+        policy, key = self.policy, self.store.key
+        if policy is None or key is None or self._reload_key is None:
+            return False
+        if policy.key_id is None or policy.key_id == key.key_id:
+            return False
+        try:
+            new_key = self._reload_key()
+        except CredproxyError:
+            return False  # the file as it stands now: looked at again at the next poll
+        if new_key.key_id != policy.key_id:
+            return False
+        self.store.key = new_key
+        return True
 
     async def _full_read(self) -> Policy:
         # The whole store: at 100,000 grants a second or more of CPU, longer on a busy host.

@@ -263,3 +263,27 @@ def test_a_restore_is_read_whole_even_when_its_first_full_read_fails(
         assert live.policy.grant_count == 0
     finally:
         live.close()
+
+
+def test_a_key_file_updated_after_the_rotation_is_picked_up_without_another_change(
+    store: Store, key: MasterKey, open_store: Callable[[MasterKey | None], Store]
+) -> None:
+    """`key rotate` commits, then moves the new key file into place (and a mounted secret may
+    take longer to reach a replica): a replica that read the old file in between must not
+    stay with every credential unreadable until the next store change."""
+    seed(store)
+    new = MasterKey.generate("new")
+    on_disk = [key]
+    live = LivePolicy(open_store(key), reload_key=lambda: on_disk[0])
+    try:
+        live.load()
+        store.rotate_key(new)
+        asyncio.run(live.poll())  # the key file still holds the old key
+        assert live.policy is not None and live.policy.unreadable == ("gh",)
+        assert live.policy.grant_count == 0
+        on_disk[0] = new  # the key file, moved into place
+        asyncio.run(live.poll())  # no store change since
+        assert live.policy.unreadable == () and live.policy.grant_count == 1
+        assert view(live.policy) == view(Policy(open_store(new).snapshot()))
+    finally:
+        live.close()
