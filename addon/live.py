@@ -166,9 +166,14 @@ class LivePolicy:
                     full_counter = policy.counter
                 else:
                     # On the event loop, between two decisions; a few rows' work.
-                    policy.apply(delta)
-                    mode, changes = mode or INCREMENTAL, delta.changes
-                    decided = delta.decisions
+                    try:
+                        policy.apply(delta)
+                    except Exception as e:  # noqa: BLE001 - fail closed, then read whole
+                        policy, mode = await self._after_failed_apply(policy, e), FULL
+                        full_counter = policy.counter
+                    else:
+                        mode, changes = mode or INCREMENTAL, delta.changes
+                        decided = delta.decisions
             if mode is not None:
                 self._install(policy, full_counter)
                 self._owed = False
@@ -195,6 +200,14 @@ class LivePolicy:
         if not self._stale_reported and self.current() is None:
             self._stale_reported = True
             self._log.error("store.stale", max_stale_s=self.max_stale)
+
+    async def _after_failed_apply(self, policy: Policy, error: Exception) -> Policy:
+        """A delta that raised half way: the policy it left is never served (requests are
+        refused store-unavailable meanwhile); the whole store is read instead."""
+        self._log.error("policy.apply_failed", error_type=type(error).__name__)
+        if policy is self.policy:
+            self.policy = None
+        return await self._full_read()
 
     async def _log_decisions(self) -> None:
         """Approvals and denials happen in the CLI; the audit stream learns of them here."""

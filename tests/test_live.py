@@ -18,7 +18,7 @@ from structlog.testing import capture_logs
 
 from addon.live import LivePolicy
 from addon.policy import Policy
-from store.crypto import MasterKey
+from store.crypto import MasterKey, Secret
 from store.errors import StoreUnavailable
 from store.models import StoreState
 from store.repository import Store
@@ -285,5 +285,44 @@ def test_a_key_file_updated_after_the_rotation_is_picked_up_without_another_chan
         asyncio.run(live.poll())  # no store change since
         assert live.policy.unreadable == () and live.policy.grant_count == 1
         assert view(live.policy) == view(Policy(open_store(new).snapshot()))
+    finally:
+        live.close()
+
+
+def test_a_delta_that_fails_half_applied_is_never_served(
+    store: Store,
+    key: MasterKey,
+    open_store: Callable[[MasterKey | None], Store],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Fail closed: a policy left half changed by an exception (its credentials rotated, its
+    rules not) is dropped at once, and the whole store read instead."""
+    from addon import policy as policy_module
+
+    seed(store)
+    live = LivePolicy(open_store(key))
+    try:
+        served = live.load()
+        store.rotate_credential("gh", Secret(b"ghp_rotated0123456789"))
+
+        def broken(*args: Any) -> Any:
+            raise RuntimeError("a bug")
+
+        monkeypatch.setattr(policy_module, "_rule", broken)
+        seen: list[Any] = []
+        build = live._build_policy
+
+        def full() -> Any:
+            seen.append(live.current())  # what requests get while the whole store is read
+            monkeypatch.undo()
+            return build()
+
+        live._build_policy = full  # type: ignore[method-assign]
+        with capture_logs() as logs:
+            asyncio.run(live.poll())
+        assert seen == [None]  # not the half-changed policy
+        assert "policy.apply_failed" in [line["event"] for line in logs]
+        assert live.policy is not served and live.current() is live.policy
+        assert view(live.policy) == view(Policy(store.snapshot()))
     finally:
         live.close()
