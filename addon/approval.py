@@ -113,7 +113,7 @@ class Holds:
         asked = {"access_request": {"id": request_id, "state": state}}
         if state == APPROVED:
             self.metrics.holds.labels("approved").inc()
-            self._still_granted(rule, principal)
+            self._still_granted(rule, step)
             return
         if state == DENIED:
             self.metrics.holds.labels("denied").inc()
@@ -199,12 +199,18 @@ class Holds:
                     if not future.done():
                         future.set_result(state)
 
-    def _still_granted(self, rule: Rule, principal: str) -> None:
-        """The grant may have gone while the request waited: it must still serve it."""
+    def _still_granted(self, rule: Rule, step: Step) -> None:
+        """The grant, or the token the request came with, may have gone while the request
+        waited: both must still serve it."""
         policy = self.live.current()
         if policy is None:
             raise Denied(Reason.STORE_UNAVAILABLE, "the policy is stale")
         now = datetime.now(UTC)
+        principal = step.principal
+        if step.token is not None and not policy.token_live(principal, step.token, now):
+            raise Denied(
+                Reason.AUTH_REQUIRED, "the token was revoked or expired while the request was held"
+            )
         current = policy.rule(rule.grant_id)
         if current is None or principal not in policy.principals():
             raise Denied(Reason.NO_GRANT, "the grant was revoked while the request was held")
