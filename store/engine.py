@@ -257,10 +257,24 @@ class Database:
 
     @contextmanager
     def reading(self) -> Iterator[Connection]:
-        """One read transaction on a plain connection, for rows that need no ORM objects."""
+        """One read-only transaction on a plain connection whose SELECTs all see one state of
+        the store, whatever commits meanwhile: REPEATABLE READ on PostgreSQL (a snapshot
+        taken at its first SELECT), an explicit read transaction on SQLite (WAL keeps its
+        snapshot; pysqlite would run each SELECT on its own). A read therefore never has to
+        start again because the store changed while it ran."""
         try:
-            with self.engine.begin() as connection:
-                yield connection
+            with self.engine.connect() as connection:
+                if connection.dialect.name == "postgresql":
+                    connection = connection.execution_options(isolation_level="REPEATABLE READ")
+                    with connection.begin():
+                        connection.exec_driver_sql("SET TRANSACTION READ ONLY")
+                        yield connection
+                else:
+                    connection.exec_driver_sql("BEGIN")
+                    try:
+                        yield connection
+                    finally:
+                        connection.exec_driver_sql("COMMIT")
         except DBAPIError as e:
             raise self.failed(e) from e
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import string
 from collections.abc import Callable
 from datetime import timedelta
@@ -358,7 +359,7 @@ def test_the_master_key_rotated_is_a_full_reload(store: Store) -> None:
 def test_a_change_committed_during_the_delta_read_is_never_half_seen(
     store: Store, key: MasterKey, open_store: Callable[[MasterKey | None], Store]
 ) -> None:
-    """As the full read: a write landing between the delta's SELECTs makes it read again."""
+    """As the full read: a write landing between the delta's SELECTs is not half seen."""
     from sqlalchemy import event
 
     store.add_principal("agent")
@@ -383,6 +384,12 @@ def test_a_change_committed_during_the_delta_read_is_never_half_seen(
     finally:
         event.remove(store.engine, "after_cursor_execute", between)
     assert fired
+    # The state at the delta's counter, whole: the grant to agent; the rest comes next.
+    assert policy.counter < store.change_counter()
+    assert list(policy._principals) == ["agent"]
+    (rule,) = policy._principals["agent"].rules.values()
+    assert rule.credential is not None and len(rule.credential.hosts) == 2
+    caught_up(store, policy)
     assert view(policy) == view(Policy(store.snapshot()))
     assert list(policy._principals) == ["intern"]
 
@@ -560,3 +567,120 @@ def test_a_change_rebuilds_only_the_index_entries_it_touches() -> None:
             )
         )
     )
+
+
+def _random_op(rng: random.Random) -> tuple[Any, ...]:
+    kind = rng.choice(
+        ["principal", "remove_principal", "limits", "token", "revoke_token", "credential"]
+        + ["rotate", "remove_credential", "grant", "grant", "grant", "revoke", "consume"]
+        + ["use", "request", "hold", "use_approval", "exchange"]
+    )
+    secret = "".join(rng.choices(string.ascii_letters, k=14)).encode()
+    return {
+        "principal": (kind, rng.choice(PRINCIPALS), rng.random() < 0.5),
+        "remove_principal": (kind, rng.choice(PRINCIPALS)),
+        "limits": (kind, rng.choice(PRINCIPALS), rng.random() < 0.5),
+        "token": (kind, rng.choice(PRINCIPALS), rng.random() < 0.5),
+        "revoke_token": (kind, rng.randrange(20)),
+        "credential": (kind, rng.choice(CREDENTIALS), secret),
+        "rotate": (kind, rng.choice(CREDENTIALS), secret),
+        "remove_credential": (kind, rng.choice(CREDENTIALS)),
+        "grant": (
+            kind,
+            rng.choice(PRINCIPALS),
+            rng.choice([None, *CREDENTIALS]),
+            rng.choice(["standing", "once", "uses"]),
+            rng.choice(["none", "future"]),
+        ),
+        "revoke": (kind, rng.randrange(40)),
+        "consume": (kind, rng.randrange(40)),
+        "use": (kind, rng.randrange(40)),
+        "request": (kind, rng.choice(PRINCIPALS), rng.random() < 0.5),
+        "hold": (kind, rng.choice(PRINCIPALS), rng.choice(["approve", "counted", "deny"])),
+        "use_approval": (kind, rng.randrange(10)),
+        "exchange": (kind, "pypi", secret, rng.random() < 0.5),
+    }[kind]
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_deltas_read_while_another_replica_writes_add_up_to_a_full_reload(
+    store: Store, key: MasterKey, open_store: Callable[[MasterKey | None], Store], seed: int
+) -> None:
+    """Real interleavings: one thread writes, a replica reads deltas (or the whole store,
+    when the log cannot say) as fast as it can; once the writes stop and it has caught up,
+    its policy is the full reload's."""
+    import threading
+
+    replica = open_store(key)
+    policy = Policy(replica.snapshot())
+    done = threading.Event()
+    failures: list[BaseException] = []
+
+    def write() -> None:
+        rng = random.Random(seed)
+        try:
+            for _ in range(300):
+                try:
+                    _apply_op(store, _random_op(rng))
+                except CredproxyError:
+                    pass
+        except BaseException as e:  # surfaced below
+            failures.append(e)
+        finally:
+            done.set()
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    applied = full = 0
+    while True:
+        finished = done.is_set()
+        delta = replica.delta(policy.counter)
+        if delta is None:
+            policy, full = Policy(replica.snapshot()), full + 1
+        else:
+            policy.apply(delta)
+            applied += 1
+        if finished and policy.counter == replica.change_counter():
+            break
+    writer.join()
+    assert failures == []
+    assert applied > 1
+    assert view(policy) == view(Policy(replica.snapshot()))
+
+
+@pytest.mark.parametrize("read", ["full", "delta"])
+def test_a_read_under_writes_that_never_stop_is_one_consistent_state(
+    store: Store, key: MasterKey, open_store: Callable[[MasterKey | None], Store], read: str
+) -> None:
+    """A write lands between the SELECTs of every read, as under a steady stream of changes
+    at 100,000 grants (a full read takes seconds): the read must still finish, as the one
+    state of the store at its counter, not give up (every replica would go stale)."""
+    from sqlalchemy import event
+
+    seed(store)
+    store.add_principal("intern")
+    replica = open_store(key)
+    policy = Policy(replica.snapshot())
+    store.add_grant("agent", ["POST"], credential="gh")
+    other = open_store(key)
+    states = {store.change_counter(): view(Policy(store.snapshot()))}
+    writes: list[int] = []
+
+    def between(conn, cursor, statement, *args) -> None:  # type: ignore[no-untyped-def]
+        if "FROM grants" in statement and len(writes) < 20:
+            # Another shell, meanwhile: a grant to intern; the state it leaves is kept.
+            writes.append(other.add_grant("intern", ["GET"], credential="gh"))
+            states[other.change_counter()] = view(Policy(other.snapshot()))
+
+    event.listen(replica.engine, "after_cursor_execute", between)
+    try:
+        if read == "full":
+            policy = Policy(replica.snapshot())
+        else:
+            delta = replica.delta(policy.counter)
+            assert delta is not None
+            policy.apply(delta)
+    finally:
+        event.remove(replica.engine, "after_cursor_execute", between)
+    assert writes
+    assert view(policy) == states[policy.counter]
