@@ -346,6 +346,8 @@ def bump(session: Session) -> int:
         )
     ).scalar_one()
     rows = {(kind, row if isinstance(row, int) else row.id) for kind, row in noted}
+    if any(kind == ALL for kind, _ in rows):
+        rows = {(ALL, 0)}  # everything: the rows beside it say no more
     session.execute(
         insert(ChangeLog),
         [{"counter": counter, "kind": k, "row_id": i} for k, i in sorted(rows or {(ALL, 0)})],

@@ -684,3 +684,15 @@ def test_a_read_under_writes_that_never_stop_is_one_consistent_state(
         event.remove(replica.engine, "after_cursor_execute", between)
     assert writes
     assert view(policy) == states[policy.counter]
+
+
+def test_a_change_logged_as_all_is_one_row(store: Store) -> None:
+    seed(store)
+    store.add_credential("pypi", "bearer", ["pypi.org"], SECRET)
+    counter = store.change_counter()
+    store.rotate_key(MasterKey.generate("new"))  # every credential re-sealed, and the key's row
+    with store.db.reading() as connection:
+        rows = connection.execute(
+            select(ChangeLog.kind, ChangeLog.row_id).where(ChangeLog.counter > counter)
+        ).all()
+    assert [tuple(r) for r in rows] == [("all", 0)]
