@@ -20,7 +20,7 @@ from addon.live import LivePolicy
 from addon.policy import Policy
 from store.crypto import MasterKey, Secret
 from store.errors import StoreUnavailable
-from store.models import StoreState
+from store.models import StoreState, utcnow
 from store.repository import Store
 from tests.stores import seed
 from tests.test_delta import view
@@ -323,6 +323,34 @@ def test_a_delta_that_fails_half_applied_is_never_served(
         assert seen == [None]  # not the half-changed policy
         assert "policy.apply_failed" in [line["event"] for line in logs]
         assert live.policy is not served and live.current() is live.policy
+        assert view(live.policy) == view(Policy(store.snapshot()))
+    finally:
+        live.close()
+
+
+def test_a_store_restored_in_place_to_an_earlier_counter_is_read_whole(
+    store: Store, key: MasterKey, open_store: Callable[[MasterKey | None], Store]
+) -> None:
+    """A PostgreSQL restore (or an SQLite file restored into the same inode) takes the
+    counter back: nothing in the log can be applied to the replica's policy."""
+    from sqlalchemy import delete as sql_delete
+
+    from store.models import ChangeLog, Grant
+
+    grant = seed(store)
+    counter = store.change_counter()
+    added = store.add_grant("agent", ["POST"], credential="gh")
+    live = LivePolicy(open_store(key))
+    try:
+        live.load()
+        with store.engine.begin() as connection:  # the backup, as of `counter`, minus a grant
+            connection.execute(sql_delete(ChangeLog).where(ChangeLog.counter > counter))
+            connection.execute(sql_delete(Grant).where(Grant.id == added))
+            connection.execute(update(Grant).where(Grant.id == grant).values(revoked_at=utcnow()))
+            connection.execute(update(StoreState).values(change_counter=counter))
+        (line,) = _poll(live)
+        assert line["mode"] == "full"
+        assert live.policy is not None and live.policy.grant_count == 0
         assert view(live.policy) == view(Policy(store.snapshot()))
     finally:
         live.close()
