@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 PROMETHEUS = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -16,16 +17,22 @@ class AdminServer:
         self,
         host: str,
         port: int,
-        ready: Callable[[], tuple[bool, dict[str, object]]],
-        metrics: Callable[[], bytes],
+        ready: Callable[[], tuple[bool, dict[str, object]]]
+        | Callable[[], Awaitable[tuple[bool, dict[str, object]]]],
+        metrics: Callable[[], bytes] | Callable[[], Awaitable[bytes]],
+        path: str | None = None,
     ):
         self.host = host
         self.port = port
+        self.path = path  # a Unix socket instead: a worker's, for its supervisor only
         self._ready = ready
         self._metrics = metrics
         self._server: asyncio.Server | None = None
 
     async def start(self) -> tuple[str, int]:
+        if self.path is not None:
+            self._server = await asyncio.start_unix_server(self._handle, self.path)
+            return self.path, 0
         self._server = await asyncio.start_server(self._handle, self.host, self.port)
         host, port = self._server.sockets[0].getsockname()[:2]
         return str(host), int(port)
@@ -41,9 +48,11 @@ class AdminServer:
             method, target = head.split(b"\r\n", 1)[0].split(b" ")[:2]
             path = target.split(b"?", 1)[0]
             if method == b"GET" and path == b"/metrics":
-                status, payload, kind = 200, self._metrics(), PROMETHEUS
+                metrics = self._metrics()
+                payload = await metrics if inspect.isawaitable(metrics) else metrics
+                status, kind = 200, PROMETHEUS
             else:
-                status, body = self._route(method, path)
+                status, body = await self._route(method, path)
                 payload, kind = json.dumps(body).encode(), "application/json"
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, ValueError):
             status, payload, kind = 400, b'{"error": "bad request"}', "application/json"
@@ -58,12 +67,13 @@ class AdminServer:
         finally:
             writer.close()
 
-    def _route(self, method: bytes, path: bytes) -> tuple[int, dict[str, object]]:
+    async def _route(self, method: bytes, path: bytes) -> tuple[int, dict[str, object]]:
         if method != b"GET":
             return 405, {"error": "method not allowed"}
         if path == b"/healthz":
             return 200, {"status": "ok"}
         if path == b"/readyz":
-            ready, detail = self._ready()
+            answer = self._ready()
+            ready, detail = await answer if inspect.isawaitable(answer) else answer
             return (200 if ready else 503), {"status": "ready" if ready else "not ready", **detail}
         return 404, {"error": "not found"}

@@ -82,7 +82,14 @@ class RoleSession:
     async def ensure(self) -> Temporary:
         """Valid keys, fetched first if there are none. Raises: Unavailable."""
         if self.now() is None:
-            await asyncio.shield(self._renewal())
+            task = self._renewal()
+            try:
+                await asyncio.shield(task)
+            except asyncio.CancelledError:
+                if not task.cancelled():
+                    raise  # this request itself was cancelled
+                # The credential was rotated or removed while its keys were fetched.
+                raise Unavailable(self.name) from None
         found = self.now()
         if found is None:
             raise Unavailable(self.name)

@@ -296,6 +296,8 @@ class AuditWriter:
 
 _writer: AuditWriter | None = None
 _pre_processors: list[Processor] = []
+# A worker of `run --workers N`: the supervisor's own stream state, which it relays to us.
+_relay = OK
 
 
 def emit(event: str, fields: dict[str, Any]) -> None:
@@ -323,12 +325,26 @@ def emit(event: str, fields: dict[str, Any]) -> None:
 
 def writable() -> bool:
     """False while the audit stream cannot take lines: requests must then be refused."""
-    return _writer is None or _writer.writable
+    return _relay == OK and (_writer is None or _writer.writable)
 
 
 def state() -> str:
     """`ok`, `backlog` (over QUEUE_LIMIT waiting) or `failing` (the last write failed)."""
+    if _relay != OK:
+        return _relay
     return OK if _writer is None else _writer.state
+
+
+def relay(line: str) -> None:
+    """Queue a line already rendered elsewhere (a worker's), ending in a newline."""
+    if _writer is not None:
+        _writer.add(line)
+
+
+def relay_state(value: str) -> None:
+    """A worker's audit stream ends at the supervisor's: its state counts as ours."""
+    global _relay
+    _relay = value if value in (OK, BACKLOG, FAILING) else FAILING
 
 
 def queued_bytes() -> int:

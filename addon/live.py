@@ -274,8 +274,8 @@ class LivePolicy:
     def _install(self, policy: Policy, full_counter: int | None) -> None:
         """Serve `policy`; `full_counter`: the counter of the full read it was built from."""
         self.policy = policy
-        # Tokens minted with a credential since rotated or removed are dropped now.
-        TOKENS.retain(policy.fingerprints)
+        # Tokens minted with a credential since rotated, removed or changed are dropped now.
+        TOKENS.retain(policy.token_versions)
         self.last_ok = time.monotonic()
         if full_counter is not None:
             self._full_at, self._full_counter = self.last_ok, full_counter

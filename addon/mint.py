@@ -17,16 +17,21 @@ agent's request.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
+import socket
 import ssl
+import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import certifi
 import urllib3
+import urllib3.connection
 
 from addon import audit
+from store.mintspec import token_version
 
 if TYPE_CHECKING:
     from store.records import CredentialRecord
@@ -44,6 +49,9 @@ TIMEOUT = 10.0
 MAX_ANSWER = 64 * 1024
 
 Dial = Callable[[str, int], Awaitable[tuple[str, int]]]
+
+
+CHANGED = "the credential changed while its token was minted"
 
 
 class Unavailable(Exception):
@@ -98,6 +106,47 @@ class Answer(NamedTuple):
 Post = Callable[[str, bytes, dict[str, str]], Answer]
 
 
+class _Deadline:
+    """Shuts the call's connection down when TIMEOUT has passed since it began, TLS
+    handshake included: urllib3's timeouts bound each read, so an endpoint that drips its
+    answer a byte at a time would otherwise hold the call (and every request waiting on the
+    mint, and an oauth2-refresh row lock) for as long as it likes."""
+
+    def __init__(self) -> None:
+        self.sockets: list[socket.socket] = []
+        self.passed = False
+        self._lock = threading.Lock()
+        self._timer = threading.Timer(TIMEOUT, self._cut)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def watch(self, sock: socket.socket) -> None:
+        with self._lock:
+            self.sockets.append(sock)
+            if not self.passed:
+                return
+        _shut(sock)
+
+    def _cut(self) -> None:
+        with self._lock:
+            self.passed = True
+            found = list(self.sockets)
+        for sock in found:
+            _shut(sock)
+
+    def cancel(self) -> None:
+        self._timer.cancel()
+        with self._lock:
+            found, self.sockets = self.sockets, []
+        for sock in found:
+            sock.close()
+
+
+def _shut(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+
+
 def https_call(
     address: tuple[str, int],
     host: str,
@@ -109,8 +158,19 @@ def https_call(
     headers: dict[str, str],
 ) -> Answer:
     """One request to a credproxy-side endpoint (in a thread): the dialled address, the name
-    for SNI and certificate, at most MAX_ANSWER bytes read. Raises on any failure."""
+    for SNI and certificate, at most MAX_ANSWER bytes read, TIMEOUT for the whole call.
+    Raises on any failure (TimeoutError when the time ran out)."""
     context = ssl.create_default_context(cafile=cafile or certifi.where())
+    deadline = _Deadline()
+
+    class Connection(urllib3.connection.HTTPSConnection):
+        def _new_conn(self) -> socket.socket:
+            sock = super()._new_conn()
+            # A duplicate of its descriptor: shutting it down ends the connection however
+            # it is wrapped (TLS takes the socket over), and it is ours to close.
+            deadline.watch(sock.dup())
+            return sock
+
     pool = urllib3.HTTPSConnectionPool(
         address[0],
         address[1],
@@ -120,16 +180,33 @@ def https_call(
         timeout=urllib3.Timeout(TIMEOUT),
         retries=False,
     )
-    sent = {"Host": host if port == 443 else f"{host}:{port}", **headers}
+    pool.ConnectionCls = Connection
+    name = f"[{host}]" if ":" in host else host  # an IPv6 address, bracketed
+    sent = {
+        "Host": name if port == 443 else f"{name}:{port}",
+        "Accept-Encoding": "identity",
+        **headers,
+    }
     try:
         answer = pool.urlopen(
             method, target, body=body, headers=sent, preload_content=False, redirect=False
         )
-        data = answer.read(MAX_ANSWER + 1)
+        encoding = answer.headers.get("content-encoding", "identity").strip().lower()
+        if encoding not in ("identity", ""):
+            # Never inflated: urllib3 before 2.6 inflated a whole read at once.
+            raise MintFailed("the token endpoint's answer is compressed, which was not asked")
+        data = answer.read(MAX_ANSWER + 1, decode_content=False)
         if len(data) > MAX_ANSWER:
             raise MintFailed(f"the token endpoint's answer exceeds {MAX_ANSWER} bytes")
+        if deadline.passed:
+            raise TimeoutError
         return Answer(answer.status, dict(answer.headers.items()), data)
+    except Exception:
+        if deadline.passed:
+            raise TimeoutError from None
+        raise
     finally:
+        deadline.cancel()
         pool.close()
 
 
@@ -142,6 +219,9 @@ class Minter(Protocol):
     def secrets(self) -> tuple[bytes, ...]: ...
 
     def mint(self, post: Post) -> Token: ...
+
+    def refused(self, token: Token) -> None:
+        """The upstream refused `token`: a later mint must not hand it back."""
 
 
 class TokenSession:
@@ -160,6 +240,7 @@ class TokenSession:
         self._failure = "no token yet"
         self._dropped_at = -COOLDOWN
         self.mints = 0
+        self.closed = False  # rotated or removed: never mints again
 
     def __repr__(self) -> str:
         return f"TokenSession({self.name!r})"
@@ -168,12 +249,14 @@ class TokenSession:
         """The token to stamp, if it is usable for a while yet (a request is using it)."""
         self._used = time.monotonic()
         current = self.current
-        if current is None or time.monotonic() >= current.usable_until:
+        if current is None or self.closed or time.monotonic() >= current.usable_until:
             return None
         return current
 
     async def ensure(self) -> Token:
         """A usable token, minted first if there is none. Raises: Unavailable."""
+        if self.closed:
+            raise Unavailable(CHANGED)
         if self.now() is None:
             if time.monotonic() < self._retry_at:
                 raise Unavailable(self._failure)  # backing off: the endpoint is not asked
@@ -183,7 +266,7 @@ class TokenSession:
             except asyncio.CancelledError:
                 if not task.cancelled():
                     raise  # this request itself was cancelled
-                raise Unavailable("the credential changed while its token was minted") from None
+                raise Unavailable(CHANGED) from None
         found = self.now()
         if found is None:
             raise Unavailable(self._failure)
@@ -197,6 +280,7 @@ class TokenSession:
             return
         self._dropped_at = now
         self.current = None
+        self.minter.refused(stamped)
         audit.logger().warning(
             "token.dropped",
             credential=self.name,
@@ -205,6 +289,7 @@ class TokenSession:
         )
 
     def close(self) -> None:
+        self.closed = True
         if self._timer is not None:
             self._timer.cancel()
         if self._task is not None:
@@ -215,6 +300,10 @@ class TokenSession:
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._renew())
         return self._task
+
+    def _refresh(self) -> None:
+        if not self.closed:
+            self._renewal()
 
     async def _renew(self) -> None:
         loop = asyncio.get_running_loop()
@@ -274,8 +363,8 @@ class TokenSession:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        if time.monotonic() - self._used < IDLE:
-            self._timer = loop.call_later(delay, self._renewal)
+        if not self.closed and time.monotonic() - self._used < IDLE:
+            self._timer = loop.call_later(delay, self._refresh)
 
 
 class Tokens:
@@ -287,12 +376,20 @@ class Tokens:
         self.cafile: str | None = None
         self.vault: Any = None  # the store, for schemes that seal state back (oauth2-refresh)
         self.count: Callable[[str, str], None] = lambda credential, outcome: None
-        self._sessions: dict[str, tuple[tuple[Any, ...], TokenSession]] = {}
+        self._sessions: dict[str, tuple[str, TokenSession]] = {}
+        self._live: Mapping[str, str] | None = None  # name -> token_version, at the last reload
+
 
     def get(self, credential: CredentialRecord) -> TokenSession:
         from addon.minters import minter_for
 
-        key = (credential.fingerprint, credential.scheme, repr(sorted(credential.options.items())))
+        key = token_version(credential)
+        if self._live is not None and self._live.get(credential.name) != key:
+            # A request holding a record from before a rotation or removal: it gets a closed
+            # session (no token), and never displaces the live credential's.
+            stale = TokenSession(credential.name, minter_for(credential, self), self)
+            stale.close()
+            return stale
         found = self._sessions.get(credential.name)
         if found is not None and found[0] == key:
             return found[1]
@@ -303,9 +400,12 @@ class Tokens:
         return session
 
     def retain(self, live: Mapping[str, str]) -> None:
-        """Keep only the sessions of these credentials (name -> fingerprint)."""
+        """Keep only the sessions of these credentials as they are now (name ->
+        token_version): rotated, removed, or with other settings (apply), a session is
+        dropped."""
+        self._live = dict(live)
         for name, (key, session) in list(self._sessions.items()):
-            if live.get(name) != key[0]:
+            if live.get(name) != key:
                 held = session.current
                 session.close()
                 del self._sessions[name]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import re
 import time
 from datetime import datetime
@@ -23,8 +24,11 @@ if TYPE_CHECKING:
     from addon.mint import Minter, Tokens
     from store.records import CredentialRecord
 
-# What may go into a header after the prefix, as the endpoint gave it.
-_TOKEN = re.compile(r"[\x21-\x7e]{1,8192}")
+# What may go into a header after the prefix, as the endpoint gave it: long enough for the
+# redactor to find it (it ignores secrets under 4 bytes), no space or control character.
+_TOKEN = re.compile(r"[\x21-\x7e]{8,8192}")
+_SECONDS = re.compile(r"[0-9]{1,12}")
+MAX_LIFETIME = 86400.0  # a longer lifetime is read as a day: the token is minted again daily
 # OAuth error codes named in a refusal's detail: the registered ones (RFC 6749 §4.1.2.1, §5.2,
 # RFC 6750, RFC 8628, RFC 8693, RFC 8707, RFC 9449), never other text of the endpoint's,
 # which could echo what it was sent.
@@ -104,14 +108,22 @@ def bearer(data: dict[str, Any]) -> Token:
     kind = data.get("token_type", "bearer")
     if not isinstance(kind, str) or kind.lower() != "bearer":
         raise MintFailed("the token endpoint's answer is not a bearer token")
-    lifetime = data.get("expires_in")
-    if isinstance(lifetime, str) and lifetime.isdigit():
-        lifetime = int(lifetime)
-    if lifetime is not None and (
-        isinstance(lifetime, bool) or not isinstance(lifetime, int | float) or lifetime <= 0
-    ):
+    return token(value, _lifetime(data.get("expires_in")))
+
+
+def _lifetime(given: Any) -> float | None:
+    """expires_in as seconds: a positive finite number, or digits; at most MAX_LIFETIME.
+    Python's json reads NaN and Infinity: a NaN lifetime never expired, and re-minted at
+    once, forever."""
+    if given is None:
+        return None
+    if isinstance(given, str) and _SECONDS.fullmatch(given):
+        given = int(given)
+    if isinstance(given, bool) or not isinstance(given, int | float):
         raise MintFailed("the token endpoint's answer has no usable expires_in")
-    return token(value, lifetime)
+    if (isinstance(given, float) and not math.isfinite(given)) or given <= 0:
+        raise MintFailed("the token endpoint's answer has no usable expires_in")
+    return float(min(given, MAX_LIFETIME))
 
 
 def _form(fields: dict[str, str]) -> bytes:
@@ -154,6 +166,9 @@ class OAuth2Client:
     def __repr__(self) -> str:
         return "OAuth2Client([secure])"
 
+    def refused(self, token: Token) -> None:
+        pass  # each mint asks the endpoint
+
     def secrets(self) -> tuple[bytes, ...]:
         return (self._secret.encode(),)
 
@@ -183,6 +198,9 @@ class GoogleServiceAccount:
 
     def __repr__(self) -> str:
         return "GoogleServiceAccount([secure])"
+
+    def refused(self, token: Token) -> None:
+        pass  # each mint asks the endpoint
 
     def secrets(self) -> tuple[bytes, ...]:
         return (self._pem.encode(), json.dumps(self._pem)[1:-1].encode())
@@ -229,6 +247,9 @@ class GitHubApp:
     def __repr__(self) -> str:
         return "GitHubApp([secure])"
 
+    def refused(self, token: Token) -> None:
+        pass  # each mint asks the endpoint
+
     def secrets(self) -> tuple[bytes, ...]:
         return (self._pem.encode(), json.dumps(self._pem)[1:-1].encode())
 
@@ -258,7 +279,7 @@ class GitHubApp:
             raise MintFailed("the GitHub API's answer has no usable expires_at") from None
         if lifetime <= time.time():
             raise MintFailed("the GitHub API's token has expired already")
-        return token(value, lifetime - time.time())
+        return token(value, min(lifetime - time.time(), MAX_LIFETIME))
 
 
 def minter_for(credential: CredentialRecord, tokens: Tokens) -> Minter:

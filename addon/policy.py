@@ -17,6 +17,7 @@ from urllib.parse import unquote_to_bytes
 from addon.stamping import Stamp
 from store.crypto import Secret, hash_token, token_matches
 from store.grammar import HostPattern, Rate, path_matches
+from store.mintspec import token_version
 from store.records import (
     TOMBSTONE_RETENTION,
     Coverage,
@@ -307,9 +308,10 @@ class Policy:
         return tuple(sorted(self._unreadable))
 
     @property
-    def fingerprints(self) -> dict[str, str]:
-        """Each readable credential's fingerprint: tokens minted with another are dropped."""
-        return {name: c.fingerprint for name, c in self._credentials.items()}
+    def token_versions(self) -> dict[str, str]:
+        """Each readable credential's token_version (secret fingerprint, scheme, settings):
+        tokens minted for another are dropped."""
+        return {name: token_version(c) for name, c in self._credentials.items()}
 
     def _path_secrets(self) -> tuple[Secret, ...]:
         # Secrets that go in a path (--scheme path): a target carrying one is refused by the

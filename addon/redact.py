@@ -3,6 +3,12 @@
 Each form of a secret (as sent, and its base64 forms) is matched however it is escaped: every
 byte may appear literally, percent-encoded with either hex case (`+` for a space), or as a JSON
 escape (`\\u00hh`, `\\/`, `\\"` ...), each byte independently.
+
+A body is first sieved: an encoded form holds either a form's text whole (found with
+`bytes.find`) or at least one escape (found with a regex led by the escape's first byte, which
+the regex engine skips to in a tight loop; backslashes read as percent signs, so that one pass
+finds JSON and URL escapes). Only the neighbourhood of what the sieve finds is
+searched with the full pattern, and only a hit there makes the whole body go through it.
 """
 
 from __future__ import annotations
@@ -14,6 +20,8 @@ import zlib
 from collections.abc import Callable, Sequence
 
 MARK = b"[REDACTED]"
+# The sieve reads backslashes as percent signs: JSON and URL escapes then share one lead byte.
+FOLD = (b"\\", b"%")
 # Re-matching after a substitution ends within a few passes unless a form lives inside MARK.
 MAX_PASSES = 8
 _JSON_SHORT = {0x22: b'\\"', 0x5C: b"\\\\", 0x2F: b"\\/", 8: b"\\b", 12: b"\\f", 10: b"\\n"}
@@ -94,24 +102,86 @@ def _starts(byte: int) -> frozenset[int]:
     return frozenset(e[0] for e in encodings(byte))
 
 
+def _class(chars: set[int]) -> bytes:
+    return b"[" + b"".join(re.escape(bytes((c,))) for c in sorted(chars)) + b"]"
+
+
+def _literals(needles: list[bytes]) -> tuple[bytes, ...]:
+    """Texts of which every needle holds one: a needle written literally contains its text.
+
+    A needle without its base64 padding is still one (a prefix of it); one text that holds
+    another is redundant.
+    """
+    texts = {n.rstrip(b"=") or n for n in needles}
+    return tuple(sorted(t for t in texts if not any(o != t and o in t for o in texts)))
+
+
+def _exactly(texts: set[bytes]) -> bytes:
+    """A regex matching exactly `texts`: heads that share their continuations share a class."""
+    if texts == {b""}:
+        return b""
+    after: dict[int, set[bytes]] = {}
+    for text in texts - {b""}:
+        after.setdefault(text[0], set()).add(text[1:])
+    heads: dict[frozenset[bytes], set[int]] = {}
+    for head, rest in after.items():
+        heads.setdefault(frozenset(rest), set()).add(head)
+    branches = sorted(_class(h) + _exactly(set(rest)) for rest, h in heads.items())
+    out = branches[0] if len(branches) == 1 else b"(?:" + b"|".join(branches) + b")"
+    return b"(?:" + out + b")?" if b"" in texts else out
+
+
+def _escapes(needles: list[bytes]) -> tuple[tuple[bytes, re.Pattern[bytes]], ...]:
+    """Per escape's first byte, a regex matching exactly the escapes of the needles' bytes,
+    in a chunk whose backslashes were replaced by percent signs (FOLD).
+
+    Folded, `%hh`, `\\u00hh` and `\\/` all begin with `%`: one pass finds them all. Each regex
+    is led by a literal byte, which the regex engine skips to in a tight loop.
+    """
+    by_lead: dict[bytes, set[bytes]] = {}
+    for byte in {b for n in needles for b in n}:
+        for e in encodings(byte)[1:]:
+            e = e.replace(*FOLD)
+            by_lead.setdefault(e[:1], set()).add(e[1:])
+    return tuple(
+        (lead, re.compile(re.escape(lead) + _exactly(rest)))
+        for lead, rest in sorted(by_lead.items())
+    )
+
+
 @functools.lru_cache(maxsize=4096)
 def _compile(secrets: tuple[bytes, ...]) -> _Compiled | None:
     """Built once per secret, not per request: the hot path only scans."""
     needles = sorted({f for s in secrets for f in forms(s)}, key=len, reverse=True)
     if not needles:
         return None
-    first = sorted(set().union(*(_starts(n[0]) for n in needles)))
-    char_class = b"[" + b"".join(re.escape(bytes((c,))) for c in first) + b"]"
+    char_class = _class(set().union(*(_starts(n[0]) for n in needles)))
     # Led by a character class, so that the regex engine skips ahead to a possible first
     # byte instead of trying every form at every offset; the lookbehinds then say which.
     pattern = re.compile(char_class + _tree(needles, 0))
     starts = re.compile(char_class)
     longest = max(sum(max(map(len, encodings(b))) for b in n) for n in needles)
-    return _Compiled(needles, pattern, starts, longest, len(needles[-1]))
+    alphabet = bytes(sorted({c for n in needles for b in n for e in encodings(b) for c in e}))
+    return _Compiled(needles, pattern, starts, longest, len(needles[-1]), alphabet)
+
+
+# The longest escape (`\\u00hh`): a sieve hit inside one that the regex skipped past lies this
+# close to the hit it reported.
+_ESCAPE_MAX = max(len(e) for b in range(256) for e in encodings(b))
 
 
 class _Compiled:
-    __slots__ = ("needles", "pattern", "starts", "longest", "shortest")
+    __slots__ = (
+        "needles",
+        "pattern",
+        "starts",
+        "longest",
+        "shortest",
+        "alphabet",
+        "literals",
+        "escapes",
+        "reach",
+    )
 
     def __init__(
         self,
@@ -120,9 +190,48 @@ class _Compiled:
         starts: re.Pattern[bytes],
         longest: int,
         shortest: int,
+        alphabet: bytes,
     ) -> None:
         self.needles, self.pattern, self.starts = needles, pattern, starts
         self.longest, self.shortest = longest, shortest
+        # Every byte any encoding of any needle is written with.
+        self.alphabet = alphabet
+        self.literals = _literals(needles)
+        self.escapes = _escapes(needles)
+        self.reach = longest + _ESCAPE_MAX
+
+    def suspect(self, data: bytes) -> bool:
+        """May `data` hold an encoded form? False only when the pattern cannot match.
+
+        Every match holds a sieve hit (a literal text or an escape) and is at most `longest`
+        long, so it lies within `reach` of a reported hit: only those windows are searched.
+        """
+        hits = []
+        for text in self.literals:
+            at = data.find(text)
+            while at >= 0:
+                hits.append(at)
+                at = data.find(text, at + 1)
+        # Byte for byte, so positions hold; without a backslash, `data` itself (memchr).
+        folded = data.replace(*FOLD)
+        for lead, escape in self.escapes:
+            if lead in folded:  # memchr again: plain text skips the pass
+                hits += [m.start() for m in escape.finditer(folded)]
+        if not hits:
+            return False
+        if len(hits) * self.reach > len(data):
+            # Windows as wide as the data: one search beats one per window.
+            return self.pattern.search(data) is not None
+        hits.sort()
+        reach, search = self.reach, self.pattern.search
+        lo, hi = max(0, hits[0] - reach), hits[0] + reach
+        for at in hits:
+            if at - reach > hi:
+                if search(data, lo, hi):
+                    return True
+                lo = at - reach
+            hi = at + reach
+        return search(data, lo, hi) is not None
 
 
 def _begins(data: bytes, pos: int, needle: bytes) -> bool:
@@ -161,6 +270,8 @@ class Redactor:
 
     def _sub(self, data: bytes) -> bytes:
         assert self._c is not None
+        if not self._c.suspect(data):
+            return data
         pattern = self._c.pattern
         for _ in range(MAX_PASSES):
             data, n = pattern.subn(MARK, data)
@@ -177,7 +288,12 @@ class Redactor:
         c = self._c
         if c is None:
             return 0
-        for m in c.starts.finditer(data, max(0, len(data) - c.longest + 1)):
+        # A suffix that begins an encoded form is written in the forms' alphabet only.
+        tail = data[max(0, len(data) - c.longest + 1) :]
+        run = len(tail) - len(tail.rstrip(c.alphabet))
+        if not run:
+            return 0
+        for m in c.starts.finditer(data, len(data) - run):
             at = m.start()
             if any(_begins(data, at, n) for n in c.needles):
                 return len(data) - at

@@ -9,6 +9,7 @@ a provider that invalidates a refresh token on use sees each one once.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import time
@@ -24,7 +25,9 @@ if TYPE_CHECKING:
 
 _REFRESH = re.compile(r"[\x21-\x7e]{1,4096}")
 # Sealed beside the refresh token: the access token it last gave, for the other replicas.
-SHARED = ("access_token", "access_issued", "access_expires")
+# `access_for` names the settings it was minted for: after `apply` changed the scope or the
+# token URL (the secret untouched), a token minted for the old ones is never taken up again.
+SHARED = ("access_token", "access_issued", "access_expires", "access_for")
 
 
 class OAuth2Refresh:
@@ -41,9 +44,15 @@ class OAuth2Refresh:
         self._auth: str = options.get("client_auth", default)
         self._scope = " ".join(options.get("scope", ()))
         self._vault = tokens.vault
+        self._refused: str | None = None  # the access token an upstream answered 401 to
+        settings = [options["token_url"], self._scope, self._auth, self._id]
+        self._for = hashlib.sha256(json.dumps(settings).encode()).hexdigest()[:16]
 
     def __repr__(self) -> str:
         return "OAuth2Refresh([secure])"
+
+    def refused(self, token: Token) -> None:
+        self._refused = token.value.decode("ascii")
 
     def secrets(self) -> tuple[bytes, ...]:
         found = (self._secret, self._refresh)
@@ -51,10 +60,16 @@ class OAuth2Refresh:
 
     def mint(self, post: Post) -> Token:
         if self._vault is None:  # no store (unit tests): the refresh token lives in memory
-            fresh, updated = self._exchange(post, {"refresh_token": self._refresh})
-            return fresh
+            found, _ = self._exchange(post, {"refresh_token": self._refresh})
+        else:
+            found = self._sealing(post)
+        if isinstance(found, MintFailed):
+            raise found  # what was rotated is sealed already
+        return found
+
+    def _sealing(self, post: Post) -> Token | MintFailed:
         try:
-            found: Token = self._vault.exchange_credential(
+            found: Token | MintFailed = self._vault.exchange_credential(
                 self.name,
                 self._fingerprint,
                 lambda data: self._exchange(post, data),
@@ -66,13 +81,22 @@ class OAuth2Refresh:
             raise MintFailed("the store did not answer: the refresh token stays sealed") from e
         return found
 
-    def _exchange(self, post: Post, data: dict[str, Any]) -> tuple[Token, dict[str, Any] | None]:
-        """One refresh with the refresh token `data` holds; what to seal back, if anything."""
+    def _exchange(
+        self, post: Post, data: dict[str, Any]
+    ) -> tuple[Token | MintFailed, dict[str, Any] | None]:
+        """One refresh with the refresh token `data` holds; what to seal back, if anything.
+        An answer that rotates the refresh token but gives no usable access token still has
+        the new refresh token sealed (the old one is spent): the failure is returned, to be
+        raised once that is committed."""
         self._refresh = data["refresh_token"]
         now = time.time()
         shared = data.get("access_token")
-        if shared and now < data["access_issued"] + REFRESH_AT * (
-            data["access_expires"] - data["access_issued"]
+        if (
+            shared
+            and shared != self._refused
+            and data.get("access_for") == self._for
+            and now
+            < data["access_issued"] + REFRESH_AT * (data["access_expires"] - data["access_issued"])
         ):
             return token(shared, data["access_expires"] - now), None  # another replica's
         form = {"grant_type": "refresh_token", "refresh_token": self._refresh}
@@ -80,7 +104,6 @@ class OAuth2Refresh:
             form["scope"] = self._scope
         headers = FORM | client_auth(self._auth, self._id, self._secret, form)
         answer = _json(post(self._endpoint.target, _form(form), headers))
-        fresh = bearer(answer)
         rotated = answer.get("refresh_token")
         if rotated is not None and (
             not isinstance(rotated, str) or not _REFRESH.fullmatch(rotated)
@@ -88,10 +111,18 @@ class OAuth2Refresh:
             raise MintFailed("the token endpoint's answer has no usable refresh_token")
         updated = {k: v for k, v in data.items() if k not in SHARED}
         updated["refresh_token"] = rotated or self._refresh
+        try:
+            fresh = bearer(answer)
+        except MintFailed as e:
+            if rotated is None:
+                raise
+            self._refresh = updated["refresh_token"]
+            return e, updated
         updated |= {
             "access_token": fresh.value.decode("ascii"),
             "access_issued": now,
             "access_expires": now + fresh.lifetime,
+            "access_for": self._for,
         }
         self._refresh = updated["refresh_token"]
         return fresh, updated

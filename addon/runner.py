@@ -9,6 +9,7 @@ import gc
 import os
 import signal
 import socket
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,7 @@ from store.settings import Settings
 if TYPE_CHECKING:
     from addon.chain import Chain
     from addon.live import LivePolicy
+    from addon.workerrole import Role
 
 DRAIN_POLL = 0.05
 MAX_SIGNED_BODY = 1024 * 1024 * 1024
@@ -57,6 +59,8 @@ class RunConfig:
     max_signed_body: int = 8 * 1024 * 1024
     notify: Webhook | None = None
     shared_rates: bool = False
+    workers: int = 1
+    worker: Role | None = None  # set in a worker process of `--workers N`
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, settings: Settings) -> RunConfig:
@@ -89,6 +93,7 @@ class RunConfig:
             args.max_signed_body if args.max_signed_body is not None else cls.max_signed_body,
             Webhook.parse(args.notify) if args.notify else None,
             args.shared_rates,
+            args.workers,
         )
 
 
@@ -197,12 +202,28 @@ def add_command(sub: Any, common: argparse.ArgumentParser) -> None:
         action="store_true",
         help="keep --rate buckets in the store: exact across replicas, one store call a request",
     )
+    p.add_argument(
+        "--workers",
+        type=count(1, 64),
+        default=1,
+        metavar="N",
+        help="serve the port from N worker processes under one supervisor (default 1)",
+    )
     add_limit_flags(p)
     p.set_defaults(func=cmd_run)
 
 
 def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     config = RunConfig.from_args(args, settings)
+    if config.workers > 1:
+        from addon.workerrole import Role
+
+        role = Role.from_env()
+        if role is None:
+            from addon import workers
+
+            return workers.supervise(config, sys.argv[1:])
+        config = role.configure(config)
     audit.configure()
     code = asyncio.run(serve(config))
     from addon import live
@@ -334,7 +355,10 @@ async def serve(config: RunConfig, started: asyncio.Event | None = None) -> int:
         store.close()
         raise
     try:
-        _check_listen(config.listen_host, config.listen_port)
+        if config.worker is None:
+            _check_listen(config.listen_host, config.listen_port)
+        else:
+            config.worker.share_port()  # the supervisor holds the port
     except InvalidInput:
         store.close()
         raise
@@ -415,21 +439,26 @@ async def serve(config: RunConfig, started: asyncio.Event | None = None) -> int:
 
     admin = None
     admin_addr: list[tuple[str, int]] = []
-    if config.admin is not None:
+    admin_path = None if config.worker is None else config.worker.admin
+    if config.admin is not None or admin_path is not None:
 
         def ready() -> tuple[bool, dict[str, object]]:
             current, audit_state = live.current(), audit.state()
             serving = current is not None and audit_state == audit.OK
             return serving, {"store_up": live.store_up, "audit": audit_state}
 
-        admin = AdminServer(config.admin[0], config.admin[1], ready, trail.metrics.render)
+        host, port = config.admin or ("", 0)
+        admin = AdminServer(host, port, ready, trail.metrics.render, admin_path)
         try:
-            admin_addr.append(await admin.start())
+            address = await admin.start()
         except OSError as e:
             live.close()
-            raise InvalidInput(
-                f"cannot listen on --admin {config.admin[0]}:{config.admin[1]}: {e.strerror}"
-            ) from e
+            raise InvalidInput(f"cannot listen on --admin {host}:{port}: {e.strerror}") from e
+        if admin_path is None:
+            admin_addr.append(address)
+    if config.worker is not None:
+        admin_addr.extend(config.worker.avoid)  # the supervisor's admin listener
+        config.worker.follow(stopping.begin)
     forward.guard = forward.guard.listening_on(admin_addr)
 
     announcer = loop.create_task(announce())

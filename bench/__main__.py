@@ -7,8 +7,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from bench.bodies import KINDS, parse_sizes
 from bench.processes import BenchError
-from bench.run import CONFIGS, DEFAULT_CONFIGS, Settings, run
+from bench.run import CONFIGS, DEFAULT_CONFIGS, DOWNLOAD_BYTES, DOWNLOAD_CONFIGS, Settings, run
 
 DEFAULT_OUT = Path(__file__).parent / "results.json"
 
@@ -41,8 +42,8 @@ def parse(argv: Sequence[str] | None) -> Settings:
     p.add_argument(
         "--configs",
         type=_configs,
-        default=DEFAULT_CONFIGS,
-        help=f"any of {', '.join(CONFIGS)} (default: all but credproxy-10-dns-miss)",
+        help=f"any of {', '.join(CONFIGS)} (default: all but credproxy-10-dns-miss and "
+        f"mitmproxy-stream; with --download {','.join(DOWNLOAD_CONFIGS)})",
     )
     p.add_argument("--repeat", type=int, help="interleaved repetitions per cell (default 32)")
     p.add_argument(
@@ -53,7 +54,21 @@ def parse(argv: Sequence[str] | None) -> Settings:
         action="store_true",
         help="a new CONNECT + TLS connection per request instead of keep-alive",
     )
-    p.add_argument("--client", choices=("raw", "httpx"), default="raw")
+    p.add_argument(
+        "--download",
+        type=parse_sizes,
+        help="download mode: GET bodies of these sizes (e.g. 1m,16m) through a redacted grant "
+        "and compare MB/s with bare mitmproxy streaming them",
+    )
+    p.add_argument(
+        "--body",
+        choices=KINDS,
+        default="binary",
+        help="what the download bodies hold (default binary)",
+    )
+    p.add_argument(
+        "--client", choices=("raw", "httpx"), default="raw", help="the load generator (raw)"
+    )
     p.add_argument(
         "--rss-requests",
         type=int,
@@ -70,13 +85,22 @@ def parse(argv: Sequence[str] | None) -> Settings:
     args = p.parse_args(argv)
     if args.client == "httpx" and args.new_connection:
         p.error("--client httpx measures keep-alive only")
+    if args.download and (args.client == "httpx" or args.new_connection or args.duration):
+        p.error("--download runs keep-alive cells of a request count with the raw client")
     smoke = args.smoke
+    download = args.download or ()
+    configs = args.configs or (DOWNLOAD_CONFIGS if download else DEFAULT_CONFIGS)
+    # Downloads: by default each cell moves DOWNLOAD_BYTES (smoke: two requests).
+    requests = args.requests or (20 if smoke else 9600)
+    if download and not args.requests:
+        requests = 2 if smoke else 0
+    repeat = args.repeat or (1 if smoke else 8 if download else 32)
     settings = Settings(
-        requests=args.requests or (20 if smoke else 9600),
+        requests=requests,
         duration=args.duration,
-        concurrency=args.concurrency or ((1, 2) if smoke else (1, 10, 50)),
-        configs=args.configs,
-        repeat=args.repeat or (1 if smoke else 32),
+        concurrency=args.concurrency or ((1, 2) if smoke else (1,) if download else (1, 10, 50)),
+        configs=configs,
+        repeat=repeat,
         starts=args.starts or (1 if smoke else 3),
         new_connection=args.new_connection,
         client=args.client,
@@ -86,8 +110,11 @@ def parse(argv: Sequence[str] | None) -> Settings:
         out=args.out,
         keep_workdir=args.keep_workdir,
         pin=not args.no_pin,
+        download=download,
+        body=args.body,
+        download_bytes=DOWNLOAD_BYTES,
     )
-    if settings.repeat < 1 or settings.requests < settings.repeat:
+    if settings.repeat < 1 or (settings.requests or settings.repeat) < settings.repeat:
         p.error("--requests must be at least --repeat, and --repeat at least 1")
     return settings
 

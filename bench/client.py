@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 CONNECT_TIMEOUT = 30.0
+READ_SIZE = 256 * 1024
 
 
 @dataclass(frozen=True)
@@ -98,17 +99,25 @@ class _Connection:
         if b"transfer-encoding: chunked" in lowered:
             while True:
                 size = int((await self.reader.readuntil(b"\r\n")).split(b";")[0], 16)
-                await self.reader.readexactly(size + 2)
+                await self._skip(size + 2)
                 if size == 0:
                     break
         else:
             start = lowered.find(b"content-length:")
             if start >= 0:
                 end = lowered.index(b"\r\n", start)
-                await self.reader.readexactly(int(lowered[start + 15 : end]))
+                await self._skip(int(lowered[start + 15 : end]))
         if b"connection: close" in lowered:
             self.open = False
         return int(head[9:12])
+
+    async def _skip(self, size: int) -> None:
+        """Read and drop `size` bytes, a piece at a time: a download is never held whole."""
+        while size > 0:
+            piece = await self.reader.read(min(size, READ_SIZE))
+            if not piece:
+                raise asyncio.IncompleteReadError(b"", size)
+            size -= len(piece)
 
     async def close(self) -> None:
         self.writer.close()

@@ -6,7 +6,8 @@ instrumentation off, serves a warm-up cell, then the counted cell with instrumen
 (`callgrind_control -i on`); the count is read from the dump. PYTHONHASHSEED is fixed so
 that dict layouts, and so the counts, repeat. Instructions are not time (cache misses and
 system calls are not in them), but a change that removes instructions from the hot path
-shows here, run after run.
+shows here, run after run. `--download SIZE` counts instructions per byte of SIZE-byte
+downloads instead, against bare mitmproxy streaming them (`mitmproxy-stream`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from bench import processes
+from bench.bodies import KINDS, parse_sizes
+from bench.report import BASELINE, DOWNLOAD_BASELINE
 from bench.run import POPULATIONS, Bench, Settings
 
 VALGRIND = ["valgrind", "--tool=callgrind", "--instr-atstart=no", "--dump-instr=no"]
@@ -46,7 +49,14 @@ def _wait_for_dump(workdir: Path, name: str) -> int:
     raise RuntimeError(f"callgrind wrote no totals to {name}")
 
 
-def measure(configs: tuple[str, ...], requests: int, concurrency: int) -> dict[str, Any]:
+def measure(
+    configs: tuple[str, ...],
+    requests: int,
+    concurrency: int,
+    size: int | None = None,
+    body: str = "binary",
+) -> dict[str, Any]:
+    """Instructions per request of each proxy (and per byte, for downloads of `size`)."""
     workdir = Path(tempfile.mkdtemp(prefix="credproxy-instructions-"))
     launch = processes.start
 
@@ -70,6 +80,8 @@ def measure(configs: tuple[str, ...], requests: int, concurrency: int) -> dict[s
         out=workdir / "unused.json",
         keep_workdir=False,
         pin=False,
+        download=(size,) if size else (),
+        body=body,
     )
     bench = Bench(settings, workdir)
     counts: dict[str, float] = {}
@@ -77,10 +89,11 @@ def measure(configs: tuple[str, ...], requests: int, concurrency: int) -> dict[s
         bench.start()
         for config in configs:
             pid = bench.processes[config].process.pid
-            bench.cell(config, concurrency, max(20, requests // 10))  # warm-up
+            warm = 2 if size else max(20, requests // 10)
+            bench.cell(config, concurrency, warm, size=size)
             _callgrind(pid, "-z")
             _callgrind(pid, "-i", "on")
-            done = bench.cell(config, concurrency, requests).requests
+            done = bench.cell(config, concurrency, requests, size=size).requests
             _callgrind(pid, "-i", "off")
             _callgrind(pid, "-d")
             counts[config] = _wait_for_dump(workdir, f"cg.{config}.{pid}.1") / done
@@ -92,11 +105,15 @@ def measure(configs: tuple[str, ...], requests: int, concurrency: int) -> dict[s
         bench.stop()
         processes.start = launch  # type: ignore[assignment]
         shutil.rmtree(workdir, ignore_errors=True)
-    base = counts.get("mitmproxy")
+    base = counts.get(DOWNLOAD_BASELINE if size else BASELINE)
     return {
         "requests": requests,
         "concurrency": concurrency,
+        "size": size,
         "instructions_per_request": {k: round(v) for k, v in counts.items()},
+        "instructions_per_byte": {k: round(v / size, 2) for k, v in counts.items()}
+        if size
+        else None,
         "ratio": {k: round(v / base, 4) for k, v in counts.items()} if base else None,
     }
 
@@ -106,9 +123,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--configs", default="mitmproxy,credproxy-10,credproxy-10k")
     p.add_argument("--requests", type=int, default=300)
     p.add_argument("--concurrency", type=int, default=10)
+    p.add_argument(
+        "--download",
+        type=parse_sizes,
+        help="count per byte of downloads of this size (e.g. 1m) against mitmproxy-stream",
+    )
+    p.add_argument("--body", choices=KINDS, default="binary", help="download body kind")
     args = p.parse_args(argv)
     configs = tuple(c.strip() for c in args.configs.split(",") if c.strip())
-    unknown = [c for c in configs if c != "mitmproxy" and c not in POPULATIONS]
+    bare = ("mitmproxy", "mitmproxy-stream")
+    unknown = [c for c in configs if c not in bare and c not in POPULATIONS]
     if unknown or not configs:
         p.error(f"unknown config {', '.join(unknown) or '(none)'}")
     if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
@@ -118,11 +142,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         env = {**os.environ, "PYTHONHASHSEED": "0"}
         cmd = [sys.executable, "-m", "bench.instructions", *(argv or sys.argv[1:])]
         return subprocess.run(cmd, env=env, check=False).returncode
-    result = measure(configs, args.requests, args.concurrency)
-    rows = ["| config | instructions per request | ÷ mitmproxy |", "|---|--:|--:|"]
+    size = args.download[0] if args.download else None
+    result = measure(configs, args.requests, args.concurrency, size, args.body)
+    base = DOWNLOAD_BASELINE if size else BASELINE
+    rows = [f"| config | instructions per request | per byte | ÷ {base} |", "|---|--:|--:|--:|"]
     for config, n in result["instructions_per_request"].items():
         ratio = result["ratio"][config] if result["ratio"] else None
-        rows.append(f"| {config} | {n / 1e6:.3f} M | {ratio if ratio is not None else '–'} |")
+        per_byte = f"{n / size:.2f}" if size else "–"
+        rows.append(
+            f"| {config} | {n / 1e6:.3f} M | {per_byte} | {ratio if ratio is not None else '–'} |"
+        )
     print("\n".join(rows))
     return 0
 

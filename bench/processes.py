@@ -45,9 +45,8 @@ class Running:
         return rss_mb(self.process.pid)
 
     def cpu_s(self) -> float:
-        """User + system CPU seconds of the process, all threads, so far."""
-        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+        """User + system CPU seconds of the process and its children (`--workers`), so far."""
+        return sum(_cpu_s(pid) for pid in [self.process.pid, *_children(self.process.pid)])
 
     def stop(self) -> None:
         for process in (self.process, self.extra.get("reader")):
@@ -59,6 +58,21 @@ class Running:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+
+
+def _cpu_s(pid: int) -> float:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except FileNotFoundError:
+        return 0.0  # a child that exited meanwhile
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except FileNotFoundError:
+        return []
 
 
 def rss_mb(pid: int) -> float:
@@ -92,11 +106,12 @@ def start(
     output: Path,
     marker: str,
     role: str = "proxy",
+    pin: bool = True,
 ) -> Running:
     """Run `args` with stdout to `output`; wait for the first JSON line containing `marker`."""
     out = output.open("wb")
     began = time.perf_counter()
-    cpus = AFFINITY[role] if AFFINITY else None
+    cpus = AFFINITY[role] if AFFINITY and pin else None
     reader = None
     if role == "proxy":
         # A proxy's stdout is a pipe, read by another process, as in a container: `cat`
@@ -154,12 +169,19 @@ def start_upstream(workdir: Path, cert: Path, key: Path) -> Running:
     )
 
 
-def start_bare_mitmproxy(workdir: Path, certs: Path, upstream_ca: Path) -> Running:
+def start_bare_mitmproxy(
+    workdir: Path,
+    certs: Path,
+    upstream_ca: Path,
+    name: str = "mitmproxy",
+    stream: str | None = None,
+) -> Running:
+    """Bare mitmproxy; `stream` sets its stream_large_bodies (None: bodies are buffered)."""
     # Built here, so that the bare process imports neither credproxy nor its store.
     bundle = _trust_bundle(upstream_ca, workdir)
-    options = json.dumps(REQUIRED_OPTIONS)
+    options = json.dumps({**REQUIRED_OPTIONS, "stream_large_bodies": stream})
     args = [sys.executable, "-m", "bench.bare_mitmproxy", str(certs), str(bundle), options]
-    return start("mitmproxy", args, dict(os.environ), workdir / "mitmproxy.out", '"proxy.started"')
+    return start(name, args, dict(os.environ), workdir / f"{name}.out", '"proxy.started"')
 
 
 def credproxy_env(workdir: Path, db: Path) -> dict[str, str]:
@@ -188,6 +210,7 @@ def start_credproxy(
     upstream_ca: Path,
     resolve: str | None,
     flags: tuple[str, ...] = (),
+    pin: bool = True,
 ) -> Running:
     """credproxy dialling the upstream by `--resolve`, or (resolve None) by the system
     resolver, with loopback opened to the destination guard."""
@@ -197,4 +220,4 @@ def start_credproxy(
     else:
         args += ["--allow-private", "127.0.0.0/8", "--allow-private", "::1/128"]
     args += flags
-    return start(name, args, env, workdir / f"{name}.out", '"proxy.started"')
+    return start(name, args, env, workdir / f"{name}.out", '"proxy.started"', pin=pin)

@@ -21,7 +21,7 @@ from typing import Any
 
 import trustme
 
-from bench import processes, report
+from bench import processes, redaction, report
 from bench.client import BadResponse, Outcome, Target, run_cell, run_cell_httpx
 from bench.population import HOST, PATH, Population, populate
 from bench.processes import (
@@ -33,12 +33,15 @@ from bench.processes import (
     start_credproxy,
     start_upstream,
 )
+from bench.upstream import BLOB
 from store.ca import PUBLIC_CERT, ensure_ca
 from store.crypto import load_master_key
 from store.repository import Store
 
 POPULATIONS = {
     "credproxy-10": Population(principals=10, credentials=10, grants_per_principal=1),
+    # The same, served by `run --workers 2`, never pinned to one CPU (see --no-pin).
+    "credproxy-10-w2": Population(principals=10, credentials=10, grants_per_principal=1),
     "credproxy-10k": Population(principals=1000, credentials=1000, grants_per_principal=10),
     # The upstream named `localhost` and found through the system resolver, as in production:
     # no --resolve.
@@ -52,11 +55,21 @@ POPULATIONS = {
 }
 DNS_CONFIGS = frozenset({"credproxy-10-dns", "credproxy-10-dns-miss"})
 # Extra `credproxy run` flags per configuration.
-RUN_FLAGS = {"credproxy-10-dns-miss": ("--dns-ttl", "0")}
+RUN_FLAGS = {"credproxy-10-dns-miss": ("--dns-ttl", "0"), "credproxy-10-w2": ("--workers", "2")}
+# Several processes: given every CPU even in a pinned run.
+UNPINNED = frozenset({"credproxy-10-w2"})
 DNS_HOST = "localhost"
-CONFIGS = ("direct", "mitmproxy", *POPULATIONS)
-# What runs without --configs: every configuration with a target (not the cache-miss one).
-DEFAULT_CONFIGS = tuple(c for c in CONFIGS if c != "credproxy-10-dns-miss")
+# Bare mitmproxy streaming bodies over this size, as credproxy streams what it does not hold.
+STREAM_LARGE_BODIES = "64k"
+CONFIGS = ("direct", "mitmproxy", "mitmproxy-stream", *POPULATIONS)
+# What runs without --configs: every configuration with a target (not the cache-miss one);
+# streaming mitmproxy is the reference of the download mode only.
+DEFAULT_CONFIGS = tuple(
+    c for c in CONFIGS if c not in ("credproxy-10-dns-miss", "mitmproxy-stream", *UNPINNED)
+)
+DOWNLOAD_CONFIGS = ("mitmproxy", "mitmproxy-stream", "credproxy-10")
+# Bytes each download cell moves when --requests is not given.
+DOWNLOAD_BYTES = 256 * 1024 * 1024
 RSS_CONFIG = "credproxy-10k"
 RSS_CONCURRENCY = 10
 RSS_PER_CONNECTION = 100
@@ -78,6 +91,10 @@ class Settings:
     out: Path
     keep_workdir: bool
     pin: bool = True
+    # Download mode: body sizes (the rows), their kind (bench.bodies); requests 0 = by bytes.
+    download: tuple[int, ...] = ()
+    body: str = "binary"
+    download_bytes: int = DOWNLOAD_BYTES
 
 
 def _log(message: str) -> None:
@@ -111,8 +128,11 @@ class Bench:
         resolve = f"{HOST}=127.0.0.1:{port}"
         for config in self.settings.configs:
             launch: Callable[[], Running]
-            if config == "mitmproxy":
-                launch = partial(start_bare_mitmproxy, self.workdir, certs, upstream_ca)
+            if config in ("mitmproxy", "mitmproxy-stream"):
+                stream = STREAM_LARGE_BODIES if config == "mitmproxy-stream" else None
+                launch = partial(
+                    start_bare_mitmproxy, self.workdir, certs, upstream_ca, config, stream
+                )
                 # Bare mitmproxy has no --resolve: it dials the address, as direct does.
                 target = Target("127.0.0.1", port, PATH, proxy_context)
             elif config in DNS_CONFIGS:
@@ -132,7 +152,16 @@ class Bench:
             elif config in POPULATIONS:
                 tokens = self._store(config, POPULATIONS[config])
                 env = credproxy_env(self.workdir, self.workdir / f"{config}.db")
-                launch = partial(start_credproxy, config, self.workdir, env, upstream_ca, resolve)
+                launch = partial(
+                    start_credproxy,
+                    config,
+                    self.workdir,
+                    env,
+                    upstream_ca,
+                    resolve,
+                    RUN_FLAGS.get(config, ()),
+                    pin=config not in UNPINNED,
+                )
                 target = Target(HOST, 443, PATH, proxy_context, credentials=tuple(tokens))
             else:
                 continue
@@ -192,8 +221,11 @@ class Bench:
         requests: int | None,
         duration: float | None = None,
         per_connection: int | None = None,
+        size: int | None = None,
     ) -> Outcome:
         target = self.targets[config]
+        if size is not None:
+            target = replace(target, path=f"{BLOB.decode()}{self.settings.body}/{size}")
         running = self.processes.get(config)
         probe = running.cpu_s if running is not None else None
         try:
@@ -227,34 +259,54 @@ def _share(total: int, parts: int, index: int) -> int:
     return total // parts + (1 if index < total % parts else 0)
 
 
+def _mode(settings: Settings) -> str:
+    if settings.download:
+        return f"download-{settings.body}"
+    return "new-connection" if settings.new_connection else "keep-alive"
+
+
+def _cell_requests(settings: Settings, size: int | None) -> int:
+    """Requests of one cell over all repetitions: --requests, or a download's share of bytes."""
+    if size is None or settings.requests:
+        return settings.requests
+    return max(settings.repeat, settings.download_bytes // size)
+
+
 def _matrix(bench: Bench, settings: Settings) -> list[dict[str, Any]]:
-    mode = "new-connection" if settings.new_connection else "keep-alive"
+    mode = _mode(settings)
     per_connection = 1 if settings.new_connection else None
     configs = [c for c in settings.configs if c in bench.targets]
+    sizes: tuple[int | None, ...] = settings.download or (None,)
+    levels = [(c, size) for size in sizes for c in settings.concurrency]
     cells = {
-        (config, c): report.Cell(config, c, mode)
-        for c in settings.concurrency
+        (config, c, size): report.Cell(config, c, mode, size)
+        for c, size in levels
         for config in configs
     }
     for rep in range(settings.repeat):
-        for concurrency in settings.concurrency:
+        for concurrency, size in levels:
             # Rotate the order each repetition, so no configuration always runs first.
             order = configs[rep % len(configs) :] + configs[: rep % len(configs)]
             for config in order:
                 requests = (
-                    None if settings.duration else _share(settings.requests, settings.repeat, rep)
+                    None
+                    if settings.duration
+                    else _share(_cell_requests(settings, size), settings.repeat, rep)
                 )
                 duration = settings.duration / settings.repeat if settings.duration else None
-                outcome = bench.cell(config, concurrency, requests, duration, per_connection)
-                cell = cells[(config, concurrency)]
+                outcome = bench.cell(config, concurrency, requests, duration, per_connection, size)
+                cell = cells[(config, concurrency, size)]
                 cell.add(outcome)
                 if config in bench.processes:
                     cell.rss_mb = bench.processes[config].rss_mb()
+                rate = outcome.requests / outcome.elapsed
+                shown = f"{rate * size / 1e6:8.1f} MB/s" if size else f"{rate:8.0f} rps"
                 _log(
-                    f"rep {rep + 1}/{settings.repeat} c={concurrency:<3} {config:<14} "
-                    f"{outcome.requests / outcome.elapsed:8.0f} rps, {outcome.errors} errors"
+                    f"rep {rep + 1}/{settings.repeat} c={concurrency:<3} "
+                    f"{'' if size is None else f'{size:>9} B '}{config:<16} "
+                    f"{shown}, {outcome.errors} errors"
                 )
-    rows = [cells[(config, c)].row() for c in settings.concurrency for config in configs]
+    rows = [cells[(config, c, size)].row() for c, size in levels for config in configs]
     report.compare(rows)
     return rows
 
@@ -298,7 +350,7 @@ def run(settings: Settings) -> str:
     try:
         bench.start()
         rows = _matrix(bench, settings)
-        growth = _rss_growth(bench, settings)
+        growth = None if settings.download else _rss_growth(bench, settings)
     finally:
         bench.stop()
         if settings.keep_workdir:
@@ -308,7 +360,7 @@ def run(settings: Settings) -> str:
     results: dict[str, Any] = {
         "meta": {
             "started": started,
-            "mode": "new-connection" if settings.new_connection else "keep-alive",
+            "mode": _mode(settings),
             "client": settings.client,
             "repeat": settings.repeat,
             "requests_per_cell": None if settings.duration else settings.requests,
@@ -328,6 +380,7 @@ def run(settings: Settings) -> str:
         "grants": bench.grants,
         "populate_s": bench.populate_s,
         "rss_growth": growth,
+        "redactor": redaction.costs(settings.body if settings.download else None),
     }
     results["targets"] = report.targets(results)
     return report.write(results, settings.out)

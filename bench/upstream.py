@@ -1,6 +1,8 @@
 """The upstream: a small TLS HTTP/1.1 keep-alive server, run in a process of its own.
 
-`python -m bench.upstream CERT KEY` prints `{"port": N}` on stdout once listening.
+`python -m bench.upstream CERT KEY` prints `{"port": N}` on stdout once listening. Every
+path answers an 11-byte JSON body, except `/bench/blob/KIND/N`: N bytes of KIND (see
+`bench.bodies`) with a Content-Length, for the download mode.
 """
 
 from __future__ import annotations
@@ -11,6 +13,9 @@ import signal
 import ssl
 import sys
 
+from bench.bodies import body
+
+BLOB = b"/bench/blob/"
 BODY = b'{"ok":true}'
 RESPONSE = (
     b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
@@ -33,12 +38,24 @@ async def _read_body(reader: asyncio.StreamReader, head: bytes) -> None:
             return
 
 
+def _answer(head: bytes) -> bytes:
+    target = head.split(b" ", 2)[1]
+    if not target.startswith(BLOB):
+        return RESPONSE
+    kind, size = target[len(BLOB) :].decode().split("/")
+    blob = body(kind, int(size))
+    return (
+        b"HTTP/1.1 200 OK\r\ncontent-type: application/octet-stream\r\n"
+        b"content-length: " + str(len(blob)).encode() + b"\r\n\r\n" + blob
+    )
+
+
 async def _serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     try:
         while True:
             head = await reader.readuntil(b"\r\n\r\n")
             await _read_body(reader, head)
-            writer.write(RESPONSE)
+            writer.write(_answer(head))
             await writer.drain()
             if b"connection: close" in head.lower():
                 break

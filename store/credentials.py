@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
-from collections.abc import Callable, Mapping, Sequence
+import os
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -12,8 +16,8 @@ from sqlalchemy.orm import Session
 
 from store import keys, validation
 from store.crypto import MasterKey, Secret
-from store.engine import CREDENTIAL, Database, bump, changed, covered, rowcount
-from store.errors import Conflict, NotFound
+from store.engine import CREDENTIAL, Database, bump, changed, covered, rowcount, sqlite_path
+from store.errors import Conflict, NotFound, StoreUnavailable
 from store.grammar import validate_name
 from store.models import Credential, Grant, utcnow
 from store.records import CredentialEntry
@@ -134,6 +138,33 @@ def destroy(session: Session, row: Credential, now: datetime) -> int:
 T = TypeVar("T")
 
 
+@contextlib.contextmanager
+def _one_at_a_time(db: Database, hold: float) -> Iterator[None]:
+    """SQLite has no row lock (FOR UPDATE is ignored, and nothing is locked before the first
+    write): two processes on one file (--workers, or a second proxy) would both read the same
+    refresh token and present it. An exclusive lock on a file beside the database serialises
+    the exchanges (SQLite is one host's, so is the lock) and no other write. PostgreSQL's
+    row lock does this there."""
+    path = sqlite_path(db.url)
+    if path is None:
+        yield
+        return
+    fd = os.open(path.with_name(path.name + ".exchange-lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        deadline = time.monotonic() + hold
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise StoreUnavailable("another process held the token exchange") from None
+                time.sleep(0.02)
+        yield
+    finally:
+        os.close(fd)  # and with it the lock
+
+
 def exchange(
     db: Database,
     key: MasterKey,
@@ -151,7 +182,7 @@ def exchange(
     Only a secret sealed back is a change: the replicas read that credential again, not the
     whole store, and an exchange that seals nothing moves no counter.
     """
-    with db.session() as session, session.begin():
+    with _one_at_a_time(db, hold), db.session() as session, session.begin():
         if session.get_bind().dialect.name == "postgresql":
             ms = int(hold * 1000)
             session.execute(text(f"SET LOCAL statement_timeout = {ms}"))
@@ -163,11 +194,29 @@ def exchange(
         ).first()
         if row is None or row.fingerprint != fingerprint:
             raise Conflict(f"credential {name!r} changed")
-        plain = keys.unseal(key, name, row.key_id, row.nonce, row.ciphertext)
+        read_nonce = row.nonce
+        plain = keys.unseal(key, name, row.key_id, read_nonce, row.ciphertext)
         result, updated = step(json.loads(plain.reveal()))
         if updated is not None:
             sealed = Secret(json.dumps(updated, separators=(",", ":"), sort_keys=True).encode())
-            row.key_id, row.nonce, row.ciphertext = keys.seal(key, name, sealed)
-            changed(session, CREDENTIAL, row)
+            key_id, nonce, ciphertext = keys.seal(key, name, sealed)
+            # Written only over what was read: SQLite's read takes no lock, and a rotate or
+            # remove meanwhile must win (a new nonce comes with every seal).
+            written = session.execute(
+                covered(  # the credential, noted below
+                    update(Credential)
+                    .where(
+                        Credential.id == row.id,
+                        Credential.fingerprint == fingerprint,
+                        Credential.nonce == read_nonce,
+                        Credential.removed_at.is_(None),
+                    )
+                    .values(key_id=key_id, nonce=nonce, ciphertext=ciphertext)
+                    .execution_options(synchronize_session=False)
+                )
+            )
+            if rowcount(written) != 1:
+                raise Conflict(f"credential {name!r} changed")
+            changed(session, CREDENTIAL, row.id)
             bump(session)
         return result

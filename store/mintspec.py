@@ -62,9 +62,13 @@ def https_url(text: str, what: str) -> str:
         port = parts.port
     except ValueError:
         raise InvalidInput(f"invalid {{{what}}}: not a URL", **{what: what}) from None
+    if not _VALUE.fullmatch(text):  # urlsplit drops CR, LF and tab and keeps spaces
+        raise InvalidInput(
+            f"the {{{what}}} must be printable ASCII without spaces", **{what: what}
+        )
     if parts.scheme != "https" or not parts.hostname:
         raise InvalidInput(f"the {{{what}}} must be an https:// URL", **{what: what})
-    if parts.username is not None or parts.query or parts.fragment or not text.isascii():
+    if parts.username is not None or parts.query or parts.fragment:
         raise InvalidInput(f"the {{{what}}} must have no user, query or fragment", **{what: what})
     parse_host(parts.netloc)
     if port is not None and not 0 < port < 65536:
@@ -194,8 +198,8 @@ def _fields(
 
 
 def _text(data: dict[str, Any], name: str) -> None:
-    value = data.get(name)
-    if value is not None and (not isinstance(value, str) or not _VALUE.fullmatch(value)):
+    value = data[name]  # null too: a present field is a string
+    if not isinstance(value, str) or not _VALUE.fullmatch(value):
         raise InvalidInput(f"the secret's {name} must be a string of printable ASCII")
 
 
@@ -271,6 +275,13 @@ HINTS = {
     "google-service-account": {"client_email": "client_email", "token_uri": "token_uri"},
     "github-app": {"app_id": "app_id"},
 }
+
+
+def token_version(credential: Any) -> str:
+    """What defines a minted credential's tokens: its secret (fingerprint), scheme and
+    settings. A token minted for another version is dropped (addon/mint.py Tokens)."""
+    settings = json.dumps(credential.options or {}, sort_keys=True, default=str)
+    return f"{credential.fingerprint} {credential.scheme} {settings}"
 
 
 def hint(scheme: str, data: Mapping[str, Any]) -> dict[str, str]:

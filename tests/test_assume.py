@@ -61,3 +61,21 @@ def test_a_changed_credential_gets_a_new_session() -> None:
     other = sessions.get("role", "fp-2", BASE, {**OPTIONS, "external_id": "x"})
     assert other is not rotated
     assert repr(other) == "RoleSession('role')"
+
+
+async def test_a_session_closed_while_a_request_waits_for_its_first_keys_is_unavailable() -> None:
+    """A rotated or removed credential closes its session: a request waiting on the first
+    fetch is refused (credentials-unavailable), not cancelled as if the agent had left."""
+    started = asyncio.Event()
+
+    async def hanging(host: str, port: int) -> tuple[str, int]:
+        started.set()
+        await asyncio.sleep(60)
+        raise OSError("never")
+
+    session = RoleSession("role", BASE, OPTIONS, hanging, None)
+    waiting = asyncio.create_task(session.ensure())
+    await started.wait()
+    session.close()
+    with pytest.raises(Unavailable):
+        await waiting

@@ -97,6 +97,30 @@ def test_smoke_run(
     assert all(f"| {config} | 1 |" in markdown for config in ours)
 
 
+def test_download_smoke_run(tmp_path: Path) -> None:
+    """Downloads larger than what credproxy holds whole: MB/s against streaming mitmproxy."""
+    out = tmp_path / "results.json"
+    configs = ("mitmproxy", "mitmproxy-stream", "credproxy-10")
+    results = _bench(out, configs, 2, "--download", "100k,1m", "--body", "json")
+    rows = {(r["config"], r["concurrency"], r["size"]): r for r in results["rows"]}
+    sizes = (100 * 1024, 1024 * 1024)
+    assert set(rows) == {(k, c, n) for k in configs for c in CONCURRENCY for n in sizes}
+    for row in rows.values():
+        assert row["mode"] == "download-json"
+        assert (row["requests"], row["errors"]) == (2, 0), row["error_kinds"]
+        assert row["mb_s"] > 0
+        assert row["cpu_ns_per_byte"] is not None
+        # Downloads compare with streaming mitmproxy, which has no ratio of its own.
+        assert (row["rps_ratio"] is None) == (row["config"] == "mitmproxy-stream")
+    kinds = {r["body"] for r in results["redactor"]}
+    assert kinds == {"binary", "text", "json"}
+    assert all(r["ns_per_byte"] > 0 for r in results["redactor"])
+    assert results["rss_growth"] is None
+    names = [t["target"] for t in results["targets"]]
+    assert any("credproxy-10 1 MiB downloads" in n for n in names)
+    assert "÷ streaming mitmproxy" in out.with_suffix(".md").read_text()
+
+
 def test_the_comparison_pairs_each_repetition_with_mitmproxys() -> None:
     """A repetition that the machine slowed for everyone moves the totals, not the pairs."""
     from bench.report import compare

@@ -1,7 +1,15 @@
 """The credentials table: sealed secrets, their schemes and hosts, rotation and removal."""
 
 
+import contextlib
+import json
+import threading
+from collections.abc import Callable
+from typing import Any
+
 import pytest
+from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from store.crypto import MasterKey, Secret
 from store.errors import Conflict, InvalidInput, NotFound
@@ -135,3 +143,91 @@ def test_removing_a_credential_wipes_its_secret_and_revokes_its_grants(store: St
     assert store.list_credentials() == []
     assert grant_state(store, grant_id) == "revoked"
     store.add_credential("gh", "bearer", ["api.github.com"], SECRET)
+
+
+@pytest.mark.parametrize("change", ["rotate", "remove"])
+def test_a_rotation_or_removal_during_a_token_exchange_is_never_overwritten(
+    store: Store, open_store: Callable[[MasterKey | None], Store], key: MasterKey, change: str
+):
+    """oauth2-refresh seals a rotated refresh token back (store.credentials.exchange) after
+    calling the token endpoint. An operator's rotate or remove meanwhile must win: on SQLite
+    the read took no lock, and the exchange's write went by primary key alone, so it put the
+    old credential's refresh token back under the new fingerprint, or re-sealed a secret
+    `remove` had destroyed."""
+    first = {"client_id": "a", "client_secret": "s", "refresh_token": "refresh-first"}
+    options = {"token_url": "https://auth.example.com/t"}
+    fingerprint = store.add_credential(
+        "rt", "oauth2-refresh", ["api.example.com"], Secret(json.dumps(first).encode()),
+        options=options,
+    )  # fmt: skip
+    other = open_store(key)
+    done = threading.Event()
+    operator = {"client_id": "a", "client_secret": "s", "refresh_token": "refresh-operator"}
+
+    def change_it() -> None:
+        if change == "rotate":
+            other.rotate_credential("rt", Secret(json.dumps(operator).encode()))
+        else:
+            other.remove_credential("rt")
+        done.set()
+
+    worker = threading.Thread(target=change_it)
+
+    def step(data: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        worker.start()
+        done.wait(1)  # PostgreSQL: the change waits on the row lock, so not done yet
+        return "exchanged", {**data, "refresh_token": "refresh-from-the-old-credential"}
+
+    try:
+        store.exchange_credential("rt", fingerprint, step, hold=5)
+    except Conflict:
+        pass
+    worker.join(15)
+    assert done.is_set()
+    with Session(store.engine) as session:
+        row = session.scalars(select(Credential).where(Credential.name == "rt")).one()
+        removed, destroyed = row.removed_at is not None, row.ciphertext is None
+    if change == "remove":
+        assert removed and destroyed, "the exchange sealed a removed credential's secret back"
+    else:
+        sealed = json.loads(store.snapshot().credentials["rt"].secret.reveal())
+        kept = sealed["refresh_token"] == "refresh-operator"
+        assert kept, "the operator's rotation was overwritten by the exchange"
+
+
+def test_two_processes_never_present_one_refresh_token_twice(
+    store: Store, open_store: Callable[[MasterKey | None], Store], key: MasterKey
+):
+    """Two stores on one database (two `--workers`, or two replicas) refresh the same
+    credential at once: the second must read the refresh token the first sealed back. On
+    SQLite (no row lock) both used to read the first one, and a provider that rotates on use
+    saw it twice (reuse detection revokes the whole family)."""
+    first = {"client_id": "a", "client_secret": "s", "refresh_token": "refresh-0"}
+    fingerprint = store.add_credential(
+        "rt", "oauth2-refresh", ["api.example.com"], Secret(json.dumps(first).encode()),
+        options={"token_url": "https://auth.example.com/t"},
+    )  # fmt: skip
+    presented: list[str] = []
+    lock = threading.Lock()
+    start = threading.Barrier(2)
+
+    def step(data: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        with lock:
+            presented.append(data["refresh_token"])
+            n = len(presented)
+        threading.Event().wait(0.3)  # the token endpoint's call
+        return "ok", {**data, "refresh_token": f"refresh-{n}"}
+
+    def worker(s: Store) -> None:
+        start.wait(5)
+        with contextlib.suppress(Conflict):
+            s.exchange_credential("rt", fingerprint, step, hold=5)
+
+    threads = [threading.Thread(target=worker, args=(s,)) for s in (store, open_store(key))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(15)
+    twice = len(presented) != len(set(presented))
+    assert not twice, "one refresh token was presented twice"
+    assert len(presented) == 2

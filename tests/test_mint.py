@@ -5,6 +5,7 @@ tested end to end (tests/e2e/test_minted.py)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from typing import Any
@@ -16,7 +17,10 @@ from addon.mint import Answer, MintFailed, Post, Token, Tokens, TokenSession, Un
 from addon.minters import OAuth2Client, bearer, failed
 from store.crypto import Secret
 from store.grammar import parse_host
+from store.mintspec import token_version
 from store.records import CredentialRecord
+
+LONG = "a-long-token"
 
 
 class FakeMinter:
@@ -29,6 +33,9 @@ class FakeMinter:
 
     def secrets(self) -> tuple[bytes, ...]:
         return (b"long-lived",)
+
+    def refused(self, token: Token) -> None:
+        pass
 
     def mint(self, post: Post) -> Token:
         self.calls += 1
@@ -111,12 +118,19 @@ async def test_an_upstream_401_drops_the_token_once_per_cooldown() -> None:
     s.close()
 
 
-def _client_record(fingerprint: str, secret: str = "cs") -> CredentialRecord:
+def _client_record(
+    fingerprint: str, secret: str = "cs", url: str = "https://auth.example/token"
+) -> CredentialRecord:
     value = json.dumps({"client_id": "id", "client_secret": secret})
     return CredentialRecord(
         "cc", "oauth2-client", None, None, (parse_host("api.example"),),
-        Secret(value.encode()), fingerprint, {"token_url": "https://auth.example/token"},
+        Secret(value.encode()), fingerprint, {"token_url": url},
     )  # fmt: skip
+
+
+def _live(fingerprint: str, secret: str = "cs", **more: str) -> dict[str, str]:
+    """What a reload hands Tokens.retain for the credential `cc` as given."""
+    return {"cc": token_version(_client_record(fingerprint, secret, **more))}
 
 
 def test_rotation_and_removal_drop_the_session_and_its_token() -> None:
@@ -127,14 +141,59 @@ def test_rotation_and_removal_drop_the_session_and_its_token() -> None:
     rotated = tokens.get(_client_record("fp-2", "cs2"))
     assert rotated is not first and first.current is None
     rotated.current = mint.token("cached2", 60)
-    tokens.retain({"cc": "fp-2"})
+    tokens.retain(_live("fp-2", "cs2"))
     assert rotated.current is not None
-    tokens.retain({"cc": "fp-3"})  # rotated again, reloaded, and no request since
+    tokens.retain(_live("fp-3", "cs3"))  # rotated again, reloaded, and no request since
     assert rotated.current is None
     again = tokens.get(_client_record("fp-3", "cs3"))
     again.current = mint.token("cached3", 60)
     tokens.retain({})  # removed
     assert again.current is None
+
+
+def test_a_settings_change_drops_the_session_at_the_reload() -> None:
+    """apply moved the token URL (or the scope), the secret untouched: the session minted
+    with the old settings is dropped at the reload, not at the next request (meanwhile it
+    refreshed in the background, sending the client secret to the old URL)."""
+    tokens = Tokens()
+    tokens.retain(_live("fp-1"))
+    first = tokens.get(_client_record("fp-1"))
+    first.current = mint.token("cached-old-url", 60)
+    tokens.retain(_live("fp-1", url="https://new-auth.example/token"))
+    assert first.current is None and first.closed
+
+
+async def test_a_closed_session_never_mints_again() -> None:
+    """A request that picked a session up before its credential was rotated or removed, and
+    asks for a token after: refused, and the removed secret is not used (it used to mint,
+    and then refresh in the background for up to IDLE, from a session no one could drop)."""
+    minter = FakeMinter()
+    s = session(minter)
+    await s.ensure()
+    s.close()  # rotated or removed: the reload closed it
+    with pytest.raises(Unavailable, match="credential changed"):
+        await s.ensure()
+    assert minter.calls == 1 and s.current is None and s.now() is None
+
+
+async def test_a_stale_credential_record_never_replaces_the_live_session() -> None:
+    """A request still holding a rotated (or removed) credential's old record, after the
+    reload: it gets no token, and the live credential's session stays as it is."""
+    tokens = Tokens()
+    tokens.dial = reachable
+    tokens.retain(_live("fp-2", "cs2"))
+    live = tokens.get(_client_record("fp-2", "cs2"))
+    live.current = mint.token("cached2", 60)
+    stale = tokens.get(_client_record("fp-1"))  # the record from before the rotation
+    assert stale is not live and live.current is not None
+    assert tokens.get(_client_record("fp-2", "cs2")) is live
+    with pytest.raises(Unavailable, match="credential changed"):
+        await stale.ensure()
+    tokens.retain({})  # removed
+    gone = tokens.get(_client_record("fp-2", "cs2"))
+    with pytest.raises(Unavailable, match="credential changed"):
+        await gone.ensure()
+    assert tokens.get(_client_record("fp-2", "cs2")) is not live and live.current is None
 
 
 def test_minters_never_show_their_secret() -> None:
@@ -182,9 +241,9 @@ def test_a_refusal_names_the_status_and_code_only(answer: Answer, detail: str) -
         pytest.param({"token_type": "bearer"}, id="no access_token"),
         pytest.param({"access_token": "a\r\nX-Evil: 1"}, id="a token that would split headers"),
         pytest.param({"access_token": "a b"}, id="a token with a space"),
-        pytest.param({"access_token": "a", "token_type": "mac"}, id="not a bearer token"),
-        pytest.param({"access_token": "a", "expires_in": -5}, id="a negative lifetime"),
-        pytest.param({"access_token": "a", "expires_in": True}, id="a lifetime that is a bool"),
+        pytest.param({"access_token": LONG, "token_type": "mac"}, id="not a bearer token"),
+        pytest.param({"access_token": LONG, "expires_in": -5}, id="a negative lifetime"),
+        pytest.param({"access_token": LONG, "expires_in": True}, id="a lifetime that is a bool"),
     ],
 )
 def test_answers_that_give_no_usable_token_are_refused(data: dict[str, Any]) -> None:
@@ -193,7 +252,18 @@ def test_answers_that_give_no_usable_token_are_refused(data: dict[str, Any]) -> 
 
 
 def test_a_string_lifetime_is_read() -> None:
-    assert bearer({"access_token": "a", "expires_in": "120"}).lifetime == 120
+    assert bearer({"access_token": LONG, "expires_in": "120"}).lifetime == 120
+
+
+@pytest.mark.parametrize("value", ["a", "abc", "abcdefg"])
+def test_a_token_too_short_to_redact_is_refused(value: str) -> None:
+    """Redaction finds a secret of four bytes or more: a token shorter than that, echoed by
+    the API, reached the agent as it was. Tokens of fewer than 8 characters are refused."""
+    from addon.redact import Redactor
+
+    assert Redactor([b"abc"]).whole(b"echo: abc") == b"echo: abc"  # why
+    with pytest.raises(MintFailed, match="no usable access_token"):
+        bearer({"access_token": value, "token_type": "Bearer"})
 
 
 async def test_a_silent_endpoint_times_out_and_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -237,3 +307,185 @@ async def test_a_session_closed_during_its_first_mint_refuses_the_waiting_reques
     s.close()  # rotated or removed
     with pytest.raises(Unavailable, match="changed while its token was minted"):
         await waiting
+
+
+@pytest.mark.parametrize(
+    "lifetime",
+    ["NaN", "Infinity", "-Infinity", "1e999", "-1", '"' + "9" * 5000 + '"', '"\u00b2"'],
+)
+def test_a_lifetime_that_is_not_a_finite_number_is_refused(lifetime: str) -> None:
+    """Python's json reads NaN and Infinity: a NaN lifetime made a token that never expired
+    and a refresh timer that fired at once, forever (the endpoint hammered)."""
+    data = json.loads('{"access_token": "a-long-token", "expires_in": ' + lifetime + "}")
+    with pytest.raises(MintFailed, match="no usable expires_in"):
+        bearer(data)
+
+
+@pytest.mark.parametrize("lifetime", ["9" * 400, "1e300", '"999999999999"'])
+def test_a_lifetime_past_a_day_is_read_as_a_day(lifetime: str) -> None:
+    data = json.loads('{"access_token": "a-long-token", "expires_in": ' + lifetime + "}")
+    assert bearer(data).lifetime == 86400.0
+
+
+async def test_a_nan_lifetime_does_not_make_a_mint_loop() -> None:
+    class NanMinter(FakeMinter):
+        def mint(self, post: Post) -> Token:
+            self.calls += 1
+            return bearer(json.loads('{"access_token": "a-long-token", "expires_in": NaN}'))
+
+    minter = NanMinter()
+    s = session(minter)
+    with pytest.raises(Unavailable, match="no usable expires_in"):
+        await s.ensure()
+    await asyncio.sleep(0.3)  # a backoff of 0.5 s: no second call yet
+    s.close()
+    assert minter.calls == 1
+
+
+class _Dripper:
+    """A TLS token endpoint on 127.0.0.1 that sends a valid answer one byte at a time, each
+    byte well within the per-read timeout, the whole far beyond TIMEOUT."""
+
+    def __init__(self, pause: float) -> None:
+        import trustme
+
+        from tests.e2e.servers import TlsServer, server_context
+
+        self.ca = trustme.CA()
+        body = json.dumps({"access_token": "dripped", "expires_in": 60}).encode()
+        answer = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+        self.sent = 0
+        outer = self
+
+        class Server(TlsServer):
+            def serve(self, tls: Any) -> None:
+                tls.recv(65536)
+                for i in range(len(answer)):
+                    tls.sendall(answer[i : i + 1])
+                    outer.sent += 1
+                    time.sleep(pause)
+
+        self.server = Server(server_context(self.ca, ["auth.example"]), timeout=30)
+        self.total = len(answer)
+
+
+async def test_an_endpoint_that_drips_its_answer_is_cut_off_at_the_timeout(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """TIMEOUT bounds the whole call, not each read: an endpoint that keeps every read just
+    within it cannot hold the mint (and every request waiting on it) for longer."""
+    monkeypatch.setattr(mint, "TIMEOUT", 0.5)
+    drip = _Dripper(pause=0.04)  # about 4 s for the whole answer
+    cafile = tmp_path / "ca.pem"
+    drip.ca.cert_pem.write_to_path(str(cafile))
+
+    async def dial(host: str, _: int) -> tuple[str, int]:
+        return ("127.0.0.1", drip.server.port)
+
+    tokens = Tokens()
+    tokens.dial = dial
+    tokens.cafile = str(cafile)
+    s = tokens.get(_client_record("fp-1"))
+    try:
+        with pytest.raises(Unavailable, match="did not answer in time"):
+            await s.ensure()
+        assert drip.sent < drip.total
+    finally:
+        s.close()
+        drip.server.close()
+
+
+async def test_an_endpoint_that_drips_its_tls_handshake_is_cut_off_at_the_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The deadline covers the handshake too: a TLS record header announcing 16 KiB, then a
+    byte at a time."""
+    from tests.e2e.servers import Server
+
+    monkeypatch.setattr(mint, "TIMEOUT", 0.5)
+
+    class Dripper(Server):
+        def handle(self, sock: Any) -> None:
+            with contextlib.suppress(OSError):
+                sock.sendall(b"\x16\x03\x03\x40\x00")
+                for _ in range(16384):
+                    sock.sendall(b"\x00")
+                    time.sleep(0.04)
+
+    server = Dripper()
+
+    async def dial(host: str, _: int) -> tuple[str, int]:
+        return ("127.0.0.1", server.port)
+
+    tokens = Tokens()
+    tokens.dial = dial
+    s = tokens.get(_client_record("fp-1"))
+    try:
+        with pytest.raises(Unavailable, match="did not answer in time"):
+            await asyncio.wait_for(s.ensure(), 20)
+    finally:
+        s.close()
+        server.close()
+
+
+def test_an_answer_compressed_unasked_is_never_inflated(tmp_path: Any) -> None:
+    """credproxy asks for identity; an endpoint that compresses anyway is refused, its body
+    never inflated (urllib3 before 2.6, which botocore allows, inflated a whole read at once:
+    64 KiB of gzip is 64 MiB, of brotli far more)."""
+    import gzip
+
+    import trustme
+
+    from tests.e2e.servers import TlsServer, server_context
+
+    ca = trustme.CA()
+    cafile = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(cafile))
+    body = gzip.compress(json.dumps({"access_token": "inflated", "expires_in": 60}).encode())
+    asked: list[bytes] = []
+
+    class Server(TlsServer):
+        def serve(self, tls: Any) -> None:
+            asked.append(tls.recv(65536))
+            head = b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: %d\r\n\r\n"
+            tls.sendall(head % len(body) + body)
+
+    server = Server(server_context(ca, ["auth.example"]))
+    try:
+        with pytest.raises(MintFailed, match="compressed"):
+            mint.https_call(
+                ("127.0.0.1", server.port), "auth.example", 443, str(cafile), "POST", "/t",
+                b"", {},
+            )  # fmt: skip
+    finally:
+        server.close()
+    assert b"\r\naccept-encoding: identity\r\n" in asked[0].lower()
+
+
+def test_an_ipv6_token_endpoint_gets_a_well_formed_host_header(tmp_path: Any) -> None:
+    """https://[2001:db8::1]:8443/t: the Host header brackets the address (RFC 9110 §7.2);
+    it used to read `2001:db8::1:8443`, which a server cannot parse."""
+    import trustme
+
+    from tests.e2e.servers import TlsServer, server_context
+
+    ca = trustme.CA()
+    cafile = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(cafile))
+    asked: list[bytes] = []
+    body = json.dumps({"access_token": "a-long-token", "expires_in": 60}).encode()
+
+    class Server(TlsServer):
+        def serve(self, tls: Any) -> None:
+            asked.append(tls.recv(65536))
+            tls.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+
+    server = Server(server_context(ca, ["2001:db8::1"]))
+    try:
+        answer = mint.https_call(
+            ("127.0.0.1", server.port), "2001:db8::1", 8443, str(cafile), "POST", "/t", b"", {}
+        )
+    finally:
+        server.close()
+    assert answer.status == 200
+    assert b"\r\nhost: [2001:db8::1]:8443\r\n" in asked[0].lower()

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from addon.redact import MARK, Redactor, Unredactable
+from addon.redact import MARK, Redactor, Unredactable, _begins
 from tests.fakes import LONG_SECRET
 
 SECRET = b"sk-live/abc+def=123"
@@ -262,3 +262,107 @@ def test_a_held_body_ending_in_the_start_of_a_secret_is_sent_whole() -> None:
     # secret prefix, or the body is cut short under a corrected Content-Length.
     body = b"token " + LONG_SECRET + b" then " + LONG_SECRET[:6]
     assert Redactor([LONG_SECRET]).whole(body) == b"token " + MARK + b" then " + LONG_SECRET[:6]
+
+
+# -- the sieve: only the neighbourhood of a possible form is searched -----------------------
+
+
+def _unsieved(secret: bytes, body: bytes) -> tuple[bytes, int]:
+    """Redaction as it was before the sieve: the full pattern over the whole body."""
+    pattern = Redactor([secret])._c.pattern  # type: ignore[union-attr]
+    count = 0
+    for _ in range(8):
+        body, n = pattern.subn(MARK, body)
+        count += n
+        if not n:
+            break
+    return body, count
+
+
+def _unsieved_partial(redactor: Redactor, data: bytes) -> int:
+    c = redactor._c
+    assert c is not None
+    for m in c.starts.finditer(data, max(0, len(data) - c.longest + 1)):
+        if any(_begins(data, m.start(), n) for n in c.needles):
+            return len(data) - m.start()
+    return 0
+
+
+@st.composite
+def near_misses(draw: st.DrawFn, secret: bytes) -> bytes:
+    """Bytes full of escape starts, hex digits, pieces of the secret's forms and escapings."""
+    pieces = [b"%", b"\\", b"\\u00", b"+", b"/", b"\\/", b"0", b"a", b"F", b"=", b" "]
+    pieces += [f[: draw(st.integers(1, len(f)))] for f in _forms(secret)]
+    pieces += [draw(escaped(f))[: draw(st.integers(1, 12))] for f in _forms(secret)]
+    parts = draw(st.lists(st.sampled_from(pieces) | st.binary(max_size=6), max_size=40))
+    return b"".join(parts)
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data(), secret=secrets)
+def test_the_sieve_never_hides_a_form_the_full_pattern_finds(data, secret):
+    noise = data.draw(near_misses(secret))
+    echoes = data.draw(st.lists(st.sampled_from(_forms(secret)), max_size=3))
+    body = noise
+    for form in echoes:
+        at = data.draw(st.integers(0, len(body)))
+        body = body[:at] + data.draw(escaped(form)) + body[at:]
+    redactor = Redactor([secret])
+    expected, count = _unsieved(secret, body)
+    assert redactor.whole(body) == expected
+    assert redactor.count == count
+    assert redactor.partial(body) == _unsieved_partial(redactor, body)
+
+
+def _unsieved_stream(secret: bytes, pieces: list[bytes]) -> tuple[bytes, int]:
+    """Streamed redaction as it was before the sieve."""
+    redactor, tail, out, count = Redactor([secret]), b"", [], 0
+    for piece in pieces:
+        data, n = _unsieved(secret, tail + piece)
+        hold = _unsieved_partial(redactor, data)
+        out.append(data[: len(data) - hold])
+        tail, count = data[len(data) - hold :], count + n
+    rest, n = _unsieved(secret, tail)
+    return b"".join(out) + rest, count + n
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    data=st.data(),
+    secret=secrets,
+    size=st.integers(1_000, 100_000),
+    piece=st.sampled_from([7, 4096, 16_384, 65_535]),
+)
+def test_echoes_far_apart_in_a_large_body_are_redacted_at_any_piece_size(data, secret, size, piece):
+    # Windows around sieve hits in a body much longer than a form; echoes spread over pieces.
+    rng = data.draw(st.randoms(use_true_random=False))
+    body = rng.randbytes(size if piece > 7 else 3_000)
+    echoes = []
+    for form in data.draw(st.lists(st.sampled_from(_forms(secret)), min_size=1, max_size=4)):
+        at = data.draw(st.integers(0, len(body)))
+        echoes.append(data.draw(escaped(form)))
+        body = body[:at] + echoes[-1] + body[at:]
+    pieces = [body[i : i + piece] for i in range(0, len(body), piece)]
+    expected, count = _unsieved_stream(secret, pieces)
+    redactor = Redactor([secret])
+    out = run(redactor, pieces)
+    assert out == expected
+    assert redactor.count == count >= 1
+    assert not any(echo in out for echo in echoes)
+
+
+@pytest.mark.parametrize(
+    "before",
+    [
+        pytest.param(b"%73", id="an escape of one of the secret's bytes, alone"),
+        pytest.param(b"sk-live", id="the start of the secret, alone"),
+        pytest.param(b"\\u0073k", id="a JSON escape and a byte, alone"),
+    ],
+)
+def test_a_form_far_past_a_lone_near_miss_is_redacted(before: bytes):
+    # The sieve's first window holds only the near miss; the form is in a later one.
+    filler = b"." * 5000
+    body = before + filler + SECRET + filler + before
+    expected = before + filler + MARK + filler + before
+    assert Redactor([SECRET]).whole(body) == expected
+    assert run(Redactor([SECRET]), [body[:7000], body[7000:]]) == expected

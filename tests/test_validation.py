@@ -78,7 +78,7 @@ def test_a_message_without_inputs_reads_the_same_to_the_cli() -> None:
     with pytest.raises(InvalidInput) as raised:
         validation.request_state("{open}")
     assert worded(raised.value) == str(raised.value) == (
-        "invalid state '{open}': use one of pending, approved, denied"
+        "invalid state '{open}': use one of pending, approved, denied, expired"
     )
 
 

@@ -53,11 +53,11 @@ class Issued:
     narrowing: dict[str, Any] | None = None
 
 
-@dataclass
+@dataclass(repr=False)  # its fields hold client secrets and tokens: never in test output
 class Provider:
     lifetime: float = 3600.0
     delay: float = 0.0
-    mode: str | None = None  # "invalid_grant", "unavailable"
+    mode: str | None = None  # "invalid_grant", "unavailable", "huge", "rotate-unusable"
     rotate: bool = True  # refresh tokens are single use and replaced
     clients: dict[str, str] = field(default_factory=dict)  # client_id -> secret
     refresh: dict[str, str] = field(default_factory=dict)  # live refresh token -> client_id
@@ -102,6 +102,8 @@ class Provider:
             return _json(200, {"access_token": "x", "pad": "x" * 70_000, "note": BODY_MARK})
         if self.mode == "invalid_grant":
             return _json(400, {"error": "invalid_grant", "error_description": BODY_MARK})
+        if self.mode is not None and self.mode.startswith("leak-"):
+            return _leak(self.mode, received)
         answer: Answer = handler(received)
         return answer
 
@@ -154,6 +156,8 @@ class Provider:
                     answer["refresh_token"] = new
             value, _ = self._issue(client_id, scope=form.get("scope"))
             answer["access_token"] = value
+            if self.mode == "rotate-unusable":  # rotated, with an access token of no use
+                answer["token_type"] = "DPoP"
             return _json(200, answer)
         return self._refuse("grant type", 400, "unsupported_grant_type")
 
@@ -232,6 +236,8 @@ class Provider:
             return _json(401, {"message": "refused"})
         if received.target.startswith("/v1/echo-client"):  # a careless API's error page
             return _json(200, {"client_secret": self.clients.get(found.who)})
+        if received.target.startswith("/v1/echo-forms"):  # a redirect that echoes it all
+            return _forms(value)
         if received.target.startswith("/v1/echo"):
             return _json(200, {"authorization": auth[0], "prefix": prefix})
         return _json(200, {"ok": True, "who": found.who, "narrowing": found.narrowing})
@@ -250,3 +256,48 @@ def _bearer(value: str, lifetime: float, scope: str | None) -> dict[str, Any]:
 
 def _json(status: int, body: dict[str, Any]) -> Answer:
     return status, [("content-type", "application/json")], json.dumps(body).encode()
+
+
+def _forms(value: str) -> Answer:
+    """The token in the forms a careless API might send back: headers, a redirect, base64
+    (both alphabets, unpadded), percent-encoding (upper case, every byte), JSON escapes."""
+    raw = value.encode()
+    b64 = base64.b64encode(raw).decode()
+    b64url = base64.urlsafe_b64encode(raw).decode().rstrip("=")
+    percent = "".join(f"%{b:02X}" for b in raw)
+    escaped = "".join(f"\\u{b:04x}" for b in raw)
+    fields = [
+        ("location", f"https://elsewhere.test/cb?access_token={percent}"),
+        ("www-authenticate", f'Bearer error="invalid_token", token="{value}"'),
+        ("set-cookie", f"t={b64}; Path=/"),
+        ("x-echo", b64url),
+        ("content-type", "application/json"),
+    ]
+    body = f'{{"raw": "{value}", "escaped": "{escaped}", "b64": "{b64url}"}}'
+    return 302, fields, body.encode()
+
+
+def _leak(mode: str, received: Received) -> Answer:
+    """A token endpoint that hands back what it was sent (the client's Authorization and the
+    form: client secret, refresh token, assertion), each mode in another place."""
+    sent = " ".join([*received.header("authorization"), received.body.decode()])
+    plain = unquote(sent)
+    text = f"{sent} {plain} {BODY_MARK}"
+    j = [("content-type", "application/json")]
+    if mode == "leak-description":
+        return 400, j, json.dumps({"error": "invalid_client", "error_description": text}).encode()
+    if mode == "leak-code":  # the echo where the registered code should be
+        return 400, j, json.dumps({"error": text}).encode()
+    if mode == "leak-headers":
+        fields = [("www-authenticate", f'Basic realm="{plain}"'), ("x-debug", sent), *j]
+        return 401, fields, json.dumps({"error": "invalid_client"}).encode()
+    if mode == "leak-redirect":
+        return 302, [("location", f"https://elsewhere.test/?{sent}")], text.encode()
+    if mode == "leak-html":
+        return 500, [("content-type", "text/html")], f"<pre>{text}</pre>".encode()
+    if mode == "leak-token-crlf":  # a token that would add a header carrying the secret
+        value = "tok\r\nX-Leak: " + plain.replace("\r", " ").replace("\n", " ")
+        return 200, j, json.dumps({"access_token": value, "token_type": "Bearer"}).encode()
+    if mode == "leak-200-error":
+        return 200, j, json.dumps({"error": "invalid_grant", "error_description": text}).encode()
+    raise AssertionError(mode)

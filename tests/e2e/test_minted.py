@@ -4,6 +4,7 @@ loopback (tests/e2e/fakeoauth.py), real clients. Secrets are only asserted with 
 
 from __future__ import annotations
 
+import base64
 import json
 import secrets
 import socket
@@ -151,6 +152,29 @@ def test_an_echoed_client_secret_is_redacted(sandbox: Sandbox, provider: Provide
     _no_secret_anywhere(sandbox, answer.text)
 
 
+def test_an_api_echoing_the_minted_token_in_any_form_is_redacted(
+    sandbox: Sandbox, provider: Provider
+):
+    token = sandbox.client_credential("echo-forms")
+    with sandbox.client("echo-forms", token) as client:
+        answer = client.get(f"https://{API}/v1/echo-forms")
+    assert answer.status_code == 302
+    [value] = [v for v, i in provider.issued.items() if i.who == "echo-forms"]
+    seen = answer.text + "\n".join(f"{k}: {v}" for k, v in answer.headers.multi_items())
+    raw = value.encode()
+    for form in (
+        value,
+        base64.b64encode(raw).decode(),
+        base64.urlsafe_b64encode(raw).decode().rstrip("="),
+        "".join(f"%{b:02X}" for b in raw),
+        "".join(f"\\u{b:04x}" for b in raw),
+    ):
+        leaked = form in seen
+        assert not leaked, "a form of the minted token reached the agent"
+    assert seen.count("[REDACTED]") >= 7
+    _no_secret_anywhere(sandbox, seen)
+
+
 def test_a_custom_header_and_prefix(sandbox: Sandbox, provider: Provider):
     token = sandbox.client_credential("prefixed", "--token-prefix", "token ")
     with sandbox.client("prefixed", token) as client:
@@ -276,6 +300,44 @@ def test_a_failing_endpoint_denies_cleanly_and_recovers(
     failures = [e for e in sandbox.proxy.audit() if e.get("event") == "token.mint_failed"]
     assert any(e["credential"] == name for e in failures)
     _no_secret_anywhere(sandbox, refused.text, again.text)
+
+
+@pytest.mark.parametrize(
+    ("mode", "detail"),
+    [
+        ("leak-description", "the token endpoint answered 400 (invalid_client)"),
+        ("leak-code", "the token endpoint answered 400"),
+        ("leak-headers", "the token endpoint answered 401 (invalid_client)"),
+        ("leak-redirect", "the token endpoint answered 302"),
+        ("leak-html", "the token endpoint answered 500"),
+        ("leak-token-crlf", "the token endpoint's answer has no usable access_token"),
+        ("leak-200-error", "the token endpoint's answer has no usable access_token"),
+    ],
+)
+@pytest.mark.parametrize("scheme", ["oauth2-client", "oauth2-refresh"])
+def test_a_token_endpoint_echoing_what_it_was_sent_never_reaches_the_agent(
+    sandbox: Sandbox, provider: Provider, mode: str, detail: str, scheme: str
+):
+    """The client secret, refresh token and whole form, echoed by the token endpoint in its
+    error text, its code, its headers, a redirect, an HTML page, a token with CR LF: the
+    agent reads only the status and a registered code, the audit stream likewise."""
+    name = f"{mode}-{scheme}"
+    if scheme == "oauth2-client":
+        token = sandbox.client_credential(name)
+    else:
+        token = refresh_credential(sandbox, name)
+    provider.mode = mode
+    with sandbox.client(name, token) as client:
+        answer = client.get(f"https://{API}/v1/x")
+    assert answer.status_code == 502
+    assert answer.headers["x-credproxy-reason"] == "credentials-unavailable"
+    assert answer.json()["detail"] == detail
+    assert "x-leak" not in answer.headers and "x-debug" not in answer.headers
+    seen = answer.text + "\n".join(f"{k}: {v}" for k, v in answer.headers.multi_items())
+    text = sandbox.proxy.output()
+    for value in [*sandbox.secrets, *provider.refresh, BODY_MARK]:
+        leaked = value in seen or value in text
+        assert not leaked, "something the token endpoint echoed reached the agent or the log"
 
 
 def test_an_unreachable_endpoint_denies_502(sandbox: Sandbox, provider: Provider):
@@ -427,6 +489,79 @@ def test_a_refused_refresh_token_denies_and_leaves_the_store_as_it_was(
             time.sleep(0.1)
     assert _sealed(sandbox, "refused")["refresh_token"] != before["refresh_token"]
     _no_secret_anywhere(sandbox, answer.text)
+
+
+def test_a_rotated_refresh_token_is_sealed_back_even_when_its_access_token_is_refused(
+    sandbox: Sandbox, provider: Provider
+):
+    """The endpoint spends the refresh token, answers a new one, and an access token
+    credproxy cannot use (not a bearer): the request is refused, but the new refresh token
+    is sealed, so the next refresh works (it used to be dropped: invalid_grant for good)."""
+    token = refresh_credential(sandbox, "rotated-unusable")
+    before = _sealed(sandbox, "rotated-unusable")
+    provider.mode = "rotate-unusable"
+    with sandbox.client("rotated-unusable", token) as client:
+        answer = client.get(f"https://{API}/v1/x")
+        assert answer.status_code == 502
+        assert answer.json()["detail"] == "the token endpoint's answer is not a bearer token"
+        live = [r for r, who in provider.refresh.items() if who == "rotated-unusable"]
+        sealed = _sealed(sandbox, "rotated-unusable")
+        # Compared as booleans: pytest would print the values.
+        kept = sealed["refresh_token"] == live[0] and live[0] != before["refresh_token"]
+        assert kept, "the rotated refresh token was not sealed back"
+        assert "access_token" not in sealed  # the refused one is not offered to replicas
+        provider.mode = None
+        deadline = time.monotonic() + 10
+        while (again := client.get(f"https://{API}/v1/x")).status_code != 200:
+            assert time.monotonic() < deadline, again.text
+            time.sleep(0.1)
+    assert provider.stale_refresh == 0
+    sandbox.secrets += list(provider.spent)
+    _no_secret_anywhere(sandbox, answer.text, again.text)
+
+
+def test_an_upstream_401_drops_a_refreshed_token_for_good(sandbox: Sandbox, provider: Provider):
+    """oauth2-refresh keeps the access token beside the refresh token in the store, for the
+    other replicas. A 401 must not be answered by taking the refused token back from there:
+    the next request gets a freshly refreshed one."""
+    token = refresh_credential(sandbox, "refresh-rejected")
+    with sandbox.client("refresh-rejected", token) as client:
+        assert client.get(f"https://{API}/v1/ok").status_code == 200
+        assert client.get(f"https://{API}/v1/reject").status_code == 401
+        assert client.get(f"https://{API}/v1/ok").status_code == 200
+    mints = provider.count("refresh-rejected")
+    assert mints == 2
+    fps = [r["token_fp"] for r in sandbox.proxy.requests("refresh-rejected") if "token_fp" in r]
+    assert fps[0] == fps[1] != fps[2]
+
+
+def test_a_narrowed_scope_is_never_served_the_wider_token_kept_in_the_store(
+    sandbox: Sandbox, provider: Provider
+):
+    """`apply` narrows a refresh credential's scope, its secret untouched. The access token
+    sealed beside the refresh token for the other replicas was minted for the wider scope:
+    it must not be stamped again (it was, for up to 75 % of its lifetime)."""
+    import hashlib
+
+    token = refresh_credential(sandbox, "narrowed", "--scope", "read", "--scope", "write")
+    policy = sandbox.home / "narrowed.toml"
+    policy.write_text(
+        "[[credential]]\n"
+        'name = "narrowed"\nscheme = "oauth2-refresh"\n'
+        f'hosts = ["{API}"]\ntoken_url = "{TOKEN_URL}"\nscope = ["read"]\n'
+    )
+    with sandbox.client("narrowed", token) as client:
+        assert client.get(f"https://{API}/v1/wide").status_code == 200
+        sandbox.cli("apply", str(policy), "--yes")
+        sandbox.proxy.wait_reload()
+        assert client.get(f"https://{API}/v1/narrow").status_code == 200
+    by_fp = {
+        "tok-" + hashlib.sha256(v.encode()).hexdigest()[:12]: i
+        for v, i in provider.issued.items()
+    }
+    lines = [r for r in sandbox.proxy.requests("narrowed") if r["path"].startswith("/v1/")]
+    scopes = [by_fp[line["token_fp"]].scope for line in lines]
+    assert scopes == ["read write", "read"]
 
 
 def test_an_operator_cannot_seal_an_access_token_in_a_refresh_secret(sandbox: Sandbox):
@@ -610,3 +745,57 @@ def test_bad_github_app_input_is_one_line_exit_2(
     )  # fmt: skip
     err = done.stderr.decode()
     assert done.returncode == 2 and err.count("\n") == 1 and message in err, err
+
+
+# -- the token endpoint's reach ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "host", ["localhost", "127.0.0.1", "127.1.2.3", "[::1]", "[::ffff:127.0.0.1]"]
+)
+def test_a_token_endpoint_on_a_private_address_is_never_dialled(
+    sandbox: Sandbox, provider: Provider, upstream_ca: trustme.CA, host: str
+):
+    """Without --allow-private the token URL's host goes through the destination guard as an
+    upstream's does: a loopback name or literal is refused before any connection (the local
+    server would answer: its certificate covers the name)."""
+    bare = host.strip("[]")
+    name = "private-" + secrets.token_hex(3)
+    with Upstream(upstream_ca, [bare, "localhost"], app=provider) as local:
+        sandbox.secrets.append(f"{name}-secret-value")
+        secret = json.dumps({"client_id": name, "client_secret": f"{name}-secret-value"})
+        sandbox.cli(
+            "credential", "add", name, "--scheme", "oauth2-client", "--host", API,
+            "--token-url", f"https://{host}:{local.port}/oauth/token", stdin=secret.encode(),
+        )  # fmt: skip
+        with sandbox.client(name, _agent_for(sandbox, name)) as client:
+            answer = client.get(f"https://{API}/v1/x")
+        assert answer.status_code == 502
+        assert answer.headers["x-credproxy-reason"] == "credentials-unavailable"
+        assert local.log.snis == [] and local.log.requests == []
+    assert f"{name}-secret-value" not in answer.text
+
+
+def test_a_principal_never_gets_another_principals_minted_token(
+    sandbox: Sandbox, provider: Provider
+):
+    """Two principals, each granted its own oauth2-client credential on the same API and
+    paths: each request carries its own credential's token, a 401 to one drops only that
+    one, and a principal without a grant on a credential never makes it mint."""
+    alice = sandbox.client_credential("cross-a")
+    bob = sandbox.client_credential("cross-b")
+    carol = sandbox.proxy.store.add_principal("cross-c")  # no grant at all
+    sandbox.proxy.wait_reload()
+    with sandbox.client("cross-c", carol) as c, pytest.raises(httpx.ProxyError, match="403"):
+        c.get(f"https://{API}/v1/who")  # refused at CONNECT: no grant on the host
+    assert provider.count("cross-a") == 0
+    with sandbox.client("cross-a", alice) as a, sandbox.client("cross-b", bob) as b:
+        assert a.get(f"https://{API}/v1/who").json()["who"] == "cross-a"
+        assert b.get(f"https://{API}/v1/who").json()["who"] == "cross-b"
+        assert b.get(f"https://{API}/v1/reject").status_code == 401
+        assert a.get(f"https://{API}/v1/who").json()["who"] == "cross-a"
+        assert b.get(f"https://{API}/v1/who").json()["who"] == "cross-b"
+    assert (provider.count("cross-a"), provider.count("cross-b")) == (1, 2)
+    fps_a = {r["token_fp"] for r in sandbox.proxy.requests("cross-a") if "token_fp" in r}
+    fps_b = {r["token_fp"] for r in sandbox.proxy.requests("cross-b") if "token_fp" in r}
+    assert len(fps_a) == 1 and len(fps_b) == 2 and not fps_a & fps_b
