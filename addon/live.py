@@ -148,8 +148,12 @@ class LivePolicy:
             # A forced read (a restore, SIGHUP) that failed is owed until one is served: a
             # restored store may stand at the very counter the old one had.
             self._owed = force = force or self._owed
-            counter = await self.call(self.store.change_counter)
+            counter, mark = await self.call(self.store.state_mark)
             policy, mode, changes, decided = self.policy, None, 0, False
+            if policy is not None and counter == policy.counter and mark != policy.mark:
+                # The same counter, another change: restored in place, and changed since.
+                self._log.warning("store.diverged", counter=counter)
+                force = self._owed = True
             if force and self._full is not None:
                 # Read before a restore, maybe: never caught up with another store's log.
                 self._full.cancel()
@@ -160,7 +164,7 @@ class LivePolicy:
                 policy, mode = await self._full_read(), FULL
             full_counter = policy.counter if mode == FULL else None
             if counter != policy.counter:
-                delta = await self.call(self.store.delta, policy.counter)
+                delta = await self.call(self.store.delta, policy.counter, policy.mark)
                 if delta is None or delta.key_id != policy.key_id:
                     policy, mode = await self._full_read(), FULL
                     full_counter = policy.counter

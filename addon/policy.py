@@ -275,6 +275,7 @@ class Policy:
     def __init__(self, snapshot: Snapshot) -> None:
         self.counter = snapshot.counter
         self.key_id = snapshot.key_id
+        self.mark = snapshot.mark
         self._tokens = dict(snapshot.token_hashes)
         self._principal_names = dict(snapshot.principal_ids)
         self._principal_ids = {name: pid for pid, name in snapshot.principal_ids.items()}
@@ -380,7 +381,7 @@ class Policy:
                 self._principals.pop(name, None)
         if delta.coverage is not None:
             self._coverage = delta.coverage
-        self.counter, self.key_id = delta.counter, delta.key_id
+        self.counter, self.key_id, self.mark = delta.counter, delta.key_id, delta.mark
 
     def stamp(self, credential: CredentialRecord) -> Stamp:
         """The credential's Stamp, built on first use of each version of the credential."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import secrets
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -38,6 +39,9 @@ PRINCIPAL, TOKEN, CREDENTIAL, GRANT, REQUEST, ALL = (
     "request",
     "all",
 )
+# Every change also logs a random mark: two stores at one counter with different marks (one
+# restored in place, and changed since) are different states; a replica then reads whole.
+MARK = "mark"
 _NOTED = "credproxy.changed"
 # What the proxy reads, by model: a row of one written through the ORM is noted as its kind,
 # whatever the write itself noted (store_state, the key's row, as everything).
@@ -55,6 +59,20 @@ E = TypeVar("E", bound=Executable)
 # change_log keeps the last LOG_KEPT changes; a proxy further behind reloads whole.
 LOG_KEPT = 10_000
 PRUNE_EVERY = 1_000
+
+
+def mark_of(counter: Any) -> Any:
+    """The mark logged with the change at `counter` (a scalar subquery; NULL if none)."""
+    return (
+        select(ChangeLog.row_id)
+        .where(ChangeLog.counter == counter, ChangeLog.kind == MARK)
+        .scalar_subquery()
+    )
+
+
+STATE_MARK = select(StoreState.change_counter, mark_of(StoreState.change_counter)).where(
+    StoreState.id == 1
+)
 
 
 def normalize_url(url: str) -> str:
@@ -292,6 +310,12 @@ class Database:
                 select(StoreState.change_counter).where(StoreState.id == 1)
             ).scalar_one()
 
+    def state_mark(self) -> tuple[int, int | None]:
+        """The change counter and the mark of the change it counts (None before marks)."""
+        with self.session() as session:
+            counter, mark = session.execute(STATE_MARK).one()
+            return counter, mark
+
 
 def changed(session: Session, kind: str, *rows: Any) -> None:
     """Note rows (ids, or ORM objects whose id the flush assigns) this change touches."""
@@ -348,9 +372,10 @@ def bump(session: Session) -> int:
     rows = {(kind, row if isinstance(row, int) else row.id) for kind, row in noted}
     if any(kind == ALL for kind, _ in rows):
         rows = {(ALL, 0)}  # everything: the rows beside it say no more
+    rows = (rows or {(ALL, 0)}) | {(MARK, secrets.randbelow(2**31))}
     session.execute(
         insert(ChangeLog),
-        [{"counter": counter, "kind": k, "row_id": i} for k, i in sorted(rows or {(ALL, 0)})],
+        [{"counter": counter, "kind": k, "row_id": i} for k, i in sorted(rows)],
     )
     if counter % PRUNE_EVERY == 0:
         session.execute(delete(ChangeLog).where(ChangeLog.counter <= counter - LOG_KEPT))

@@ -12,7 +12,7 @@ from sqlalchemy import Select, Text, cast, select
 
 from store import keys
 from store.crypto import MasterKey
-from store.engine import Database
+from store.engine import Database, mark_of
 from store.errors import SealError
 from store.grammar import parse_host, parse_rate
 from store.models import (
@@ -39,7 +39,9 @@ T = TypeVar("T")
 
 
 Query = Select[*tuple[Any, ...]]
-STATE = select(StoreState.change_counter, StoreState.key_id).where(StoreState.id == 1)
+STATE = select(
+    StoreState.change_counter, StoreState.key_id, mark_of(StoreState.change_counter)
+).where(StoreState.id == 1)
 
 
 def read(db: Database, key: MasterKey) -> Snapshot:
@@ -237,7 +239,7 @@ class Compiler:
 def _read(db: Database, key: MasterKey) -> Snapshot:
     now = utcnow()
     with db.reading() as connection:
-        counter, key_id = connection.execute(STATE).one()
+        counter, key_id, mark = connection.execute(STATE).one()
         people = connection.execute(principals()).all()
         tokens = connection.execute(sessions(now)).all()
         creds = connection.execute(credentials()).all()
@@ -271,6 +273,7 @@ def _read(db: Database, key: MasterKey) -> Snapshot:
         principal_ids=names,
         credential_ids={cid: c.name for cid, c in by_id.items()} | unreadable,
         coverage=compile_coverage(covering),
+        mark=mark,
     )
 
 

@@ -117,8 +117,8 @@ def test_a_slow_poll_never_takes_the_policy_back_over_a_later_one(
     read, release = threading.Event(), threading.Event()
     reads = []
 
-    def slow_delta(since: int) -> Any:
-        delta = type(live.store).delta(live.store, since)
+    def slow_delta(since: int, mark: int | None = None) -> Any:
+        delta = type(live.store).delta(live.store, since, mark)
         if not reads:
             reads.append(delta)
             read.set()
@@ -354,3 +354,58 @@ def test_a_store_restored_in_place_to_an_earlier_counter_is_read_whole(
         assert view(live.policy) == view(Policy(store.snapshot()))
     finally:
         live.close()
+
+
+def test_a_store_restored_in_place_and_changed_to_the_same_counter_is_read_whole(
+    store: Store, key: MasterKey, open_store: Callable[[MasterKey | None], Store]
+) -> None:
+    """Restored in place (a PostgreSQL restore) to an earlier counter, then changed back up
+    to the replica's counter before it looked: the counters agree, the stores do not."""
+    from sqlalchemy import delete as sql_delete
+
+    from store.models import ChangeLog, Grant
+
+    grant = seed(store)
+    counter = store.change_counter()
+    added = store.add_grant("agent", ["POST"], credential="gh")  # counter + 1
+    live = LivePolicy(open_store(key))
+    try:
+        live.load()
+        with store.engine.begin() as connection:  # the backup, as of `counter`
+            connection.execute(sql_delete(ChangeLog).where(ChangeLog.counter > counter))
+            connection.execute(sql_delete(Grant).where(Grant.id == added))
+            connection.execute(update(StoreState).values(change_counter=counter))
+        store.revoke_grant(grant)  # after the restore: counter + 1 again
+        assert store.change_counter() == live.policy.counter  # type: ignore[union-attr]
+        with capture_logs() as logs:
+            asyncio.run(live.poll())
+        assert "store.diverged" in [line["event"] for line in logs]
+        assert live.policy is not None and live.policy.grant_count == 0
+        assert view(live.policy) == view(Policy(store.snapshot()))
+        store.add_grant("agent", ["PUT"], credential="gh")
+        (line,) = _poll(live)
+        assert line["mode"] == "incremental"  # and from there on, as before
+    finally:
+        live.close()
+
+
+def test_a_delta_from_a_store_restored_in_place_and_changed_past_the_counter_is_none(
+    store: Store,
+) -> None:
+    from sqlalchemy import delete as sql_delete
+
+    from store.models import ChangeLog, Grant
+
+    grant = seed(store)
+    counter = store.change_counter()
+    added = store.add_grant("agent", ["POST"], credential="gh")
+    policy = Policy(store.snapshot())
+    with store.engine.begin() as connection:  # restored to `counter`, then changed twice
+        connection.execute(sql_delete(ChangeLog).where(ChangeLog.counter > counter))
+        connection.execute(sql_delete(Grant).where(Grant.id == added))
+        connection.execute(update(StoreState).values(change_counter=counter))
+    store.revoke_grant(grant)
+    store.add_principal("intern")
+    assert store.change_counter() == policy.counter + 1
+    assert store.delta(policy.counter, policy.mark) is None
+    assert store.delta(policy.counter) is not None  # what the log alone would have said
