@@ -241,7 +241,8 @@ class Holds:
 
     def _still_granted(self, rule: Rule, principal: str, flow: http.HTTPFlow, step: Step) -> None:
         """The grant may have gone or changed while the request waited (a policy file
-        updates a grant in place): it must still serve this request, as it is now."""
+        updates a grant in place), and the token it came with may have been revoked: both
+        must still serve this request, as they are now."""
         v = step.verdict
         assert v is not None and v.host is not None and v.port is not None
         assert v.method is not None and v.path is not None
@@ -249,6 +250,11 @@ class Holds:
         if policy is None:
             raise Denied(Reason.STORE_UNAVAILABLE, "the policy is stale")
         now = datetime.now(UTC)
+        principal = step.principal
+        if step.token is not None and not policy.token_live(principal, step.token, now):
+            raise Denied(
+                Reason.AUTH_REQUIRED, "the token was revoked or expired while the request was held"
+            )
         current = policy.rule(rule.grant_id)
         if (
             current is None

@@ -66,8 +66,9 @@ class Auth:
         headers = HeaderScan.scan(request.headers.fields)
         state = self.clients.get(flow.client_conn)
         tunnel = state.tunnel if state is not None else None
+        token: int | None
         if tunnel is None:
-            principal, _ = self._authenticate(flow, headers.get_all(b"proxy-authorization"))
+            principal, token = self._authenticate(flow, headers.get_all(b"proxy-authorization"))
             # One client connection, one principal: its upstream connections are shared.
             if state is None:
                 state = self.clients.state(flow.client_conn)
@@ -87,6 +88,7 @@ class Auth:
                 if named is None or named[0] != tunnel.principal:
                     raise Denied(Reason.AUTH_REQUIRED, "credentials differ from the tunnel's")
             principal = tunnel.principal
+            token = state.token if state is not None else None
         rec.principal = principal
         policy = self._policy()
         if principal not in policy.principals():
@@ -98,7 +100,7 @@ class Auth:
                 raise Denied(Reason.AUTH_REQUIRED, "the session token was revoked or has expired")
         if state is not None and state.broken:
             raise Denied(Reason.INTERNAL_ERROR, "internal error")
-        STEPS[flow] = Step(headers, principal, tunnel, policy)
+        STEPS[flow] = Step(headers, principal, tunnel, policy, token=token)
 
     def _policy(self) -> Policy:
         if not audit.writable():

@@ -58,6 +58,7 @@ class LivePolicy:
         self._full_at = time.monotonic()
         self._full_counter = -1
         self._polling = asyncio.Lock()
+        self._owed = False  # a forced full read that has not been served yet
         self._reload_key = reload_key
         # Database calls never run on the event loop; a pool of their own so a hung database
         # cannot starve anything else that uses the default executor.
@@ -142,8 +143,17 @@ class LivePolicy:
             if await self.call(self.store.reopen_if_replaced):
                 self._log.warning("store.replaced", db=self.store.display_url)
                 force = True
-            counter = await self.call(self.store.change_counter)
+            if await self.call(self._key_caught_up):
+                force = True
+            # A forced read (a restore, SIGHUP) that failed is owed until one is served: a
+            # restored store may stand at the very counter the old one had.
+            self._owed = force = force or self._owed
+            counter, mark = await self.call(self.store.state_mark)
             policy, mode, changes, decided = self.policy, None, 0, False
+            if policy is not None and counter == policy.counter and mark != policy.mark:
+                # The same counter, another change: restored in place, and changed since.
+                self._log.warning("store.diverged", counter=counter)
+                force = self._owed = True
             if force and self._full is not None:
                 # Read before a restore, maybe: never caught up with another store's log.
                 self._full.cancel()
@@ -154,17 +164,23 @@ class LivePolicy:
                 policy, mode = await self._full_read(), FULL
             full_counter = policy.counter if mode == FULL else None
             if counter != policy.counter:
-                delta = await self.call(self.store.delta, policy.counter)
+                delta = await self.call(self.store.delta, policy.counter, policy.mark)
                 if delta is None or delta.key_id != policy.key_id:
                     policy, mode = await self._full_read(), FULL
                     full_counter = policy.counter
                 else:
                     # On the event loop, between two decisions; a few rows' work.
-                    policy.apply(delta)
-                    mode, changes = mode or INCREMENTAL, delta.changes
-                    decided = delta.decisions
+                    try:
+                        policy.apply(delta)
+                    except Exception as e:  # noqa: BLE001 - fail closed, then read whole
+                        policy, mode = await self._after_failed_apply(policy, e), FULL
+                        full_counter = policy.counter
+                    else:
+                        mode, changes = mode or INCREMENTAL, delta.changes
+                        decided = delta.decisions
             if mode is not None:
                 self._install(policy, full_counter)
+                self._owed = False
                 self.on_reload()
                 if mode == FULL or decided:
                     await self._log_decisions()
@@ -188,6 +204,14 @@ class LivePolicy:
         if not self._stale_reported and self.current() is None:
             self._stale_reported = True
             self._log.error("store.stale", max_stale_s=self.max_stale)
+
+    async def _after_failed_apply(self, policy: Policy, error: Exception) -> Policy:
+        """A delta that raised half way: the policy it left is never served (requests are
+        refused store-unavailable meanwhile); the whole store is read instead."""
+        self._log.error("policy.apply_failed", error_type=type(error).__name__)
+        if policy is self.policy:
+            self.policy = None
+        return await self._full_read()
 
     async def _log_decisions(self) -> None:
         """Approvals and denials happen in the CLI; the audit stream learns of them here."""
@@ -228,6 +252,24 @@ class LivePolicy:
                 self.store.key = new_key
                 snapshot = self.store.snapshot()
         return Policy(snapshot)
+
+    def _key_caught_up(self) -> bool:
+        """Served with another key than the store's (a rotation whose key file had not reached
+        this replica when it looked): True once the key file holds the store's key, which is
+        then the one used. Looked at every poll until then, the file being small."""
+        policy, key = self.policy, self.store.key
+        if policy is None or key is None or self._reload_key is None:
+            return False
+        if policy.key_id is None or policy.key_id == key.key_id:
+            return False
+        try:
+            new_key = self._reload_key()
+        except CredproxyError:
+            return False  # the file as it stands now: looked at again at the next poll
+        if new_key.key_id != policy.key_id:
+            return False
+        self.store.key = new_key
+        return True
 
     async def _full_read(self) -> Policy:
         # The whole store: at 100,000 grants a second or more of CPU, longer on a busy host.

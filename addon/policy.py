@@ -107,7 +107,14 @@ UPSTREAM_REASONS = frozenset(
 )
 
 DEFAULT_PORTS = {"https": 443, "http": 80}
-LONG_LIVED = 0  # the token made by `principal add`; session tokens have ids from 1
+
+
+def long_lived(principal_id: int) -> int:
+    """The id of the token `principal add` made: minus its principal's id (session tokens have
+    ids from 1). A name removed and added again is another principal, its token another id."""
+    return -principal_id
+
+
 CANDIDATE_CACHE = 1024
 
 
@@ -200,11 +207,36 @@ class PrincipalPolicy:
     # Hosts come from agents: bounded, cleared whole when full.
     _found: dict[tuple[str, int, str], tuple[Rule, ...]] = field(default_factory=dict)
 
-    @classmethod
-    def of(cls, rules: Iterable[Rule]) -> PrincipalPolicy:
-        built = cls()
-        for rule in rules:
-            built.add(rule)
+    def changed(self, changes: dict[int, Rule | None]) -> PrincipalPolicy | None:
+        """A new PrincipalPolicy: this one with `changes` (None: the grant is gone), or None
+        when no rule is left. Only the index entries of the hosts the changed rules name are
+        built again; the others are shared with this one (built lists are never changed)."""
+        rules = {**self.rules}
+        touched: set[tuple[bool, str]] = set()
+        for gid, rule in changes.items():
+            for found in (rules.pop(gid, None), rule):
+                if found is not None:
+                    touched.update(_buckets(found))
+            if rule is not None:
+                rules[gid] = rule
+        if not rules:
+            return None
+        built = PrincipalPolicy(
+            exact=defaultdict(list, self.exact),
+            wildcard=defaultdict(list, self.wildcard),
+            rules=rules,
+        )
+        for wildcard, host in touched:
+            index = built.wildcard if wildcard else built.exact
+            index[host] = [r for r in index.get(host, ()) if r.grant_id not in changes]
+        for rule in changes.values():
+            if rule is not None:
+                for wildcard, host in _buckets(rule):
+                    (built.wildcard if wildcard else built.exact)[host].append(rule)
+        for wildcard, host in touched:
+            index = built.wildcard if wildcard else built.exact
+            if not index[host]:
+                del index[host]
         return built
 
     def add(self, rule: Rule) -> None:
@@ -245,8 +277,10 @@ class Policy:
     def __init__(self, snapshot: Snapshot) -> None:
         self.counter = snapshot.counter
         self.key_id = snapshot.key_id
+        self.mark = snapshot.mark
         self._tokens = dict(snapshot.token_hashes)
         self._principal_names = dict(snapshot.principal_ids)
+        self._principal_ids = {name: pid for pid, name in snapshot.principal_ids.items()}
         self._sessions = {
             name: {t.id: t for t in found} for name, found in snapshot.sessions.items()
         }
@@ -293,12 +327,14 @@ class Policy:
         for pid in delta.principals:
             gone = self._principal_names.pop(pid, None)
             if gone is not None:
+                self._principal_ids.pop(gone, None)
                 self._tokens.pop(gone, None)
                 self._limits.pop(gone, None)
                 self._sessions.pop(gone, None)  # its tokens are in the delta with it
         for pid, principal in delta.principals.items():
             if principal is not None:
                 self._principal_names[pid] = name = principal.name
+                self._principal_ids[name] = pid
                 self._tokens[name] = principal.token_hash
                 if principal.limit is not None:
                     self._limits[name] = principal.limit
@@ -339,16 +375,15 @@ class Policy:
                 changed.setdefault(grant.principal, {})[gid] = _rule(grant, credential)
                 self._owner[gid] = grant.principal
         for name, rules in changed.items():
-            before = self._principals.get(name)
-            kept = {**(before.rules if before is not None else {}), **rules}
-            live = [rule for rule in kept.values() if rule is not None]
-            if live:
-                self._principals[name] = PrincipalPolicy.of(live)
+            # In time proportional to the change: a principal's other rules are shared.
+            built = self._principals.get(name, PrincipalPolicy()).changed(rules)
+            if built is not None:
+                self._principals[name] = built
             else:
                 self._principals.pop(name, None)
         if delta.coverage is not None:
             self._coverage = delta.coverage
-        self.counter, self.key_id = delta.counter, delta.key_id
+        self.counter, self.key_id, self.mark = delta.counter, delta.key_id, delta.mark
 
     def stamp(self, credential: CredentialRecord) -> Stamp:
         """The credential's Stamp, built on first use of each version of the credential."""
@@ -365,11 +400,11 @@ class Policy:
         return self.token_of(name, token, now or datetime.now(UTC)) is not None
 
     def token_of(self, name: str, token: str, now: datetime) -> int | None:
-        """Which live token of `name` this is (LONG_LIVED or a session's id), or None."""
+        """Which live token of `name` this is (its `long_lived` id, or a session's), or None."""
         token_hash = self._tokens.get(name)
         # Compare against a dummy when the name is unknown, so timing does not reveal names.
         if token_matches(token, token_hash or "0" * 64) and token_hash is not None:
-            return LONG_LIVED
+            return long_lived(self._principal_ids.get(name, 0))
         sessions = self._sessions.get(name)
         if sessions:
             digest = hash_token(token)
@@ -382,8 +417,8 @@ class Policy:
         """Is the token a connection authenticated with still live (not revoked, expired)?"""
         if name not in self._tokens:
             return False
-        if token_id == LONG_LIVED:
-            return True
+        if token_id < 1:  # the principal's own token: the principal it was checked against
+            return long_lived(self._principal_ids.get(name, 0)) == token_id
         session = self._sessions.get(name, {}).get(token_id)
         return session is not None and _unexpired(session, now)
 
@@ -483,6 +518,12 @@ class Policy:
 
     def principals(self) -> Iterable[str]:
         return self._tokens.keys()
+
+
+def _buckets(rule: Rule) -> Iterator[tuple[bool, str]]:
+    """The index entries a rule is found under: (wildcard, host or suffix)."""
+    for pattern in rule.hosts:
+        yield (True, pattern.host[1:]) if pattern.wildcard else (False, pattern.host)
 
 
 def _unexpired(session: SessionToken, now: datetime) -> bool:

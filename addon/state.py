@@ -73,6 +73,7 @@ class Step:
     policy: Policy
     verdict: Verdict | None = None
     limits: tuple[Limit, ...] = ()  # the principal's rate, looked at by the gate
+    token: int | None = None  # which of the principal's tokens it came with (Policy.token_of)
 
 
 STEPS: weakref.WeakKeyDictionary[http.HTTPFlow, Step] = weakref.WeakKeyDictionary()

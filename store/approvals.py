@@ -15,9 +15,9 @@ from sqlalchemy import case, select, update
 from sqlalchemy.orm import Session
 
 from store import principals
-from store.engine import Database
+from store.engine import REQUEST, Database, bump, changed, covered
 from store.errors import InvalidInput
-from store.models import AccessRequest, Grant, Principal, StoreState, utcnow
+from store.models import AccessRequest, Grant, Principal, utcnow
 from store.records import APPROVED, EXPIRED, HOLD, PENDING
 
 
@@ -128,27 +128,30 @@ def use_cover(db: Database, request_id: int) -> bool:
     approval)."""
     with db.session() as session, session.begin():
         spent = session.execute(
-            update(AccessRequest)
-            .where(
-                AccessRequest.id == request_id,
-                AccessRequest.state == APPROVED,
-                AccessRequest.cover_uses.is_not(None),
-                AccessRequest.covered < AccessRequest.cover_uses,
+            covered(  # noted below when it was the last; the others change no record
+                update(AccessRequest)
+                .where(
+                    AccessRequest.id == request_id,
+                    AccessRequest.state == APPROVED,
+                    AccessRequest.cover_uses.is_not(None),
+                    AccessRequest.covered < AccessRequest.cover_uses,
+                )
+                .values(
+                    covered=AccessRequest.covered + 1,
+                    last_seen=utcnow(),
+                )
+                .returning(
+                    case((AccessRequest.covered >= AccessRequest.cover_uses, True), else_=False)
+                )
             )
-            .values(
-                covered=AccessRequest.covered + 1,
-                last_seen=utcnow(),
-            )
-            .returning(case((AccessRequest.covered >= AccessRequest.cover_uses, True), else_=False))
         ).all()
         if not spent:
             return False
         if spent[0][0]:
-            session.execute(
-                update(StoreState)
-                .where(StoreState.id == 1)
-                .values(change_counter=StoreState.change_counter + 1)
-            )
+            # Logged like any change (not a bare counter bump, a gap every replica would
+            # answer with a full read): the replicas read the approvals again.
+            changed(session, REQUEST, request_id)
+            bump(session)
         return True
 
 

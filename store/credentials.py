@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 
 from store import keys, validation
 from store.crypto import MasterKey, Secret
-from store.engine import CREDENTIAL, Database, changed, rowcount, sqlite_path
+from store.engine import CREDENTIAL, Database, bump, changed, covered, rowcount, sqlite_path
 from store.errors import Conflict, NotFound, StoreUnavailable
 from store.grammar import validate_name
 from store.models import Credential, Grant, utcnow
@@ -125,10 +125,12 @@ def destroy(session: Session, row: Credential, now: datetime) -> int:
     row.removed_at = now
     changed(session, CREDENTIAL, row)
     row.key_id = row.nonce = row.ciphertext = None
-    revoked = session.execute(
-        update(Grant)
-        .where(Grant.credential_id == row.id, Grant.revoked_at.is_(None))
-        .values(revoked_at=now)
+    revoked = session.execute(  # reached by the credential's note: its grants are read
+        covered(
+            update(Grant)
+            .where(Grant.credential_id == row.id, Grant.revoked_at.is_(None))
+            .values(revoked_at=now)
+        )
     )
     return rowcount(revoked)
 
@@ -177,8 +179,10 @@ def exchange(
     operator's (what `credential rotate` changes). Raises Conflict when the credential was
     rotated or removed meanwhile; a failing `step` leaves the row as it was. `step` may take
     up to `hold` seconds (PostgreSQL's timeouts are raised for this transaction to match).
+    Only a secret sealed back is a change: the replicas read that credential again, not the
+    whole store, and an exchange that seals nothing moves no counter.
     """
-    with _one_at_a_time(db, hold), db.change() as session:
+    with _one_at_a_time(db, hold), db.session() as session, session.begin():
         if session.get_bind().dialect.name == "postgresql":
             ms = int(hold * 1000)
             session.execute(text(f"SET LOCAL statement_timeout = {ms}"))
@@ -199,16 +203,20 @@ def exchange(
             # Written only over what was read: SQLite's read takes no lock, and a rotate or
             # remove meanwhile must win (a new nonce comes with every seal).
             written = session.execute(
-                update(Credential)
-                .where(
-                    Credential.id == row.id,
-                    Credential.fingerprint == fingerprint,
-                    Credential.nonce == read_nonce,
-                    Credential.removed_at.is_(None),
+                covered(  # the credential, noted below
+                    update(Credential)
+                    .where(
+                        Credential.id == row.id,
+                        Credential.fingerprint == fingerprint,
+                        Credential.nonce == read_nonce,
+                        Credential.removed_at.is_(None),
+                    )
+                    .values(key_id=key_id, nonce=nonce, ciphertext=ciphertext)
+                    .execution_options(synchronize_session=False)
                 )
-                .values(key_id=key_id, nonce=nonce, ciphertext=ciphertext)
-                .execution_options(synchronize_session=False)
             )
             if rowcount(written) != 1:
                 raise Conflict(f"credential {name!r} changed")
+            changed(session, CREDENTIAL, row.id)
+            bump(session)
         return result

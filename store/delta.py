@@ -15,12 +15,10 @@ from typing import Any
 from sqlalchemy import Connection, or_, select
 
 from store.crypto import MasterKey
-from store.engine import ALL, CREDENTIAL, GRANT, PRINCIPAL, REQUEST, TOKEN, Database
+from store.engine import ALL, CREDENTIAL, GRANT, MARK, PRINCIPAL, REQUEST, TOKEN, Database
 from store.models import ChangeLog, Credential, Grant, Principal, PrincipalToken, utcnow
 from store.records import CredentialRecord, Delta, GrantRecord, PrincipalRecord, SessionToken
 from store.snapshot import (
-    COUNTER,
-    READ_ATTEMPTS,
     STATE,
     Compiler,
     Query,
@@ -36,29 +34,28 @@ from store.snapshot import (
 MAX_ROWS = 20_000
 
 
-def read(db: Database, key: MasterKey, since: int) -> Delta | None:
-    """The changes after counter `since`, read so that they are whole (as snapshot.read)."""
-    for _ in range(READ_ATTEMPTS):
-        delta = _read(db, key, since)
-        if delta is None:
-            return None
-        with db.reading() as connection:
-            if connection.execute(COUNTER).scalar_one() == delta.counter:
-                return delta
-    return None
+def read(db: Database, key: MasterKey, since: int, mark: int | None = None) -> Delta | None:
+    """The changes after counter `since`, read in one state of the store (as snapshot.read):
+    the log up to the counter of that state, and the rows it names as they stand in it.
+    `mark`: the mark of the change at `since` the caller saw; another one there means the
+    store is not the one it read (restored in place, and changed since): None."""
+    return _read(db, key, since, mark)
 
 
-def _read(db: Database, key: MasterKey, since: int) -> Delta | None:
+def _read(db: Database, key: MasterKey, since: int, seen: int | None) -> Delta | None:
     now = utcnow()
     with db.reading() as c:
-        counter, key_id = c.execute(STATE).one()
+        counter, key_id, mark = c.execute(STATE).one()
         if counter < since:
             return None  # the store went back (a restore): nothing to apply it to
-        log = c.execute(
+        rows = c.execute(
             select(ChangeLog.counter, ChangeLog.kind, ChangeLog.row_id).where(
-                ChangeLog.counter > since, ChangeLog.counter <= counter
+                ChangeLog.counter >= since, ChangeLog.counter <= counter
             )
         ).all()
+        if seen is not None and (since, MARK, seen) not in {tuple(r) for r in rows}:
+            return None  # not the change the caller saw at `since`: another store's history
+        log = [(n, kind, row_id) for n, kind, row_id in rows if n > since and kind != MARK]
         if len({n for n, _, _ in log}) != counter - since or len(log) > MAX_ROWS:
             return None
         noted: dict[str, set[int]] = {PRINCIPAL: set(), TOKEN: set(), CREDENTIAL: set()}
@@ -124,6 +121,7 @@ def _read(db: Database, key: MasterKey, since: int) -> Delta | None:
         # Removing a principal denies its pending requests too.
         decisions=bool(pids) or any(kind == REQUEST for _, kind, _ in log),
         coverage=compile_coverage(covering) if covering is not None else None,
+        mark=mark,
     )
 
 

@@ -3,20 +3,31 @@
 from __future__ import annotations
 
 import re
+import secrets
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import quote
 
 from sqlalchemy import Connection, Engine, create_engine, delete, event, insert, select, update
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, NoSuchModuleError
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import ORMExecuteState, Session, sessionmaker
+from sqlalchemy.sql.base import Executable
 
 from store.errors import Conflict, CredproxyError, InvalidInput, StoreUnavailable
-from store.models import ChangeLog, StoreState
+from store.models import (
+    AccessRequest,
+    Base,
+    ChangeLog,
+    Credential,
+    Grant,
+    Principal,
+    PrincipalToken,
+    StoreState,
+)
 
 # What a change touched, as change_log names it. A change that notes nothing is logged as ALL:
 # every proxy then reloads the whole store, which is always right, only slower.
@@ -28,10 +39,40 @@ PRINCIPAL, TOKEN, CREDENTIAL, GRANT, REQUEST, ALL = (
     "request",
     "all",
 )
+# Every change also logs a random mark: two stores at one counter with different marks (one
+# restored in place, and changed since) are different states; a replica then reads whole.
+MARK = "mark"
 _NOTED = "credproxy.changed"
+# What the proxy reads, by model: a row of one written through the ORM is noted as its kind,
+# whatever the write itself noted (store_state, the key's row, as everything).
+_KINDS: dict[type[Base], str] = {
+    Principal: PRINCIPAL,
+    PrincipalToken: TOKEN,
+    Credential: CREDENTIAL,
+    Grant: GRANT,
+    AccessRequest: REQUEST,
+    StoreState: ALL,
+}
+_READ_TABLES = frozenset(str(model.__tablename__) for model in _KINDS)
+_COVERED = "credproxy_covered"
+E = TypeVar("E", bound=Executable)
 # change_log keeps the last LOG_KEPT changes; a proxy further behind reloads whole.
 LOG_KEPT = 10_000
 PRUNE_EVERY = 1_000
+
+
+def mark_of(counter: Any) -> Any:
+    """The mark logged with the change at `counter` (a scalar subquery; NULL if none)."""
+    return (
+        select(ChangeLog.row_id)
+        .where(ChangeLog.counter == counter, ChangeLog.kind == MARK)
+        .scalar_subquery()
+    )
+
+
+STATE_MARK = select(StoreState.change_counter, mark_of(StoreState.change_counter)).where(
+    StoreState.id == 1
+)
 
 
 def normalize_url(url: str) -> str:
@@ -168,6 +209,8 @@ class Database:
         self._file = sqlite_path(self.url)
         self.engine = make_engine(self.url, create=create)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        event.listen(self._sessions, "after_flush", _note_flushed)
+        event.listen(self._sessions, "do_orm_execute", _note_bulk)
         self._identity = self._file_identity()
 
     def _file_identity(self) -> tuple[int, int] | None:
@@ -232,10 +275,24 @@ class Database:
 
     @contextmanager
     def reading(self) -> Iterator[Connection]:
-        """One read transaction on a plain connection, for rows that need no ORM objects."""
+        """One read-only transaction on a plain connection whose SELECTs all see one state of
+        the store, whatever commits meanwhile: REPEATABLE READ on PostgreSQL (a snapshot
+        taken at its first SELECT), an explicit read transaction on SQLite (WAL keeps its
+        snapshot; pysqlite would run each SELECT on its own). A read therefore never has to
+        start again because the store changed while it ran."""
         try:
-            with self.engine.begin() as connection:
-                yield connection
+            with self.engine.connect() as connection:
+                if connection.dialect.name == "postgresql":
+                    connection = connection.execution_options(isolation_level="REPEATABLE READ")
+                    with connection.begin():
+                        connection.exec_driver_sql("SET TRANSACTION READ ONLY")
+                        yield connection
+                else:
+                    connection.exec_driver_sql("BEGIN")
+                    try:
+                        yield connection
+                    finally:
+                        connection.exec_driver_sql("COMMIT")
         except DBAPIError as e:
             raise self.failed(e) from e
 
@@ -253,10 +310,47 @@ class Database:
                 select(StoreState.change_counter).where(StoreState.id == 1)
             ).scalar_one()
 
+    def state_mark(self) -> tuple[int, int | None]:
+        """The change counter and the mark of the change it counts (None before marks)."""
+        with self.session() as session:
+            counter, mark = session.execute(STATE_MARK).one()
+            return counter, mark
+
 
 def changed(session: Session, kind: str, *rows: Any) -> None:
     """Note rows (ids, or ORM objects whose id the flush assigns) this change touches."""
     session.info.setdefault(_NOTED, []).extend((kind, row) for row in rows)
+
+
+def covered(statement: E) -> E:
+    """A bulk write whose rows the transaction's notes reach (a removed principal's grants,
+    revoked with it; the grant it noted by id). Without it, one is logged as ALL."""
+    return statement.execution_options(**{_COVERED: True})
+
+
+def _note_flushed(session: Session, _context: Any) -> None:
+    """Note every row of a table the proxy reads that this flush wrote: a write that forgot
+    to note it, or noted another, still reaches every replica."""
+    for row in (*session.new, *session.deleted):
+        kind = _KINDS.get(type(row))
+        if kind is not None:
+            changed(session, kind, 0 if kind == ALL else row)
+    for row in session.dirty:
+        kind = _KINDS.get(type(row))
+        if kind is not None and session.is_modified(row):
+            changed(session, kind, 0 if kind == ALL else row)
+
+
+def _note_bulk(state: ORMExecuteState) -> None:
+    """A bulk INSERT, UPDATE or DELETE of a table the proxy reads is logged as ALL, unless
+    the statement is `covered` by the notes of its transaction."""
+    if not (state.is_insert or state.is_update or state.is_delete):
+        return
+    if state.execution_options.get(_COVERED):
+        return
+    table = getattr(state.statement, "table", None)
+    if getattr(table, "name", None) in _READ_TABLES:
+        changed(state.session, ALL, 0)
 
 
 def bump(session: Session) -> int:
@@ -268,15 +362,20 @@ def bump(session: Session) -> int:
     session.flush()
     noted = session.info.pop(_NOTED, [])
     counter: int = session.execute(
-        update(StoreState)
-        .where(StoreState.id == 1)
-        .values(change_counter=StoreState.change_counter + 1)
-        .returning(StoreState.change_counter)
+        covered(
+            update(StoreState)
+            .where(StoreState.id == 1)
+            .values(change_counter=StoreState.change_counter + 1)
+            .returning(StoreState.change_counter)
+        )
     ).scalar_one()
     rows = {(kind, row if isinstance(row, int) else row.id) for kind, row in noted}
+    if any(kind == ALL for kind, _ in rows):
+        rows = {(ALL, 0)}  # everything: the rows beside it say no more
+    rows = (rows or {(ALL, 0)}) | {(MARK, secrets.randbelow(2**31))}
     session.execute(
         insert(ChangeLog),
-        [{"counter": counter, "kind": k, "row_id": i} for k, i in sorted(rows or {(ALL, 0)})],
+        [{"counter": counter, "kind": k, "row_id": i} for k, i in sorted(rows)],
     )
     if counter % PRUNE_EVERY == 0:
         session.execute(delete(ChangeLog).where(ChangeLog.counter <= counter - LOG_KEPT))

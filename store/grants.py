@@ -9,7 +9,7 @@ from sqlalchemy import case, select, update
 from sqlalchemy.orm import Session
 
 from store import credentials, principals, validation
-from store.engine import GRANT, Database, bump, changed, rowcount
+from store.engine import GRANT, Database, bump, changed, covered, rowcount
 from store.errors import NotFound
 from store.models import Credential, Grant, Principal, utcnow
 from store.records import GrantEntry
@@ -138,22 +138,29 @@ def revoke(db: Database, grant_id: int) -> None:
 
 
 def consume_once(db: Database, grant_id: int) -> bool:
-    """Use a once-grant: True for exactly one caller, across every replica."""
+    """Use a once-grant: True for exactly one caller, across every replica. Only the winner
+    moves the change counter: the callers that lost a race changed nothing, and each replica
+    would otherwise read and apply one change per loser."""
     now = utcnow()
-    with db.change() as session:
+    with db.session() as session, session.begin():
         result = session.execute(
-            update(Grant)
-            .where(
-                Grant.id == grant_id,
-                Grant.once.is_(True),
-                Grant.consumed_at.is_(None),
-                Grant.revoked_at.is_(None),
-                (Grant.expires_at.is_(None)) | (Grant.expires_at > now),
+            covered(
+                update(Grant)
+                .where(
+                    Grant.id == grant_id,
+                    Grant.once.is_(True),
+                    Grant.consumed_at.is_(None),
+                    Grant.revoked_at.is_(None),
+                    (Grant.expires_at.is_(None)) | (Grant.expires_at > now),
+                )
+                .values(consumed_at=now)
             )
-            .values(consumed_at=now)
         )
+        if rowcount(result) != 1:
+            return False
         changed(session, GRANT, grant_id)
-        return rowcount(result) == 1
+        bump(session)
+        return True
 
 
 def use(db: Database, grant_id: int) -> bool:
@@ -163,20 +170,22 @@ def use(db: Database, grant_id: int) -> bool:
     now = utcnow()
     with db.session() as session, session.begin():
         spent = session.execute(
-            update(Grant)
-            .where(
-                Grant.id == grant_id,
-                Grant.max_uses.is_not(None),
-                Grant.uses < Grant.max_uses,
-                Grant.consumed_at.is_(None),
-                Grant.revoked_at.is_(None),
-                (Grant.expires_at.is_(None)) | (Grant.expires_at > now),
+            covered(  # noted below when it was the last use; the others change no record
+                update(Grant)
+                .where(
+                    Grant.id == grant_id,
+                    Grant.max_uses.is_not(None),
+                    Grant.uses < Grant.max_uses,
+                    Grant.consumed_at.is_(None),
+                    Grant.revoked_at.is_(None),
+                    (Grant.expires_at.is_(None)) | (Grant.expires_at > now),
+                )
+                .values(
+                    uses=Grant.uses + 1,
+                    consumed_at=case((Grant.uses + 1 >= Grant.max_uses, now), else_=None),
+                )
+                .returning(Grant.consumed_at)
             )
-            .values(
-                uses=Grant.uses + 1,
-                consumed_at=case((Grant.uses + 1 >= Grant.max_uses, now), else_=None),
-            )
-            .returning(Grant.consumed_at)
         ).all()
         if not spent:
             return False

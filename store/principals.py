@@ -9,7 +9,7 @@ from sqlalchemy.orm import Session
 
 from store import validation
 from store.crypto import hash_token, new_token
-from store.engine import PRINCIPAL, Database, changed, rowcount
+from store.engine import PRINCIPAL, Database, changed, covered, rowcount
 from store.errors import Conflict, NotFound
 from store.grammar import validate_name
 from store.models import AccessRequest, Grant, Principal, utcnow
@@ -79,14 +79,19 @@ def disable(session: Session, principal: Principal, now: datetime) -> int:
     """`remove` inside the caller's transaction; returns how many grants were revoked."""
     principal.disabled_at = now
     changed(session, PRINCIPAL, principal)  # its grants and tokens are read with it
+    # Both reached by the principal's note: the delta reads its grants and decisions.
     session.execute(
-        update(AccessRequest)
-        .where(AccessRequest.principal_id == principal.id, AccessRequest.state == PENDING)
-        .values(state=DENIED, decided_at=now, decision_reason="principal removed")
+        covered(
+            update(AccessRequest)
+            .where(AccessRequest.principal_id == principal.id, AccessRequest.state == PENDING)
+            .values(state=DENIED, decided_at=now, decision_reason="principal removed")
+        )
     )
     revoked = session.execute(
-        update(Grant)
-        .where(Grant.principal_id == principal.id, Grant.revoked_at.is_(None))
-        .values(revoked_at=now)
+        covered(
+            update(Grant)
+            .where(Grant.principal_id == principal.id, Grant.revoked_at.is_(None))
+            .values(revoked_at=now)
+        )
     )
     return rowcount(revoked)

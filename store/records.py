@@ -97,6 +97,9 @@ class Snapshot:
     # that a Delta naming a row by id finds what it replaces.
     principal_ids: dict[int, str] = field(default_factory=dict)
     credential_ids: dict[int, str] = field(default_factory=dict)
+    # The random mark of the change at `counter` (engine.MARK): a store restored in place
+    # to the same counter has another.
+    mark: int | None = None
 
 
 @dataclass(frozen=True)
@@ -126,6 +129,7 @@ class Delta:
     # Every approval that covers a `first` grant's requests, read again whenever an access
     # request or a grant changed; None: unchanged.
     coverage: dict[int, tuple[Coverage, ...]] | None = None
+    mark: int | None = None  # of the change at `counter`, as Snapshot.mark
 
 
 @dataclass(frozen=True)

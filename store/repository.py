@@ -282,6 +282,10 @@ class Store:
     def snapshot(self) -> Snapshot:
         return snapshot.read(self.db, keys.need(self.key))
 
-    def delta(self, since: int) -> Delta | None:
-        """What changed after counter `since`; None when only a full snapshot can say."""
-        return delta.read(self.db, keys.need(self.key), since)
+    def delta(self, since: int, mark: int | None = None) -> Delta | None:
+        """What changed after counter `since` (whose change had `mark`); None when only a
+        full snapshot can say."""
+        return delta.read(self.db, keys.need(self.key), since, mark)
+
+    def state_mark(self) -> tuple[int, int | None]:
+        return self.db.state_mark()

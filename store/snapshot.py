@@ -12,8 +12,8 @@ from sqlalchemy import Select, Text, cast, select
 
 from store import keys
 from store.crypto import MasterKey
-from store.engine import Database
-from store.errors import SealError, StoreUnavailable
+from store.engine import Database, mark_of
+from store.errors import SealError
 from store.grammar import parse_host, parse_rate
 from store.models import (
     AccessRequest,
@@ -38,27 +38,22 @@ from store.records import (
 T = TypeVar("T")
 
 
-# Reads in a row that may find the store changing before one is whole.
-READ_ATTEMPTS = 5
-COUNTER = select(StoreState.change_counter).where(StoreState.id == 1)
 Query = Select[*tuple[Any, ...]]
-STATE = select(StoreState.change_counter, StoreState.key_id).where(StoreState.id == 1)
+STATE = select(
+    StoreState.change_counter, StoreState.key_id, mark_of(StoreState.change_counter)
+).where(StoreState.id == 1)
 
 
 def read(db: Database, key: MasterKey) -> Snapshot:
     """Live principals, credentials with their secrets open, and the grants they hold.
 
-    Its SELECTs may each see a later commit (READ COMMITTED; SQLite starts no transaction
-    for a SELECT): a snapshot is kept only if the change counter did not move while it was
-    read. Every write the snapshot can see moves the counter (Database.change), so an
-    unmoved counter means no write landed between the first SELECT and the last.
+    Its SELECTs run in one read transaction that sees one state of the store (Database.
+    reading): the counter it reads is the state's, whatever commits while it runs. (They
+    once ran each on the latest commit, checked by the counter after, and started again
+    when it had moved: under a steady stream of changes, a read of a large store never
+    finished, and every replica went stale.)
     """
-    for _ in range(READ_ATTEMPTS):
-        snapshot = _read(db, key)
-        with db.reading() as connection:
-            if connection.execute(COUNTER).scalar_one() == snapshot.counter:
-                return snapshot
-    raise StoreUnavailable("the store kept changing while its snapshot was read")
+    return _read(db, key)
 
 
 # The four queries below are the snapshot's definition of "live"; the full read and the
@@ -247,7 +242,7 @@ class Compiler:
 def _read(db: Database, key: MasterKey) -> Snapshot:
     now = utcnow()
     with db.reading() as connection:
-        counter, key_id = connection.execute(STATE).one()
+        counter, key_id, mark = connection.execute(STATE).one()
         people = connection.execute(principals()).all()
         tokens = connection.execute(sessions(now)).all()
         creds = connection.execute(credentials()).all()
@@ -281,6 +276,7 @@ def _read(db: Database, key: MasterKey) -> Snapshot:
         principal_ids=names,
         credential_ids={cid: c.name for cid, c in by_id.items()} | unreadable,
         coverage=compile_coverage(covering),
+        mark=mark,
     )
 
 

@@ -163,6 +163,7 @@ def test_concurrent_replicas_consume_a_once_grant_exactly_once(
     store: Store, key: MasterKey, open_store: Callable[[MasterKey | None], Store]
 ) -> None:
     grant_id = _once_grant(store)
+    counter = store.change_counter()
     replicas = [open_store(key) for _ in range(4)]
     start = threading.Barrier(16)
     results: list[bool] = []
@@ -182,6 +183,8 @@ def test_concurrent_replicas_consume_a_once_grant_exactly_once(
         t.join(timeout=30)
     assert errors == []
     assert sorted(results) == [False] * 15 + [True]
+    # One change for every replica to apply: the 15 that lost changed nothing.
+    assert store.change_counter() == counter + 1
 
 
 # -- use counts and rates ------------------------------------------------------------------

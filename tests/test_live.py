@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import sqlite3
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -14,11 +17,13 @@ from sqlalchemy import update
 from structlog.testing import capture_logs
 
 from addon.live import LivePolicy
-from store.crypto import MasterKey
+from addon.policy import Policy
+from store.crypto import MasterKey, Secret
 from store.errors import StoreUnavailable
-from store.models import StoreState
+from store.models import StoreState, utcnow
 from store.repository import Store
 from tests.stores import seed
+from tests.test_delta import view
 
 
 @pytest.mark.parametrize(
@@ -112,8 +117,8 @@ def test_a_slow_poll_never_takes_the_policy_back_over_a_later_one(
     read, release = threading.Event(), threading.Event()
     reads = []
 
-    def slow_delta(since: int) -> Any:
-        delta = type(live.store).delta(live.store, since)
+    def slow_delta(since: int, mark: int | None = None) -> Any:
+        delta = type(live.store).delta(live.store, since, mark)
         if not reads:
             reads.append(delta)
             read.set()
@@ -200,3 +205,207 @@ def test_a_failed_periodic_full_read_keeps_the_incremental_policy(
         assert live.policy is not None and live.policy.grant_count == 3
     finally:
         live.close()
+
+
+def _copy(url: str, key: MasterKey, name: str) -> tuple[Path, Store]:
+    """A copy of the SQLite store at `url` (a backup), opened on its own."""
+    db = Path(url.removeprefix("sqlite:///"))
+    copy = db.with_name(name)
+    source, target = sqlite3.connect(db), sqlite3.connect(copy)
+    source.backup(target)
+    source.close()
+    target.close()
+    return copy, Store(f"sqlite:///{copy}", key)
+
+
+def _restore(url: str, copy: Path) -> None:
+    db = Path(url.removeprefix("sqlite:///"))
+    for suffix in ("-wal", "-shm"):
+        Path(f"{db}{suffix}").unlink(missing_ok=True)
+    os.replace(copy, db)
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_a_restore_is_read_whole_even_when_its_first_full_read_fails(
+    store: Store, key: MasterKey, open_store: Callable[[MasterKey | None], Store], db_url: str
+) -> None:
+    """A restored file at the counter the replica had: only a full read can tell them apart.
+    The first one failing (a busy store) must not leave the replica on the old file's policy."""
+    old = seed(store)
+    copy, backup = _copy(db_url, key, "backup.db")
+    added = store.add_grant("agent", ["POST"], credential="gh")
+    backup.revoke_grant(old)  # the restored store moved on too: the same counter
+    backup.close()
+    assert store.change_counter() == Store(f"sqlite:///{copy}", key).change_counter()
+    live = LivePolicy(open_store(key))
+    try:
+        policy = live.load()
+        assert set(policy._owner) == {old, added}
+        build, failed = live._build_policy, []
+
+        def busy_once() -> Any:
+            if not failed:
+                failed.append(True)
+                raise StoreUnavailable("the store did not answer")
+            return build()
+
+        live._build_policy = busy_once  # type: ignore[method-assign]
+        _restore(db_url, copy)
+        with capture_logs() as logs:
+            asyncio.run(live.poll())  # store.replaced; its full read fails
+            asyncio.run(live.poll())
+        assert failed
+        events = [line["event"] for line in logs]
+        assert "store.replaced" in events and "store.unavailable" in events
+        restored = open_store(key)
+        assert live.policy is not None
+        assert view(live.policy) == view(Policy(restored.snapshot()))
+        assert live.policy.grant_count == 0
+    finally:
+        live.close()
+
+
+def test_a_key_file_updated_after_the_rotation_is_picked_up_without_another_change(
+    store: Store, key: MasterKey, open_store: Callable[[MasterKey | None], Store]
+) -> None:
+    """`key rotate` commits, then moves the new key file into place (and a mounted secret may
+    take longer to reach a replica): a replica that read the old file in between must not
+    stay with every credential unreadable until the next store change."""
+    seed(store)
+    new = MasterKey.generate("new")
+    on_disk = [key]
+    live = LivePolicy(open_store(key), reload_key=lambda: on_disk[0])
+    try:
+        live.load()
+        store.rotate_key(new)
+        asyncio.run(live.poll())  # the key file still holds the old key
+        assert live.policy is not None and live.policy.unreadable == ("gh",)
+        assert live.policy.grant_count == 0
+        on_disk[0] = new  # the key file, moved into place
+        asyncio.run(live.poll())  # no store change since
+        assert live.policy.unreadable == () and live.policy.grant_count == 1
+        assert view(live.policy) == view(Policy(open_store(new).snapshot()))
+    finally:
+        live.close()
+
+
+def test_a_delta_that_fails_half_applied_is_never_served(
+    store: Store,
+    key: MasterKey,
+    open_store: Callable[[MasterKey | None], Store],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Fail closed: a policy left half changed by an exception (its credentials rotated, its
+    rules not) is dropped at once, and the whole store read instead."""
+    from addon import policy as policy_module
+
+    seed(store)
+    live = LivePolicy(open_store(key))
+    try:
+        served = live.load()
+        store.rotate_credential("gh", Secret(b"ghp_rotated0123456789"))
+
+        def broken(*args: Any) -> Any:
+            raise RuntimeError("a bug")
+
+        monkeypatch.setattr(policy_module, "_rule", broken)
+        seen: list[Any] = []
+        build = live._build_policy
+
+        def full() -> Any:
+            seen.append(live.current())  # what requests get while the whole store is read
+            monkeypatch.undo()
+            return build()
+
+        live._build_policy = full  # type: ignore[method-assign]
+        with capture_logs() as logs:
+            asyncio.run(live.poll())
+        assert seen == [None]  # not the half-changed policy
+        assert "policy.apply_failed" in [line["event"] for line in logs]
+        assert live.policy is not served and live.current() is live.policy
+        assert view(live.policy) == view(Policy(store.snapshot()))
+    finally:
+        live.close()
+
+
+def test_a_store_restored_in_place_to_an_earlier_counter_is_read_whole(
+    store: Store, key: MasterKey, open_store: Callable[[MasterKey | None], Store]
+) -> None:
+    """A PostgreSQL restore (or an SQLite file restored into the same inode) takes the
+    counter back: nothing in the log can be applied to the replica's policy."""
+    from sqlalchemy import delete as sql_delete
+
+    from store.models import ChangeLog, Grant
+
+    grant = seed(store)
+    counter = store.change_counter()
+    added = store.add_grant("agent", ["POST"], credential="gh")
+    live = LivePolicy(open_store(key))
+    try:
+        live.load()
+        with store.engine.begin() as connection:  # the backup, as of `counter`, minus a grant
+            connection.execute(sql_delete(ChangeLog).where(ChangeLog.counter > counter))
+            connection.execute(sql_delete(Grant).where(Grant.id == added))
+            connection.execute(update(Grant).where(Grant.id == grant).values(revoked_at=utcnow()))
+            connection.execute(update(StoreState).values(change_counter=counter))
+        (line,) = _poll(live)
+        assert line["mode"] == "full"
+        assert live.policy is not None and live.policy.grant_count == 0
+        assert view(live.policy) == view(Policy(store.snapshot()))
+    finally:
+        live.close()
+
+
+def test_a_store_restored_in_place_and_changed_to_the_same_counter_is_read_whole(
+    store: Store, key: MasterKey, open_store: Callable[[MasterKey | None], Store]
+) -> None:
+    """Restored in place (a PostgreSQL restore) to an earlier counter, then changed back up
+    to the replica's counter before it looked: the counters agree, the stores do not."""
+    from sqlalchemy import delete as sql_delete
+
+    from store.models import ChangeLog, Grant
+
+    grant = seed(store)
+    counter = store.change_counter()
+    added = store.add_grant("agent", ["POST"], credential="gh")  # counter + 1
+    live = LivePolicy(open_store(key))
+    try:
+        live.load()
+        with store.engine.begin() as connection:  # the backup, as of `counter`
+            connection.execute(sql_delete(ChangeLog).where(ChangeLog.counter > counter))
+            connection.execute(sql_delete(Grant).where(Grant.id == added))
+            connection.execute(update(StoreState).values(change_counter=counter))
+        store.revoke_grant(grant)  # after the restore: counter + 1 again
+        assert store.change_counter() == live.policy.counter  # type: ignore[union-attr]
+        with capture_logs() as logs:
+            asyncio.run(live.poll())
+        assert "store.diverged" in [line["event"] for line in logs]
+        assert live.policy is not None and live.policy.grant_count == 0
+        assert view(live.policy) == view(Policy(store.snapshot()))
+        store.add_grant("agent", ["PUT"], credential="gh")
+        (line,) = _poll(live)
+        assert line["mode"] == "incremental"  # and from there on, as before
+    finally:
+        live.close()
+
+
+def test_a_delta_from_a_store_restored_in_place_and_changed_past_the_counter_is_none(
+    store: Store,
+) -> None:
+    from sqlalchemy import delete as sql_delete
+
+    from store.models import ChangeLog, Grant
+
+    grant = seed(store)
+    counter = store.change_counter()
+    added = store.add_grant("agent", ["POST"], credential="gh")
+    policy = Policy(store.snapshot())
+    with store.engine.begin() as connection:  # restored to `counter`, then changed twice
+        connection.execute(sql_delete(ChangeLog).where(ChangeLog.counter > counter))
+        connection.execute(sql_delete(Grant).where(Grant.id == added))
+        connection.execute(update(StoreState).values(change_counter=counter))
+    store.revoke_grant(grant)
+    store.add_principal("intern")
+    assert store.change_counter() == policy.counter + 1
+    assert store.delta(policy.counter, policy.mark) is None
+    assert store.delta(policy.counter) is not None  # what the log alone would have said

@@ -6,7 +6,7 @@ import sqlalchemy as sa
 from alembic.config import Config
 from alembic.script import ScriptDirectory
 
-from addon.policy import LONG_LIVED, Policy
+from addon.policy import Policy, long_lived
 from store.crypto import MasterKey, hash_token
 from store.errors import StoreUnavailable
 from store.models import UTCDateTime
@@ -170,7 +170,7 @@ def test_upgrade_from_0006_keeps_each_principals_token_working(
     bare.key = key
     bare.check_ready()
     policy = Policy(bare.snapshot())
-    assert policy.token_of("agent", "tok", datetime.now(UTC)) == LONG_LIVED
+    assert policy.token_of("agent", "tok", datetime.now(UTC)) == long_lived(1)
     token_id, token = bare.add_token("agent", None)
     assert Policy(bare.snapshot()).token_of("agent", token, datetime.now(UTC)) == token_id
 

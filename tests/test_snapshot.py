@@ -169,8 +169,8 @@ def test_ciphertext_copied_to_another_credential_is_unreadable(store: Store) -> 
 def test_a_change_committed_between_the_snapshots_selects_is_never_half_seen(
     store: Store, key: MasterKey, open_store: Callable[[MasterKey | None], Store]
 ) -> None:
-    """A write landing mid-read (each SELECT sees the latest commit) makes the read start
-    again: the snapshot is the old state or the new one, never a mix of both."""
+    """A write landing mid-read: the snapshot is the state at its counter (here the old one,
+    read in one transaction), never a mix of both; the next read is the new one."""
     from sqlalchemy import event
 
     store.add_principal("agent")
@@ -188,13 +188,18 @@ def test_a_change_committed_between_the_snapshots_selects_is_never_half_seen(
             other.add_credential("prod", "bearer", ["api.x.com"], SECRET)
             other.add_grant("intern", ["GET"], credential="prod")
 
+    counter = store.change_counter()
     event.listen(store.engine, "after_cursor_execute", between)
     try:
         snapshot = store.snapshot()
     finally:
         event.remove(store.engine, "after_cursor_execute", between)
     assert fired
-    assert snapshot.counter == store.change_counter()
+    assert snapshot.counter == counter < store.change_counter()
     assert [(g.principal, [str(h) for h in g.hosts]) for g in snapshot.grants] == [
+        ("agent", ["admin.x.com", "api.x.com"])
+    ]
+    after = store.snapshot()
+    assert [(g.principal, [str(h) for h in g.hosts]) for g in after.grants] == [
         ("intern", ["api.x.com"])
     ]

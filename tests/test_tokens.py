@@ -5,7 +5,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import update
 
-from addon.policy import LONG_LIVED, Policy
+from addon.policy import Policy, long_lived
 from store.crypto import hash_token
 from store.errors import InvalidInput, NotFound
 from store.models import PrincipalToken, utcnow
@@ -30,12 +30,12 @@ def test_a_token_is_returned_once_and_stored_only_as_its_hash(store: Store) -> N
 
 
 def test_a_principal_holds_several_tokens_and_each_authenticates(store: Store) -> None:
-    long_lived = store.add_principal("agent")
+    own = store.add_principal("agent")
     first_id, first = store.add_token("agent", None)
     second_id, second = store.add_token("agent", utcnow() + timedelta(hours=1))
     policy = Policy(store.snapshot())
     now = datetime.now(UTC)
-    assert policy.token_of("agent", long_lived, now) == LONG_LIVED
+    assert policy.token_of("agent", own, now) == long_lived(1)
     assert policy.token_of("agent", first, now) == first_id
     assert policy.token_of("agent", second, now) == second_id
     assert policy.token_of("agent", "not-a-token", now) is None

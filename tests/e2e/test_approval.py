@@ -803,3 +803,26 @@ def test_a_session_token_revoked_while_its_request_is_held_sends_nothing_on_appr
         "auth-required",
     )
     assert _reached(upstream, path) == 0
+
+
+def test_a_request_whose_token_is_revoked_while_it_is_held_never_goes_on(
+    held_proxy: Proxy, upstream: Upstream, names
+) -> None:
+    """Approved after its session token was revoked: refused, as a new request with that
+    token would be, and nothing reaches the upstream."""
+    agent, _, _ = _granted(held_proxy, names, "each")
+    token_id, token = held_proxy.store.add_token(agent, None)
+    held_proxy.wait_reload()
+    path = f"/v1/{agent}/revoked"
+    answer = _send(held_proxy, agent, token, f"https://api.test{path}")
+    (event,) = _pending(held_proxy, agent)
+    held_proxy.store.revoke_token(token_id)
+    held_proxy.wait_reload()
+    approved = cli(held_proxy, "request", "approve", str(event["id"]))
+    assert approved.returncode == 0, approved.stderr
+    response = answer.result(timeout=10)
+    assert (response.status_code, response.headers.get("x-credproxy-reason")) == (
+        407,
+        "auth-required",
+    )
+    assert _reached(upstream, path) == 0

@@ -22,9 +22,9 @@ import pytest
 import trustme
 
 from store import validation
-from store.crypto import Secret
+from store.crypto import MasterKey, Secret
 from tests.e2e.conftest import CREDPROXY, NAMES, Proxy, start_proxy, stop_proxy
-from tests.e2e.raw import connect, proxy_auth
+from tests.e2e.raw import connect, exchange, proxy_auth, tunnel
 from tests.e2e.relay import Relay, pg_database
 from tests.e2e.upstream import Upstream
 
@@ -194,6 +194,34 @@ def test_changes_reach_every_replica_within_a_second(replicas, upstream: Upstrea
     assert eventually(lambda: all(get_status(p, agent, token) == 407 for p in replicas))
 
 
+def test_a_principal_added_again_under_its_name_is_another_on_every_replica(
+    replicas, upstream: Upstream, grant
+):
+    """Tunnels the removed principal opened, one on each replica, end with it: the new
+    principal of the same name and its grants are not theirs."""
+    store = replicas[0].store
+    agent, old, cred, _ = grant(paths=["/v1/"])
+    request = b"GET /v1/x HTTP/1.1\r\nHost: api.test\r\n\r\n"
+    auth = proxy_auth(agent, old)
+    tunnels = [tunnel(p.port, "api.test:443", auth, "api.test", p.ca_file) for p in replicas]
+    try:
+        for tls in tunnels:
+            tls.settimeout(10)
+            assert exchange(tls, request).status == 200
+        store.remove_principal(agent)
+        new = store.add_principal(agent)
+        store.add_grant(agent, ["GET"], credential=cred, paths=["/v1/"])
+        for proxy in replicas:
+            proxy.wait_reload(timeout=3)
+        replies = [exchange(tls, request) for tls in tunnels]
+    finally:
+        for tls in tunnels:
+            tls.close()
+    assert [(r.status, r.reason) for r in replies] == [(407, "auth-required")] * 2
+    assert all(get_status(p, agent, old) == 407 for p in replicas)
+    assert all(get(p, agent, new).status_code == 200 for p in replicas)
+
+
 def readyz(proxy: Proxy) -> int:
     started = next(line for line in proxy.audit() if line["event"] == "proxy.started")
     url = f"http://{started['admin'][0]}/readyz"
@@ -318,6 +346,34 @@ def test_master_key_rotation_reaches_every_replica(replicas, upstream: Upstream,
     time.sleep(1.0)
     upstream.log.clear()
     assert all(get(p, agent, token).status_code == 200 for p in replicas)
+    assert {r.header("authorization")[0] for r in upstream.log.requests} == {
+        "Bearer replica-secret"
+    }
+
+
+def test_a_key_file_that_reaches_the_replicas_after_the_rotation_is_picked_up(
+    replicas, upstream: Upstream, grant
+):
+    """The store re-sealed under a new key before the replicas' key file holds it (a mounted
+    secret propagates late): they serve nothing stamped meanwhile, then pick the key file up
+    without waiting for another store change."""
+    from store.crypto import load_master_key, write_key_file
+
+    key_file = Path(replicas[0].process.args[replicas[0].process.args.index("--key-file") + 1])
+    store = replicas[0].store
+    store.key = load_master_key(key_file, {})  # as it stands after the tests before
+    agent, token, _, _ = grant()
+    new = MasterKey.generate("late")
+    store.rotate_key(new)
+    store.key = new
+    for proxy in replicas:
+        proxy.wait_reload(timeout=3)
+    upstream.log.clear()
+    assert [get_status(p, agent, token) for p in replicas] == [403, 403]
+    counter = store.change_counter()
+    write_key_file(key_file, new, replace=True)
+    assert eventually(lambda: all(get_status(p, agent, token) == 200 for p in replicas), 3)
+    assert store.change_counter() == counter  # no store change brought it
     assert {r.header("authorization")[0] for r in upstream.log.requests} == {
         "Bearer replica-secret"
     }

@@ -85,3 +85,30 @@ def test_a_tunnel_ends_with_the_session_token_that_opened_it(
         reply = exchange(tls, request)
     assert (reply.status, reply.reason) == (407, "auth-required")
     assert len(upstream.log.requests) == 1
+
+
+def test_a_tunnel_ends_with_the_principal_that_opened_it_though_its_name_returns(
+    proxy: Proxy, upstream: Upstream, names
+):
+    """A principal removed and added again is another principal: a tunnel the old one opened
+    with its long-lived token must not go on with the new one's grants."""
+    agent = names("agent")
+    old = proxy.store.add_principal(agent)
+    cred = names("cred")
+    proxy.store.add_credential(cred, "bearer", ["api.test"], Secret(SECRET.encode()))
+    proxy.store.add_grant(agent, ["GET"], credential=cred, paths=["/v1/"])
+    proxy.wait_reload()
+    request = b"GET /v1/x HTTP/1.1\r\nHost: api.test\r\n\r\n"
+    auth = proxy_auth(agent, old)
+    with tunnel(proxy.port, "api.test:443", auth, "api.test", proxy.ca_file) as tls:
+        tls.settimeout(10)
+        assert exchange(tls, request).status == 200
+        proxy.store.remove_principal(agent)
+        new = proxy.store.add_principal(agent)
+        proxy.store.add_grant(agent, ["GET"], credential=cred, paths=["/v1/"])
+        proxy.wait_reload()
+        reply = exchange(tls, request)
+    assert (reply.status, reply.reason) == (407, "auth-required")
+    assert len(upstream.log.requests) == 1
+    assert get(proxy, (agent, new)).status == 200  # the new principal, with its own token
+    assert get(proxy, (agent, old)).status == 407
