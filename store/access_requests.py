@@ -8,7 +8,7 @@ from sqlalchemy import Select, func, select, update
 from sqlalchemy.orm import Session
 
 from store import approvals, grants, principals, validation
-from store.engine import REQUEST, Database, changed
+from store.engine import REQUEST, Database, changed, covered
 from store.errors import InvalidInput, NotFound
 from store.grammar import HostPattern
 from store.models import AccessRequest, Principal, utcnow
@@ -188,7 +188,11 @@ def _pending(session: Session, request_id: int) -> AccessRequest:
     # one this change replaces: two decisions, or a decision and a hold's deadline, never
     # both take.
     session.execute(
-        update(AccessRequest).where(AccessRequest.id == request_id).values(id=AccessRequest.id)
+        covered(  # writes nothing: the decision below is noted by the caller
+            update(AccessRequest)
+            .where(AccessRequest.id == request_id)
+            .values(id=AccessRequest.id)
+        )
     )
     row = session.get(AccessRequest, request_id, with_for_update=True)
     if row is None:

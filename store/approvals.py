@@ -40,7 +40,9 @@ def hold(
         owner = principals.need(session, principal, lock=True)
         # A write first: SQLite takes its write lock here (FOR UPDATE is PostgreSQL's), so one
         # principal's holds are recorded one at a time there too, and a kind is shared.
-        session.execute(update(Principal).where(Principal.id == owner.id).values(id=Principal.id))
+        session.execute(
+            covered(update(Principal).where(Principal.id == owner.id).values(id=Principal.id))
+        )  # writes nothing: only a lock
         if share:
             row = session.scalars(
                 select(AccessRequest).where(
