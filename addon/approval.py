@@ -18,14 +18,14 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from addon import audit
+from addon import audit, reading
 from addon.failclosed import Denied
 from addon.policy import Reason, Rule
 from store.errors import CredproxyError
 from store.records import APPROVED, DENIED, PENDING
 
 if TYPE_CHECKING:
-    from mitmproxy import connection, http
+    from mitmproxy import http
 
     from addon.live import LivePolicy
     from addon.metrics import Metrics
@@ -65,9 +65,6 @@ class Holds:
         self._held: dict[str, int] = {}  # principal -> requests held now
         self._waiters: dict[int, list[tuple[asyncio.Future[str], http.HTTPFlow]]] = {}
         self._poller: asyncio.Task[None] | None = None
-        self._paused: weakref.WeakKeyDictionary[connection.Client, int] = (
-            weakref.WeakKeyDictionary()
-        )
         # Flows that waited for a decision (not those an approval covered at once).
         self.waited: weakref.WeakSet[http.HTTPFlow] = weakref.WeakSet()
         metrics.held = self.count
@@ -109,7 +106,7 @@ class Holds:
             rec.approval = request_id
             self.waited.add(flow)
             self.on_hold(flow)
-            self._pause(flow)
+            reading.pause(flow.client_conn)  # its body must not pile up here
             try:
                 state = await self._decision(request_id, rule.hold, flow)
                 if state == GONE:
@@ -119,7 +116,7 @@ class Holds:
                     # holds faster than the caps allow.
                     keep = max(0.0, started + rule.hold - time.monotonic())
             finally:
-                self._resume(flow)
+                reading.resume(flow.client_conn)
         finally:
             if keep:
                 asyncio.get_running_loop().call_later(keep, self._release, principal)
@@ -281,49 +278,13 @@ class Holds:
                 Reason.APPROVAL_DENIED, "the grant's credential changed while the request was held"
             )
 
-    # A held request's body must not pile up in the proxy: its connection is not read while
-    # it waits (the socket's buffers fill, then the client's writes block).
-
-    def _pause(self, flow: http.HTTPFlow) -> None:
-        transport = _transport(flow.client_conn)
-        if transport is None:
-            return
-        client = flow.client_conn
-        count = self._paused.get(client, 0)
-        if count == 0:
-            transport.pause_reading()
-            # asyncio's StreamReader resumes a transport it paused itself once its buffer
-            # drains: it must not resume ours.
-            transport.resume_reading = _stay_paused
-        self._paused[client] = count + 1
-
-    def _resume(self, flow: http.HTTPFlow) -> None:
-        client = flow.client_conn
-        count = self._paused.get(client, 0)
-        if count == 0:
-            return
-        if count > 1:
-            self._paused[client] = count - 1
-            return
-        del self._paused[client]
-        transport = _transport(client)
-        if transport is None:
-            return
-        transport.__dict__.pop("resume_reading", None)
-        if not transport.is_closing():
-            transport.resume_reading()
-
-
-def _stay_paused() -> None:
-    pass
-
 
 def gone(flow: http.HTTPFlow, streams: bool = True) -> bool:
     """Has the client of this held flow closed or broken its connection (or, with
     `streams`, reset its HTTP/2 stream)? Its reading is paused, so mitmproxy would only see
     that once it was sent: ask the socket."""
     try:
-        transport = _transport(flow.client_conn, strict=True)
+        transport = reading.transport(flow.client_conn, strict=True)
     except LookupError:
         return True  # its connection's handler is gone
     if transport is None:
@@ -344,19 +305,24 @@ async def settle_reads(flow: http.HTTPFlow) -> None:
     reset waits in the socket while its reading is paused), so that `gone` can see it."""
     if not flow.request.is_http2:
         return
-    transport = _transport(flow.client_conn)
+    transport = reading.transport(flow.client_conn)
     sock = transport.get_extra_info("socket") if transport is not None else None
     fd = sock.fileno() if sock is not None else -1
     if fd < 0:
         return
     poller = select.poll()
     poller.register(fd, select.POLLIN)
-    for _ in range(_SETTLE_ROUNDS):
-        # Read, handed to the TLS and HTTP/2 layers, then queued at the held stream.
-        for _ in range(3):
-            await asyncio.sleep(0)
-        if not poller.poll(0):
-            return
+    # The hook that waits keeps the connection paused (addon/chain.py): read it meanwhile.
+    pauses = reading.lift(flow.client_conn)
+    try:
+        for _ in range(_SETTLE_ROUNDS):
+            # Read, handed to the TLS and HTTP/2 layers, then queued at the held stream.
+            for _ in range(3):
+                await asyncio.sleep(0)
+            if not poller.poll(0):
+                return
+    finally:
+        reading.restore(flow.client_conn, pauses)
 
 
 _SETTLE_ROUNDS = 16
@@ -401,23 +367,3 @@ def _stream_reset(flow: http.HTTPFlow) -> bool:
 
 
 _MAX_LAYERS = 4096
-
-
-def _transport(client: connection.Client, strict: bool = False) -> Any:
-    """The client's asyncio transport; None without a master. Without one for this client:
-    None, or with `strict` LookupError."""
-    from mitmproxy import ctx
-
-    try:
-        proxyserver = ctx.master.addons.get("proxyserver")
-    except AttributeError:  # no master: a unit test calling hooks directly
-        return None
-    if proxyserver is None:  # a test master without a proxy server
-        return None
-    handler = proxyserver.connections.get(client.id)
-    io = handler.transports.get(client) if handler is not None else None
-    writer = io.writer if io is not None else None
-    transport = getattr(writer, "transport", None)
-    if transport is None and strict:
-        raise LookupError(client.id)
-    return transport

@@ -18,7 +18,7 @@ import mitmproxy.proxy.layers
 import mitmproxy.proxy.server_hooks
 from mitmproxy import ctx, exceptions, hooks
 
-from addon import audit
+from addon import audit, reading
 from addon.live import LivePolicy
 
 assert mitmproxy.addonmanager and mitmproxy.proxy.layers and mitmproxy.proxy.server_hooks  # hooks
@@ -68,7 +68,7 @@ class Chain:
         for hook in hooks.all_hooks:
             funcs = tuple(f for a in self.parts if callable(f := getattr(a, hook, None)))
             if funcs:
-                setattr(self, hook, _in_order(funcs))
+                setattr(self, hook, _in_order(funcs, pauses=hook in _PAUSING))
 
     def part(self, kind: type[Any]) -> Any:
         """The one addon of this class."""
@@ -76,15 +76,22 @@ class Chain:
         return found
 
 
-def _in_order(funcs: tuple[Callable[..., Any], ...]) -> Callable[..., Any]:
-    if len(funcs) == 1:
+# While one of these hooks waits (a store write, a token mint, a DNS lookup, an owner's
+# approval), the request's body would pile up in the proxy: its connection is not read.
+_PAUSING = frozenset({"requestheaders"})
+
+
+def _in_order(funcs: tuple[Callable[..., Any], ...], pauses: bool = False) -> Callable[..., Any]:
+    if len(funcs) == 1 and not pauses:
         return funcs[0]
 
     def call(*args: Any) -> Any:
         for i, func in enumerate(funcs):
             result = func(*args)
             if result is not None and inspect.isawaitable(result):
-                return _rest(result, funcs[i + 1 :], args)
+                rest = _rest(result, funcs[i + 1 :], args)
+                client = getattr(args[0], "client_conn", None) if pauses else None
+                return rest if client is None else reading.while_paused(client, rest)
         return None
 
     return call

@@ -7,6 +7,7 @@ import base64
 import json
 import socket
 import ssl
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -290,3 +291,41 @@ def absolute_form(proxy: Proxy, auth: str, targets: list[tuple[str, str]]) -> li
             )
             replies.append(read_reply(sock))
     return replies
+
+
+_ZEROS = b"\0" * (1024 * 1024)
+
+
+def push(sock: socket.socket | ssl.SSLSocket, head: bytes, total: int) -> Reply | None:
+    """Send `head`, then up to `total` body bytes until the proxy answers or stops reading."""
+    sock.sendall(head)
+    sock.settimeout(0.0)
+    sent = 0
+    data = b""
+    while sent < total:
+        try:
+            data += sock.recv(65536)
+            break  # the answer has started: it came before the body
+        except (BlockingIOError, ssl.SSLWantReadError):
+            pass
+        except OSError:
+            return None
+        try:
+            sent += sock.send(_ZEROS[: min(len(_ZEROS), total - sent)])
+        except (BlockingIOError, ssl.SSLWantWriteError):
+            threading.Event().wait(0.001)
+        except OSError:
+            break
+    sock.settimeout(10)
+
+    class Prefixed:
+        def __init__(self) -> None:
+            self.buffer = data
+
+        def recv(self, n: int) -> bytes:
+            if self.buffer:
+                out, self.buffer = self.buffer, b""
+                return out
+            return sock.recv(n)
+
+    return read_reply(Prefixed())  # type: ignore[arg-type]

@@ -8,6 +8,7 @@ import base64
 import json
 import secrets
 import socket
+import ssl
 import subprocess
 import threading
 import time
@@ -32,6 +33,8 @@ from tests.e2e.fakeoauth import (
     Provider,
     rsa_pem,
 )
+from tests.e2e.memory import BIG, MEMORY_BOUND, MIB, Peak
+from tests.e2e.raw import connect, proxy_auth, push
 from tests.e2e.upstream import Upstream
 
 pytestmark = pytest.mark.e2e
@@ -142,6 +145,28 @@ def test_client_credentials_mint_on_first_use_and_stamp_a_bearer(
     events = [e for e in sandbox.proxy.audit() if e.get("event") == "token.minted"]
     assert any(e["credential"] == "cc" for e in events)
     _no_secret_anywhere(sandbox, first.text, echoed.text)
+
+
+def test_a_body_pushed_while_its_token_is_minted_waits_in_the_socket(
+    sandbox: Sandbox, provider: Provider
+):
+    """The proxy does not read a request's body while the request waits for its token: the
+    body stays in the socket's buffers instead of piling up in the proxy."""
+    token = sandbox.client_credential("mint-push")
+    sandbox.proxy.store.add_grant("mint-push", ["POST"], credential="mint-push", paths=["/v1/"])
+    sandbox.proxy.wait_reload()
+    provider.delay = 2.0
+    with Peak(sandbox.proxy.process.pid) as peak:
+        sock, reply = connect(sandbox.proxy.port, f"{API}:443", proxy_auth("mint-push", token))
+        assert reply.status == 200
+        context = ssl.create_default_context(cafile=str(sandbox.proxy.ca_file))
+        context.set_alpn_protocols(["http/1.1"])
+        with context.wrap_socket(sock, server_hostname=API) as tls:
+            head = f"POST /v1/upload HTTP/1.1\r\nHost: {API}\r\nContent-Length: {BIG}\r\n\r\n"
+            answer = push(tls, head.encode(), BIG)
+    assert answer is not None and answer.status == 200
+    assert provider.count("mint-push") == 1
+    assert peak.growth < MEMORY_BOUND, peak.growth // MIB
 
 
 def test_an_echoed_client_secret_is_redacted(sandbox: Sandbox, provider: Provider):

@@ -10,21 +10,19 @@ import os
 import socket
 import ssl
 import subprocess
-import threading
 
 import pytest
 
 from store.crypto import Secret
 from tests.e2e.conftest import Proxy
 from tests.e2e.memory import Peak
-from tests.e2e.raw import Reply, connect, proxy_auth, read_reply
+from tests.e2e.raw import connect, proxy_auth, push, read_reply
 from tests.e2e.upstream import Upstream
 
 pytestmark = pytest.mark.e2e
 
 BODY = 192 * 1024 * 1024
 GROWTH_BOUND = 32 * 1024 * 1024
-CHUNK = b"\0" * (1024 * 1024)
 
 
 @pytest.fixture
@@ -35,41 +33,6 @@ def agent(proxy: Proxy) -> tuple[str, str]:
     proxy.store.add_grant(name, ["GET", "POST"], credential=name + "-c", paths=["/v1/"])
     proxy.wait_reload()
     return name, token
-
-
-def push(sock: socket.socket | ssl.SSLSocket, head: bytes, total: int) -> Reply | None:
-    """Send `head`, then up to `total` body bytes until the proxy answers or stops reading."""
-    sock.sendall(head)
-    sock.settimeout(0.0)
-    sent = 0
-    data = b""
-    while sent < total:
-        try:
-            data += sock.recv(65536)
-            break  # the answer has started: it came before the body
-        except (BlockingIOError, ssl.SSLWantReadError):
-            pass
-        except OSError:
-            return None
-        try:
-            sent += sock.send(CHUNK[: min(len(CHUNK), total - sent)])
-        except (BlockingIOError, ssl.SSLWantWriteError):
-            threading.Event().wait(0.001)
-        except OSError:
-            break
-    sock.settimeout(10)
-
-    class Prefixed:
-        def __init__(self) -> None:
-            self.buffer = data
-
-        def recv(self, n: int) -> bytes:
-            if self.buffer:
-                out, self.buffer = self.buffer, b""
-                return out
-            return sock.recv(n)
-
-    return read_reply(Prefixed())  # type: ignore[arg-type]
 
 
 def served_meanwhile(proxy: Proxy, agent: tuple[str, str]) -> int:
