@@ -223,6 +223,7 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
             from addon import workers
 
             return workers.supervise(config, sys.argv[1:])
+        role.bind_to_supervisor()
         config = role.configure(config)
     audit.configure()
     code = asyncio.run(serve(config))

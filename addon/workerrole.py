@@ -4,6 +4,7 @@ shares the supervisor's port and audit state."""
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import dataclasses
 import json
 import os
@@ -19,6 +20,7 @@ if TYPE_CHECKING:
     from addon.runner import RunConfig
 
 WORKER_ENV = "CREDPROXY_WORKER"
+_PR_SET_PDEATHSIG = 1
 
 
 @dataclass(frozen=True)
@@ -29,6 +31,7 @@ class Role:
     port: int
     admin: str  # its admin listener, a Unix socket
     avoid: tuple[tuple[str, int], ...]  # the supervisor's admin listener: never a destination
+    supervisor: int = 0  # the supervisor's pid
 
     @classmethod
     def from_env(cls) -> Role | None:
@@ -42,12 +45,30 @@ class Role:
                 int(data["port"]),
                 str(data["admin"]),
                 tuple((str(h), int(p)) for h, p in data["avoid"]),
+                int(data.get("supervisor", 0)),
             )
         except (ValueError, KeyError, TypeError) as e:
             raise InvalidInput(f"{WORKER_ENV} is not a worker's role") from e
 
     def to_env(self) -> str:
         return json.dumps(dataclasses.asdict(self))
+
+    def bind_to_supervisor(self) -> None:
+        """Die with the supervisor, even with this process hung: SIGKILL when it is gone
+        (PR_SET_PDEATHSIG), so a stuck worker never outlives it holding the port.
+
+        Raises: InvalidInput, when the supervisor is already gone.
+        """
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            prctl = libc.prctl
+        except (OSError, AttributeError):  # not Linux: the end of stdin still stops workers
+            return
+        if prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            errno = ctypes.get_errno()
+            raise InvalidInput(f"cannot tie the worker to its supervisor: errno {errno}")
+        if self.supervisor and os.getppid() != self.supervisor:
+            raise InvalidInput("the worker's supervisor is gone")
 
     def configure(self, config: RunConfig) -> RunConfig:
         return dataclasses.replace(

@@ -44,6 +44,10 @@ READ_CHUNK = 256 * 1024
 LINE_LIMIT = 16 * 1024 * 1024
 STATE_POLL = 0.05
 ADMIN_TIMEOUT = 2.0
+# A worker that has not said proxy.started by then is killed, and start-up fails.
+START_TIMEOUT = 60.0
+# A worker still running this long after --drain-timeout, once told to stop, is killed.
+KILL_GRACE = 5.0
 
 
 def supervise(config: RunConfig, argv: list[str]) -> int:
@@ -146,7 +150,11 @@ class Supervisor:
                     ) from e
             for index in range(1, self.config.workers + 1):
                 role = Role(
-                    index, self.port, str(self.runtime / f"worker-{index}.sock"), tuple(admin_addr)
+                    index,
+                    self.port,
+                    str(self.runtime / f"worker-{index}.sock"),
+                    tuple(admin_addr),
+                    os.getpid(),
                 )
                 self.workers.append(Worker(index, role))
             for sig in (signal.SIGINT, signal.SIGTERM):
@@ -154,9 +162,20 @@ class Supervisor:
             loop.add_signal_handler(signal.SIGHUP, self.reload)
             watchers = [loop.create_task(self.watch(w)) for w in self.workers]
             states = loop.create_task(self.tell_state())
+            deadline = time.monotonic() + START_TIMEOUT
             while not all(w.started for w in self.workers):
                 if self.stopping.is_set():
                     break
+                if time.monotonic() > deadline:
+                    stuck = [w for w in self.workers if not w.started]
+                    for w in stuck:
+                        self.kill(w, "start-up")
+                    self.stopping.set()
+                    self.release()
+                    await self.terminate()
+                    raise InvalidInput(
+                        f"worker {stuck[0].index} did not start within {START_TIMEOUT:.0f} s"
+                    )
                 failed = [w for w in self.workers if w.process and w.process.returncode is not None]
                 if failed:
                     self.stopping.set()
@@ -228,11 +247,23 @@ class Supervisor:
     async def terminate(self) -> None:
         if self.signals == 0:  # not yet passed on by stop()
             self.forward(signal.SIGTERM)
+        deadline = time.monotonic() + self.config.drain_timeout + KILL_GRACE
         for w in self.workers:
             if w.process is not None:
-                await w.process.wait()
+                try:
+                    await asyncio.wait_for(w.process.wait(), max(0.0, deadline - time.monotonic()))
+                except TimeoutError:  # hung: it would hold the port after we are gone
+                    self.kill(w, "drain")
+                    await w.process.wait()
             if w.relay is not None:
                 await w.relay
+
+    def kill(self, w: Worker, during: str) -> None:
+        if w.process is None or w.process.returncode is not None:
+            return
+        self.log.warning("worker.killed", worker=w.index, pid=w.process.pid, during=during)
+        with contextlib.suppress(ProcessLookupError):
+            w.process.kill()
 
     async def spawn(self, w: Worker) -> None:
         env = {**os.environ, WORKER_ENV: w.role.to_env()}

@@ -386,6 +386,56 @@ def test_workers_stop_when_their_supervisor_is_killed(
         stop_proxy(proxy)
 
 
+def test_a_hung_worker_dies_with_its_killed_supervisor(
+    tmp_path: Path, initialised_home: Path, upstream_ca: trustme.CA, shared_upstream: Upstream
+):
+    """A worker that cannot read the end of its stdin (stopped, or its event loop stuck) is
+    still killed when the supervisor is: it must not hold the port on its own."""
+    proxy = start_proxy(
+        tmp_path / "home",
+        upstream_ca,
+        _args(shared_upstream),
+        extra=["--workers", "2"],
+        template=initialised_home,
+    )
+    try:
+        pids = proxy.audit()[0]["workers"]
+        os.kill(pids[0], signal.SIGSTOP)
+        proxy.process.kill()
+        assert eventually(lambda: all(_gone(pid) for pid in pids), 20)
+    finally:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        stop_proxy(proxy)
+
+
+def test_a_worker_that_does_not_drain_is_killed_and_the_supervisor_exits(
+    tmp_path: Path, initialised_home: Path, upstream_ca: trustme.CA, shared_upstream: Upstream
+):
+    proxy = start_proxy(
+        tmp_path / "home",
+        upstream_ca,
+        _args(shared_upstream),
+        extra=["--workers", "2", "--drain-timeout", "1"],
+        template=initialised_home,
+    )
+    try:
+        pids = proxy.audit()[0]["workers"]
+        os.kill(pids[1], signal.SIGSTOP)
+        proxy.process.send_signal(signal.SIGTERM)
+        assert proxy.process.wait(30) == 0
+        assert all(_gone(pid) for pid in pids)
+        [killed] = [e for e in proxy.audit() if e.get("event") == "worker.killed"]
+        assert (killed["worker"], killed["during"]) == (2, "drain")
+        assert proxy.audit()[-1]["event"] == "proxy.stopped"
+    finally:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        stop_proxy(proxy)
+
+
 def test_a_stalled_reader_refuses_in_every_worker_then_every_line_arrives_once(
     tmp_path: Path, initialised_home: Path, upstream_ca: trustme.CA, shared_upstream: Upstream
 ):
