@@ -1,8 +1,9 @@
 """Response redaction: a stamped secret echoed by the upstream reaches the agent as [REDACTED].
 
 Each form of a secret (as sent, and its base64 forms) is matched however it is escaped: every
-byte may appear literally, percent-encoded with either hex case (`+` for a space), or as a JSON
-escape (`\\u00hh`, `\\/`, `\\"` ...), each byte independently.
+byte may appear literally, percent-encoded with either hex case (`+` for a space), as a JSON
+escape (`\\u00hh`, `\\/`, `\\"` ...) or as an HTML/XML character reference (`&#39;`,
+`&#x27;`, `&amp;` ...), each byte independently.
 
 A body is first sieved: an encoded form holds either a form's text whole (found with
 `bytes.find`) or at least one escape (found with a regex led by the escape's first byte, which
@@ -20,12 +21,21 @@ import zlib
 from collections.abc import Callable, Sequence
 
 MARK = b"[REDACTED]"
-# The sieve reads backslashes as percent signs: JSON and URL escapes then share one lead byte.
-FOLD = (b"\\", b"%")
+# The sieve reads backslashes and ampersands as percent signs: JSON escapes, URL escapes and
+# character references then share one lead byte.
+FOLD = bytes.maketrans(b"\\&", b"%%")
 # Re-matching after a substitution ends within a few passes unless a form lives inside MARK.
 MAX_PASSES = 8
 _JSON_SHORT = {0x22: b'\\"', 0x5C: b"\\\\", 0x2F: b"\\/", 8: b"\\b", 12: b"\\f", 10: b"\\n"}
 _JSON_SHORT |= {13: b"\\r", 9: b"\\t"}
+# Named character references (HTML's upper-case spellings of these four are valid too).
+_NAMED = {
+    0x26: (b"&amp;", b"&AMP;"),
+    0x3C: (b"&lt;", b"&LT;"),
+    0x3E: (b"&gt;", b"&GT;"),
+    0x22: (b"&quot;", b"&QUOT;"),
+    0x27: (b"&apos;",),
+}
 
 
 class Unredactable(ValueError):
@@ -61,12 +71,30 @@ def encodings(byte: int) -> tuple[bytes, ...]:
         out += [b"\\u00" + h for h in _hex_cases(byte)]
         if byte in _JSON_SHORT:
             out.append(_JSON_SHORT[byte])
+        out += _references(byte)
     return tuple(out)
+
+
+def _references(byte: int) -> list[bytes]:
+    """HTML/XML character references of an ASCII byte: decimal and hex (`x` or `X`, digits
+    in either case), unpadded or zero-padded as serializers write them (`&#39;`, `&#039;`,
+    `&#x27;`, `&#x0027;`), and the named ones (`&amp;`, `&quot;` ...)."""
+    decimal = {b"%d" % byte, b"%03d" % byte, b"%04d" % byte}
+    hexes: set[bytes] = set()
+    for digits in {b"%x" % byte, b"%02x" % byte, b"%04x" % byte}:
+        cases = [{d, ord(chr(d).upper())} for d in digits]
+        variants = [b""]
+        for options in cases:
+            variants = [v + bytes((c,)) for v in variants for c in sorted(options)]
+        hexes.update(variants)
+    out = [b"&#" + d + b";" for d in sorted(decimal)]
+    out += [b"&#" + x + h + b";" for x in (b"x", b"X") for h in sorted(hexes)]
+    return out + list(_NAMED.get(byte, ()))
 
 
 @functools.cache
 def _unit(byte: int) -> bytes:
-    return b"(?:" + b"|".join(re.escape(e) for e in encodings(byte)) + b")"
+    return b"(?:" + _exactly(set(encodings(byte))) + b")"
 
 
 def _tree(needles: list[bytes], i: int) -> bytes:
@@ -93,7 +121,12 @@ def _tree(needles: list[bytes], i: int) -> bytes:
 @functools.cache
 def _first_unit(byte: int) -> bytes:
     """_unit(byte) after its first byte was matched by the leading character class."""
-    alternatives = (b"(?<=" + re.escape(e[:1]) + b")" + re.escape(e[1:]) for e in encodings(byte))
+    by_lead: dict[bytes, set[bytes]] = {}
+    for e in encodings(byte):
+        by_lead.setdefault(e[:1], set()).add(e[1:])
+    alternatives = (
+        b"(?<=" + re.escape(lead) + b")" + _exactly(rest) for lead, rest in sorted(by_lead.items())
+    )
     return b"(?:" + b"|".join(alternatives) + b")"
 
 
@@ -103,6 +136,8 @@ def _starts(byte: int) -> frozenset[int]:
 
 
 def _class(chars: set[int]) -> bytes:
+    if len(chars) == 1:
+        return re.escape(bytes(chars))
     return b"[" + b"".join(re.escape(bytes((c,))) for c in sorted(chars)) + b"]"
 
 
@@ -133,15 +168,15 @@ def _exactly(texts: set[bytes]) -> bytes:
 
 def _escapes(needles: list[bytes]) -> tuple[tuple[bytes, re.Pattern[bytes]], ...]:
     """Per escape's first byte, a regex matching exactly the escapes of the needles' bytes,
-    in a chunk whose backslashes were replaced by percent signs (FOLD).
+    in a chunk whose backslashes and ampersands were replaced by percent signs (FOLD).
 
-    Folded, `%hh`, `\\u00hh` and `\\/` all begin with `%`: one pass finds them all. Each regex
-    is led by a literal byte, which the regex engine skips to in a tight loop.
+    Folded, `%hh`, `\\u00hh`, `\\/` and `&#39;` all begin with `%`: one pass finds them all.
+    Each regex is led by a literal byte, which the regex engine skips to in a tight loop.
     """
     by_lead: dict[bytes, set[bytes]] = {}
     for byte in {b for n in needles for b in n}:
         for e in encodings(byte)[1:]:
-            e = e.replace(*FOLD)
+            e = e.translate(FOLD)
             by_lead.setdefault(e[:1], set()).add(e[1:])
     return tuple(
         (lead, re.compile(re.escape(lead) + _exactly(rest)))
@@ -212,8 +247,9 @@ class _Compiled:
             while at >= 0:
                 hits.append(at)
                 at = data.find(text, at + 1)
-        # Byte for byte, so positions hold; without a backslash, `data` itself (memchr).
-        folded = data.replace(*FOLD)
+        # FOLD byte for byte, so positions hold; text without `\\` or `&` is not copied
+        # (memchr), which translate() would do.
+        folded = data.replace(b"\\", b"%").replace(b"&", b"%")
         for lead, escape in self.escapes:
             if lead in folded:  # memchr again: plain text skips the pass
                 hits += [m.start() for m in escape.finditer(folded)]

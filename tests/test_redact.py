@@ -107,7 +107,8 @@ def _hex(byte: int, upper: tuple[bool, bool]) -> bytes:
 
 @st.composite
 def escaped(draw: st.DrawFn, form: bytes) -> bytes:
-    """`form` with each byte written independently: literal, %hh in either case, +, JSON."""
+    """`form` with each byte written independently: literal, %hh in either case, +, JSON,
+    HTML/XML references."""
     out = b""
     for byte in form:
         char = bytes((byte,))
@@ -118,8 +119,27 @@ def escaped(draw: st.DrawFn, form: bytes) -> bytes:
             ways.append(b"\\u00" + _hex(byte, draw(st.tuples(st.booleans(), st.booleans()))))
         if char in JSON_SHORT:
             ways.append(JSON_SHORT[char])
+        if byte < 0x80:
+            ways.append(draw(reference(byte)))
         out += draw(st.sampled_from(ways))
     return out
+
+
+NAMED = {b"&": [b"&amp;", b"&AMP;"], b"<": [b"&lt;", b"&LT;"], b">": [b"&gt;", b"&GT;"]}
+NAMED |= {b'"': [b"&quot;", b"&QUOT;"], b"'": [b"&apos;"]}
+
+
+@st.composite
+def reference(draw: st.DrawFn, byte: int) -> bytes:
+    """An HTML/XML character reference to `byte`, as serializers write them."""
+    kind = draw(st.sampled_from(["decimal", "x", "X", "named"]))
+    if kind == "named" and bytes((byte,)) in NAMED:
+        return draw(st.sampled_from(NAMED[bytes((byte,))]))
+    if kind in ("decimal", "named"):
+        return b"&#%0*d;" % (draw(st.sampled_from([1, 3, 4])), byte)
+    digits = b"%0*x" % (draw(st.sampled_from([1, 2, 4])), byte)
+    cased = bytes(ord(chr(d).upper()) if draw(st.booleans()) else d for d in digits)
+    return b"&#" + kind.encode() + cased + b";"
 
 
 def _forms(secret: bytes) -> list[bytes]:
