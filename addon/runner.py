@@ -1,4 +1,4 @@
-"""`credproxy run`: mitmproxy's DumpMaster embedded in our own process, with our addons."""
+"""`credproxy run`: mitmproxy's Master embedded in our own process, with our addons."""
 
 from __future__ import annotations
 
@@ -336,13 +336,11 @@ def build_chain(
 
 async def serve(config: RunConfig, started: asyncio.Event | None = None) -> int:
     # Heavy imports here, so that the store commands of the same CLI start quickly.
-    from mitmproxy import options
-    from mitmproxy.tools.dump import DumpMaster
-
     from addon import bounds, connects, framing, refusals, signing, wire, wsredact
     from addon.chain import REQUIRED_OPTIONS
     from addon.forward import Forward
     from addon.live import LivePolicy
+    from addon.master import build as build_master
     from addon.trail import Trail
 
     log = audit.logger()
@@ -374,7 +372,7 @@ async def serve(config: RunConfig, started: asyncio.Event | None = None) -> int:
     wsredact.install()
     signing.install()
     runtime = Path(tempfile.mkdtemp(prefix="credproxy-"))
-    master = DumpMaster(options.Options(), with_termlog=False, with_dumper=False)
+    master = build_master()
     _quiet_errorcheck(master)
     update: dict[str, Any] = {
         "listen_host": config.listen_host,
@@ -383,7 +381,9 @@ async def serve(config: RunConfig, started: asyncio.Event | None = None) -> int:
         "block_global": False,
         "http2": True,
         "websocket": True,
-        **REQUIRED_OPTIONS,
+        # Options of mitmproxy addons credproxy does not load (onboarding, proxyauth) do not
+        # exist here: nothing can turn them on.
+        **{name: value for name, value in REQUIRED_OPTIONS.items() if name in master.options},
     }
     if config.upstream_ca is not None:
         update["ssl_verify_upstream_trusted_ca"] = str(_trust_bundle(config.upstream_ca, runtime))

@@ -42,8 +42,8 @@ def parse(argv: Sequence[str] | None) -> Settings:
     p.add_argument(
         "--configs",
         type=_configs,
-        help=f"any of {', '.join(CONFIGS)} (default: all but credproxy-10-dns-miss and "
-        f"mitmproxy-stream; with --download {','.join(DOWNLOAD_CONFIGS)})",
+        help=f"any of {', '.join(CONFIGS)} (default: all but credproxy-10-dns-miss, "
+        f"mitmproxy-lean and mitmproxy-stream; with --download {','.join(DOWNLOAD_CONFIGS)})",
     )
     p.add_argument("--repeat", type=int, help="interleaved repetitions per cell (default 32)")
     p.add_argument(

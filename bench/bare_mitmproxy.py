@@ -1,9 +1,12 @@
-"""Bare mitmproxy, embedded the way `credproxy run` embeds it, with no addon of ours.
+"""Bare mitmproxy, embedded with no addon of ours.
 
-`python -m bench.bare_mitmproxy CONFDIR TRUST_BUNDLE OPTIONS_JSON` prints a `proxy.started`
-JSON line with the listening address, like credproxy, then serves until SIGTERM. The caller
-passes credproxy's REQUIRED_OPTIONS and trust bundle, so that this process imports only
-mitmproxy and its start-up is mitmproxy's own.
+`python -m bench.bare_mitmproxy CONFDIR TRUST_BUNDLE OPTIONS_JSON [lean]` prints a
+`proxy.started` JSON line with the listening address, like credproxy, then serves until
+SIGTERM. The caller passes credproxy's REQUIRED_OPTIONS and trust bundle. By default it is
+mitmdump's master with its 34 addons (`mitmproxy`: what a user of mitmproxy runs, the
+reference of the targets), importing only mitmproxy, so its start-up is mitmproxy's own. With
+`lean` it is the master `credproxy run` builds (`addon.master`: mitmproxy's serving addons
+only) without credproxy's addons (`mitmproxy-lean`: what credproxy's own work costs).
 """
 
 from __future__ import annotations
@@ -16,12 +19,19 @@ import sys
 from typing import Any
 
 
-async def main(confdir: str, trust_bundle: str, required: dict[str, Any]) -> None:
-    from mitmproxy import options
-    from mitmproxy.tools.dump import DumpMaster
+async def main(confdir: str, trust_bundle: str, required: dict[str, Any], lean: bool) -> None:
+    master: Any
+    if lean:
+        from addon.master import build
 
-    master = DumpMaster(options.Options(), with_termlog=False, with_dumper=False)
-    # The options addon.runner.serve sets, so the only difference is credproxy's addon.
+        master = build()
+        required = {name: value for name, value in required.items() if name in master.options}
+    else:
+        from mitmproxy import options
+        from mitmproxy.tools.dump import DumpMaster
+
+        master = DumpMaster(options.Options(), with_termlog=False, with_dumper=False)
+    # The options addon.runner.serve sets, so the only difference is credproxy's addons.
     master.options.update(
         listen_host="127.0.0.1",
         listen_port=0,
@@ -52,4 +62,5 @@ async def main(confdir: str, trust_bundle: str, required: dict[str, Any]) -> Non
 
 
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1], sys.argv[2], json.loads(sys.argv[3])))
+    lean = sys.argv[4:] == ["lean"]
+    asyncio.run(main(sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), lean))

@@ -131,7 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--body", choices=KINDS, default="binary", help="download body kind")
     args = p.parse_args(argv)
     configs = tuple(c.strip() for c in args.configs.split(",") if c.strip())
-    bare = ("mitmproxy", "mitmproxy-stream")
+    bare = ("mitmproxy", "mitmproxy-lean", "mitmproxy-stream")
     unknown = [c for c in configs if c not in bare and c not in POPULATIONS]
     if unknown or not configs:
         p.error(f"unknown config {', '.join(unknown) or '(none)'}")

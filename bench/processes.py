@@ -176,11 +176,15 @@ def start_bare_mitmproxy(
     name: str = "mitmproxy",
     stream: str | None = None,
 ) -> Running:
-    """Bare mitmproxy; `stream` sets its stream_large_bodies (None: bodies are buffered)."""
+    """Bare mitmproxy; `stream` sets its stream_large_bodies (None: bodies are buffered).
+
+    `mitmproxy-lean` is credproxy's own master without credproxy's addons."""
     # Built here, so that the bare process imports neither credproxy nor its store.
     bundle = _trust_bundle(upstream_ca, workdir)
     options = json.dumps({**REQUIRED_OPTIONS, "stream_large_bodies": stream})
     args = [sys.executable, "-m", "bench.bare_mitmproxy", str(certs), str(bundle), options]
+    if name == "mitmproxy-lean":
+        args.append("lean")
     return start(name, args, dict(os.environ), workdir / f"{name}.out", '"proxy.started"')
 
 

@@ -61,11 +61,14 @@ UNPINNED = frozenset({"credproxy-10-w2"})
 DNS_HOST = "localhost"
 # Bare mitmproxy streaming bodies over this size, as credproxy streams what it does not hold.
 STREAM_LARGE_BODIES = "64k"
-CONFIGS = ("direct", "mitmproxy", "mitmproxy-stream", *POPULATIONS)
+# mitmproxy-lean: credproxy's master (mitmproxy's serving addons only) without credproxy's addons.
+CONFIGS = ("direct", "mitmproxy", "mitmproxy-lean", "mitmproxy-stream", *POPULATIONS)
 # What runs without --configs: every configuration with a target (not the cache-miss one);
 # streaming mitmproxy is the reference of the download mode only.
 DEFAULT_CONFIGS = tuple(
-    c for c in CONFIGS if c not in ("credproxy-10-dns-miss", "mitmproxy-stream", *UNPINNED)
+    c
+    for c in CONFIGS
+    if c not in ("credproxy-10-dns-miss", "mitmproxy-lean", "mitmproxy-stream", *UNPINNED)
 )
 DOWNLOAD_CONFIGS = ("mitmproxy", "mitmproxy-stream", "credproxy-10")
 # Bytes each download cell moves when --requests is not given.
@@ -128,7 +131,7 @@ class Bench:
         resolve = f"{HOST}=127.0.0.1:{port}"
         for config in self.settings.configs:
             launch: Callable[[], Running]
-            if config in ("mitmproxy", "mitmproxy-stream"):
+            if config in ("mitmproxy", "mitmproxy-lean", "mitmproxy-stream"):
                 stream = STREAM_LARGE_BODIES if config == "mitmproxy-stream" else None
                 launch = partial(
                     start_bare_mitmproxy, self.workdir, certs, upstream_ca, config, stream
