@@ -381,9 +381,10 @@ async def serve(config: RunConfig, started: asyncio.Event | None = None) -> int:
         "block_global": False,
         "http2": True,
         "websocket": True,
-        # Options of mitmproxy addons credproxy does not load (onboarding, proxyauth) do not
-        # exist here: nothing can turn them on.
-        **{name: value for name, value in REQUIRED_OPTIONS.items() if name in master.options},
+        # The options of onboarding and proxyauth do not exist here (their addons are not
+        # loaded): nothing can turn them on. Any other required option that is missing fails
+        # the start (KeyError), never skipped.
+        **{k: v for k, v in REQUIRED_OPTIONS.items() if k not in ("onboarding", "proxyauth")},
     }
     if config.upstream_ca is not None:
         update["ssl_verify_upstream_trusted_ca"] = str(_trust_bundle(config.upstream_ca, runtime))
