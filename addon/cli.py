@@ -26,7 +26,6 @@ from store.records import (
     CredentialEntry,
     GrantEntry,
 )
-from store.repository import Store
 from store.settings import DEFAULT_CERTS, DEFAULT_DB, DEFAULT_KEY_FILE, Settings
 from store.validation import SCHEMES
 
@@ -242,9 +241,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     p.add_argument(
         "--host", action="append", required=True, help="HOST[:PORT] it may be sent to, repeatable"
     )
-    p.add_argument(
-        "--header", help="header name, with --scheme header or a minted-token scheme"
-    )
+    p.add_argument("--header", help="header name, with --scheme header or a minted-token scheme")
     p.add_argument("--param", help="query parameter name, with --scheme query")
     p.add_argument("--region", help="AWS region, with --scheme sigv4 (default: from the host)")
     p.add_argument(
@@ -455,6 +452,8 @@ def read_secret() -> Secret:
 
 
 def cmd_init(args: argparse.Namespace, settings: Settings) -> int:
+    from store.repository import Store
+
     store = Store(settings.db, None, create=True)
     store.migrate()
     revision = store.schema_revision()
@@ -500,8 +499,7 @@ def cmd_init(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_principal_add(args: argparse.Namespace, settings: Settings) -> int:
     limits = validation.limits(args.rate, args.burst)
-    store = settings.store()
-    token = store.add_principal(args.name, limits)
+    token = settings.quick().add_principal(args.name, limits)
     url = f"http://{args.name}:{token}@{settings.advertise}"
     _emit(
         settings,
@@ -776,8 +774,7 @@ def cmd_grant_add(args: argparse.Namespace, settings: Settings) -> int:
     limits = validation.limits(
         args.rate, args.burst, args.max_uses, args.once, args.approval, args.hold
     )
-    store = settings.store()
-    grant_id = store.add_grant(
+    grant_id = settings.quick().add_grant(
         args.principal,
         args.method,
         credential=args.credential,
@@ -829,12 +826,12 @@ def _grant_row(g: GrantEntry) -> dict[str, Any]:
 
 
 def cmd_grant_list(args: argparse.Namespace, settings: Settings) -> int:
-    store = settings.reader()
+    store = settings.quick(key=False)
     grants = store.list_grants(args.principal)
     rows = [_grant_row(g) for g in grants]
     # The table says what a grant reaches: a grant without hosts of its own has its
     # credential's. --json keeps null there, as stored.
-    their_hosts = {c.name: c.hosts for c in store.list_credentials()}
+    their_hosts = store.credential_hosts()
     shown = [
         row
         | {

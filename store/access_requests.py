@@ -8,7 +8,8 @@ from sqlalchemy import Select, func, select, update
 from sqlalchemy.orm import Session
 
 from store import approvals, grants, principals, validation
-from store.engine import REQUEST, Database, changed, covered
+from store.changelog import REQUEST
+from store.engine import Database, changed, covered
 from store.errors import InvalidInput, NotFound
 from store.grammar import HostPattern
 from store.models import AccessRequest, Principal, utcnow
@@ -189,9 +190,7 @@ def _pending(session: Session, request_id: int) -> AccessRequest:
     # both take.
     session.execute(
         covered(  # writes nothing: the decision below is noted by the caller
-            update(AccessRequest)
-            .where(AccessRequest.id == request_id)
-            .values(id=AccessRequest.id)
+            update(AccessRequest).where(AccessRequest.id == request_id).values(id=AccessRequest.id)
         )
     )
     row = session.get(AccessRequest, request_id, with_for_update=True)

@@ -15,7 +15,8 @@ from sqlalchemy import case, select, update
 from sqlalchemy.orm import Session
 
 from store import principals
-from store.engine import REQUEST, Database, bump, changed, covered
+from store.changelog import REQUEST
+from store.engine import Database, bump, changed, covered
 from store.errors import InvalidInput
 from store.models import AccessRequest, Grant, Principal, utcnow
 from store.records import APPROVED, EXPIRED, HOLD, PENDING

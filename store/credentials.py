@@ -15,8 +15,9 @@ from sqlalchemy import select, text, update
 from sqlalchemy.orm import Session
 
 from store import keys, validation
+from store.changelog import CREDENTIAL
 from store.crypto import MasterKey, Secret
-from store.engine import CREDENTIAL, Database, bump, changed, covered, rowcount, sqlite_path
+from store.engine import Database, bump, changed, covered, rowcount, sqlite_path
 from store.errors import Conflict, NotFound, StoreUnavailable
 from store.grammar import validate_name
 from store.models import Credential, Grant, utcnow

@@ -14,8 +14,9 @@ from typing import Any
 
 from sqlalchemy import Connection, or_, select
 
+from store.changelog import ALL, CREDENTIAL, GRANT, MARK, PRINCIPAL, REQUEST, TOKEN
 from store.crypto import MasterKey
-from store.engine import ALL, CREDENTIAL, GRANT, MARK, PRINCIPAL, REQUEST, TOKEN, Database
+from store.engine import Database
 from store.models import ChangeLog, Credential, Grant, Principal, PrincipalToken, utcnow
 from store.records import CredentialRecord, Delta, GrantRecord, PrincipalRecord, SessionToken
 from store.snapshot import (

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import secrets
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -17,6 +16,8 @@ from sqlalchemy.exc import ArgumentError, DBAPIError, IntegrityError, NoSuchModu
 from sqlalchemy.orm import ORMExecuteState, Session, sessionmaker
 from sqlalchemy.sql.base import Executable
 
+from store import changelog
+from store.changelog import ALL, CREDENTIAL, GRANT, MARK, PRINCIPAL, REQUEST, TOKEN
 from store.errors import Conflict, CredproxyError, InvalidInput, StoreUnavailable
 from store.models import (
     AccessRequest,
@@ -29,19 +30,6 @@ from store.models import (
     StoreState,
 )
 
-# What a change touched, as change_log names it. A change that notes nothing is logged as ALL:
-# every proxy then reloads the whole store, which is always right, only slower.
-PRINCIPAL, TOKEN, CREDENTIAL, GRANT, REQUEST, ALL = (
-    "principal",
-    "token",
-    "credential",
-    "grant",
-    "request",
-    "all",
-)
-# Every change also logs a random mark: two stores at one counter with different marks (one
-# restored in place, and changed since) are different states; a replica then reads whole.
-MARK = "mark"
 _NOTED = "credproxy.changed"
 # What the proxy reads, by model: a row of one written through the ORM is noted as its kind,
 # whatever the write itself noted (store_state, the key's row, as everything).
@@ -56,9 +44,6 @@ _KINDS: dict[type[Base], str] = {
 _READ_TABLES = frozenset(str(model.__tablename__) for model in _KINDS)
 _COVERED = "credproxy_covered"
 E = TypeVar("E", bound=Executable)
-# change_log keeps the last LOG_KEPT changes; a proxy further behind reloads whole.
-LOG_KEPT = 10_000
-PRUNE_EVERY = 1_000
 
 
 def mark_of(counter: Any) -> Any:
@@ -369,14 +354,11 @@ def bump(session: Session) -> int:
             .returning(StoreState.change_counter)
         )
     ).scalar_one()
-    rows = {(kind, row if isinstance(row, int) else row.id) for kind, row in noted}
-    if any(kind == ALL for kind, _ in rows):
-        rows = {(ALL, 0)}  # everything: the rows beside it say no more
-    rows = (rows or {(ALL, 0)}) | {(MARK, secrets.randbelow(2**31))}
+    rows = changelog.rows((kind, row if isinstance(row, int) else row.id) for kind, row in noted)
     session.execute(
-        insert(ChangeLog),
-        [{"counter": counter, "kind": k, "row_id": i} for k, i in sorted(rows)],
+        insert(ChangeLog), [{"counter": counter, "kind": k, "row_id": i} for k, i in rows]
     )
-    if counter % PRUNE_EVERY == 0:
-        session.execute(delete(ChangeLog).where(ChangeLog.counter <= counter - LOG_KEPT))
+    prune = changelog.pruned_through(counter)
+    if prune is not None:
+        session.execute(delete(ChangeLog).where(ChangeLog.counter <= prune))
     return counter

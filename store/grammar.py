@@ -16,10 +16,12 @@ import unicodedata
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-
-from publicsuffix2 import PSL_FILE, PublicSuffixList
+from typing import TYPE_CHECKING
 
 from store.errors import InvalidInput
+
+if TYPE_CHECKING:
+    from publicsuffix2 import PublicSuffixList
 
 # -- Names, methods, header and parameter names ----------------------------------------
 
@@ -160,6 +162,10 @@ def parse_authority(text: str) -> tuple[str, int | None]:
 @functools.cache
 def _suffix_rules() -> dict[str, list[str]]:
     """The public suffix list's rules by their last label, IDNA-encoded as host names are."""
+    # Imported here: publicsuffix2 brings urllib.request with it, a noticeable part of a CLI
+    # call that checks no wildcard host.
+    from publicsuffix2 import PSL_FILE
+
     with open(PSL_FILE, encoding="utf-8") as f:
         rules = [rule for rule in map(str.strip, f) if rule and not rule.startswith("//")]
     encoded = {
@@ -174,6 +180,8 @@ def _suffix_rules() -> dict[str, list[str]]:
 
 @functools.cache
 def _suffix_list(tld: str) -> PublicSuffixList:
+    from publicsuffix2 import PublicSuffixList
+
     return PublicSuffixList(_suffix_rules().get(tld, []))
 
 
@@ -479,9 +487,7 @@ def validate_path_pattern(pattern: str) -> str:
             raise InvalidInput(f"invalid path pattern {pattern!r}: '*' must be a whole segment")
         parts = _PATTERN_SLASH.split(segment)
         if len(parts) > 1 and any(part in ("", ".", "..") for part in parts):
-            raise InvalidInput(
-                f"invalid path pattern {pattern!r}: %2F must sit between two names"
-            )
+            raise InvalidInput(f"invalid path pattern {pattern!r}: %2F must sit between two names")
         if not all(map(_PCHAR_CHARS.issuperset, parts)):
             raise InvalidInput(
                 f"invalid path pattern {pattern!r}: only unencoded path characters "

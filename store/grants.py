@@ -9,10 +9,11 @@ from sqlalchemy import case, select, update
 from sqlalchemy.orm import Session
 
 from store import credentials, principals, validation
-from store.engine import GRANT, Database, bump, changed, covered, rowcount
+from store.changelog import GRANT
+from store.engine import Database, bump, changed, covered, rowcount
 from store.errors import NotFound
 from store.models import Credential, Grant, Principal, utcnow
-from store.records import GrantEntry
+from store.records import GrantEntry, grant_state
 
 
 def add(
@@ -78,16 +79,6 @@ def insert(
     return grant.id
 
 
-def _state(g: Grant, now: datetime) -> str:
-    if g.revoked_at is not None:
-        return "revoked"
-    if g.consumed_at is not None:
-        return "consumed"
-    if g.expires_at is not None and g.expires_at <= now:
-        return "expired"
-    return "active"
-
-
 def listing(db: Database, principal: str | None = None) -> list[GrantEntry]:
     """Every grant, in any state; only a live principal's when `principal` is named."""
     query = (
@@ -113,7 +104,7 @@ def listing(db: Database, principal: str | None = None) -> list[GrantEntry]:
                 expires_at=g.expires_at,
                 purpose=g.purpose,
                 created_at=g.created_at,
-                state=_state(g, now),
+                state=grant_state(g.revoked_at, g.consumed_at, g.expires_at, now),
                 encoded_slash=g.encoded_slash,
                 key=g.key,
                 rate=g.rate,

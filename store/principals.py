@@ -8,8 +8,9 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from store import validation
+from store.changelog import PRINCIPAL
 from store.crypto import hash_token, new_token
-from store.engine import PRINCIPAL, Database, changed, covered, rowcount
+from store.engine import Database, changed, covered, rowcount
 from store.errors import Conflict, NotFound
 from store.grammar import validate_name
 from store.models import AccessRequest, Grant, Principal, utcnow

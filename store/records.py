@@ -7,7 +7,7 @@ agent's access requests read as the *Entry records.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from store.crypto import Secret
@@ -20,6 +20,26 @@ PENDING, APPROVED, DENIED = "pending", "approved", "denied"
 EXPIRED = "expired"  # a held request no owner decided on in time
 REQUEST_STATES = (PENDING, APPROVED, DENIED, EXPIRED)
 ACCESS, HOLD = "access", "hold"  # access_requests.kind
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def grant_state(
+    revoked_at: datetime | None,
+    consumed_at: datetime | None,
+    expires_at: datetime | None,
+    now: datetime,
+) -> str:
+    """How a grant is listed: revoked, consumed, expired or active, in that order."""
+    if revoked_at is not None:
+        return "revoked"
+    if consumed_at is not None:
+        return "consumed"
+    if expires_at is not None and expires_at <= now:
+        return "expired"
+    return "active"
 
 
 @dataclass(frozen=True)

@@ -130,6 +130,10 @@ class Store:
     def list_credentials(self) -> list[CredentialEntry]:
         return credentials.listing(self.db)
 
+    def credential_hosts(self) -> dict[str, list[str]]:
+        """Each live credential's hosts, by name."""
+        return {c.name: c.hosts for c in self.list_credentials()}
+
     def exchange_credential(
         self,
         name: str,
@@ -266,9 +270,7 @@ class Store:
     def use_approval(self, request_id: int) -> bool:
         return approvals.use_cover(self.db, request_id)
 
-    def take_rates(
-        self, buckets: Sequence[rates.Bucket], now: float
-    ) -> tuple[int, float] | None:
+    def take_rates(self, buckets: Sequence[rates.Bucket], now: float) -> tuple[int, float] | None:
         return rates.take(self.db, buckets, now)
 
     def deny_access_request(self, request_id: int, reason: str | None = None) -> None:

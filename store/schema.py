@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from sqlalchemy import column, inspect, select, table
@@ -10,15 +9,9 @@ from sqlalchemy.exc import DBAPIError
 
 from store.engine import Database
 from store.errors import StoreUnavailable
+from store.revisions import MIGRATIONS, refuse_newer
+from store.revisions import check_head as check_revision
 
-MIGRATIONS = Path(__file__).parent / "migrations"
-# The newest revision in MIGRATIONS, so that `run` checks the schema without importing Alembic
-# (a noticeable part of its start-up). tests/test_migrations.py holds it to Alembic's own head.
-SCHEMA_HEAD = "0009"
-# Every revision this code can migrate from; anything else was written by a newer credproxy.
-KNOWN_SCHEMAS = frozenset(
-    p.name.split("_", 1)[0] for p in (MIGRATIONS / "versions").glob("0*_*.py")
-)
 _VERSIONS = table("alembic_version", column("version_num"))
 
 
@@ -33,7 +26,7 @@ def _alembic() -> Any:
 
 def migrate(db: Database, revision: str = "head") -> None:
     """Bring the schema to `revision`; harmless when already there."""
-    _refuse_newer(db, revision_of(db))
+    refuse_newer(db.display_url, revision_of(db))
     config = _alembic()
     from alembic import command
     from alembic.util import CommandError
@@ -48,14 +41,6 @@ def migrate(db: Database, revision: str = "head") -> None:
         raise StoreUnavailable(
             f"cannot migrate database {db.display_url}: {str(e).splitlines()[0][:200]}"
         ) from e
-
-
-def _refuse_newer(db: Database, current: str | None) -> None:
-    if current is not None and not KNOWN_SCHEMAS.issuperset(current.split(", ")):
-        raise StoreUnavailable(
-            f"database {db.display_url} is at schema {current}, newer than this "
-            f"credproxy's {SCHEMA_HEAD}: upgrade credproxy"
-        )
 
 
 def revision_of(db: Database) -> str | None:
@@ -73,10 +58,4 @@ def revision_of(db: Database) -> str | None:
 
 def check_head(db: Database) -> None:
     """Raise unless the schema is at SCHEMA_HEAD."""
-    current = revision_of(db)
-    _refuse_newer(db, current)
-    if current != SCHEMA_HEAD:
-        raise StoreUnavailable(
-            f"database {db.display_url} is at schema {current or 'none'}, "
-            f"not {SCHEMA_HEAD}: run credproxy init"
-        )
+    check_revision(db.display_url, revision_of(db))

@@ -6,11 +6,14 @@ import argparse
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from store import lite
 from store.crypto import MasterKey, load_master_key
-from store.engine import parse_url
 from store.errors import InvalidInput
-from store.repository import Store
+
+if TYPE_CHECKING:
+    from store.repository import Store
 
 DEFAULT_DB = "sqlite:///credproxy.db"
 DEFAULT_KEY_FILE = "credproxy.key"
@@ -33,7 +36,10 @@ class Settings:
         env = os.environ
         db = args.db or env.get("CREDPROXY_DB") or DEFAULT_DB
         try:
-            parse_url(db)
+            if lite.sqlite_file(db) is None:
+                from store.engine import parse_url  # SQLAlchemy: only for the URLs it serves
+
+                parse_url(db)
         except InvalidInput as e:
             raise InvalidInput(f"{'--db' if args.db else 'CREDPROXY_DB'}: {e}") from e
         return cls(
@@ -49,12 +55,25 @@ class Settings:
 
     def store(self) -> Store:
         """Open the store and check that it is migrated and that the key is its own."""
+        from store.repository import Store
+
         store = Store(self.db, self.key())
         store.check_ready()
         return store
 
     def reader(self) -> Store:
         """Open the store for commands that read no secret: without the key, never creating."""
+        from store.repository import Store
+
         store = Store(self.db, None)
         store.check_ready()
         return store
+
+    def quick(self, *, key: bool = True) -> lite.Store | Store:
+        """The store for `principal add`, `grant add` and `grant list`, checked as store()
+        (or, without `key`, reader()) checks it: on a plain SQLite URL through sqlite3 alone
+        (store/lite.py), so that the call never imports SQLAlchemy; otherwise the full one."""
+        path = lite.sqlite_file(self.db)
+        if path is None:
+            return self.store() if key else self.reader()
+        return lite.Store(self.db, path, self.key() if key else None)

@@ -11,8 +11,9 @@ from datetime import datetime
 from sqlalchemy import select
 
 from store import principals
+from store.changelog import TOKEN
 from store.crypto import hash_token, new_token
-from store.engine import TOKEN, Database, changed
+from store.engine import Database, changed
 from store.errors import InvalidInput, NotFound
 from store.models import Principal, PrincipalToken, utcnow
 from store.records import TokenEntry

@@ -26,8 +26,7 @@ from store.grammar import (
     validate_param_name,
     validate_path_pattern,
 )
-from store.models import utcnow
-from store.records import REQUEST_STATES
+from store.records import REQUEST_STATES, utcnow
 
 SCHEMES = ("bearer", "header", "basic", "query", "sigv4", "path", *mintspec.MINTED)
 MAX_REQUEST_PATH = 2048

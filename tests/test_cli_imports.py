@@ -1,4 +1,5 @@
-"""A command of the store's own answers at once: it never imports the proxy's heavy parts."""
+"""A command of the store's own answers at once: it never imports the proxy's heavy parts, and
+on a plain SQLite URL the ones a script calls one by one never import SQLAlchemy either."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ PROBE = """
 import json, sys
 from addon import cli
 status = cli.main(sys.argv[1:])
-heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("mitmproxy", "alembic", "botocore"))
+HEAVY = ("mitmproxy", "alembic", "botocore", "sqlalchemy", "psycopg", "publicsuffix2")
+heavy = sorted({m.split(".")[0] for m in sys.modules if m.split(".")[0] in HEAVY})
 heavy += ["cryptography.x509"] if "cryptography.x509" in sys.modules else []
 print(json.dumps({"status": status, "heavy": heavy}), file=sys.stderr)
 """
@@ -62,6 +64,12 @@ def _probe(env: dict[str, str], *argv: str) -> dict[str, object]:
 def test_the_stores_commands_import_nothing_heavy(env: dict[str, str], argv: tuple[str]) -> None:
     result = _probe(env, *argv)
     assert result["heavy"] == []
+
+
+def test_other_commands_and_urls_still_take_sqlalchemy(env: dict[str, str]) -> None:
+    assert _probe(env, "principal", "list", "--json")["heavy"] == ["sqlalchemy"]
+    url = env["CREDPROXY_DB"].replace("sqlite:///", "sqlite+pysqlite:///")
+    assert _probe(env, "--db", url, "grant", "list")["heavy"] == ["sqlalchemy"]
 
 
 def test_the_proxys_commands_are_still_there(env: dict[str, str]) -> None:

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from sqlalchemy import delete, select, update
 
 from addon.policy import Policy, Reason, Request
-from store import engine
+from store import changelog, engine
 from store.crypto import MasterKey, Secret
 from store.errors import CredproxyError
 from store.models import ChangeLog, Credential, Grant, StoreState, utcnow
@@ -295,7 +295,7 @@ def test_an_unreadable_credential_is_named_and_its_grants_dropped(store: Store) 
                 .values(ciphertext=bytes([row.ciphertext[0] ^ 1]) + row.ciphertext[1:])
             )
         )
-        engine.changed(session, engine.CREDENTIAL, row.id)
+        engine.changed(session, changelog.CREDENTIAL, row.id)
     caught_up(store, policy)
     assert policy.unreadable == ("gh",) and policy.grant_count == 0
     assert view(policy) == view(Policy(store.snapshot()))
@@ -336,8 +336,8 @@ def test_a_write_that_notes_nothing_is_logged_as_all(store: Store) -> None:
 def test_the_log_is_pruned_to_what_a_replica_may_still_need(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(engine, "LOG_KEPT", 3)
-    monkeypatch.setattr(engine, "PRUNE_EVERY", 2)
+    monkeypatch.setattr(changelog, "LOG_KEPT", 3)
+    monkeypatch.setattr(changelog, "PRUNE_EVERY", 2)
     store.add_principal("agent")
     for _ in range(6):
         store.add_grant("agent", ["GET"], hosts=["pypi.org"])
@@ -437,13 +437,13 @@ def _wrong_note_orm(store: Store, grant: int, token: int) -> None:
         row = session.get(Grant, grant)
         assert row is not None
         row.paths = ["/elsewhere/"]  # the grant narrowed, the token noted
-        engine.changed(session, engine.TOKEN, token)
+        engine.changed(session, changelog.TOKEN, token)
 
 
 def _wrong_note_bulk(store: Store, grant: int, token: int) -> None:
     with store.db.change() as session:
         session.execute(update(Grant).values(revoked_at=utcnow()))  # every grant revoked
-        engine.changed(session, engine.GRANT, grant + 1)  # one of them noted
+        engine.changed(session, changelog.GRANT, grant + 1)  # one of them noted
 
 
 def _wrong_kind(store: Store, grant: int, token: int) -> None:
@@ -451,14 +451,14 @@ def _wrong_kind(store: Store, grant: int, token: int) -> None:
         row = session.get(Grant, grant)
         assert row is not None
         row.methods = ["DELETE"]
-        engine.changed(session, engine.TOKEN, 999)  # a token's kind, and no such token
+        engine.changed(session, changelog.TOKEN, 999)  # a token's kind, and no such token
 
 
 def _credential_unnoted(store: Store, grant: int, token: int) -> None:
     with store.db.change() as session:
         row = session.scalars(select(Credential).where(Credential.name == "gh")).one()
         row.removed_at = utcnow()  # removed by hand; a grant noted instead
-        engine.changed(session, engine.GRANT, grant)
+        engine.changed(session, changelog.GRANT, grant)
 
 
 @pytest.mark.parametrize(
@@ -694,7 +694,7 @@ def test_a_change_logged_as_all_is_one_row(store: Store) -> None:
     with store.db.reading() as connection:
         rows = connection.execute(
             select(ChangeLog.kind, ChangeLog.row_id).where(
-                ChangeLog.counter > counter, ChangeLog.kind != engine.MARK
+                ChangeLog.counter > counter, ChangeLog.kind != changelog.MARK
             )
         ).all()
     assert [tuple(r) for r in rows] == [("all", 0)]
