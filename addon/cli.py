@@ -829,6 +829,9 @@ def cmd_grant_list(args: argparse.Namespace, settings: Settings) -> int:
     store = settings.quick(key=False)
     grants = store.list_grants(args.principal)
     rows = [_grant_row(g) for g in grants]
+    if settings.json:  # scripts read it by the thousand: no table to build
+        _emit(settings, rows, [])
+        return 0
     # The table says what a grant reaches: a grant without hosts of its own has its
     # credential's. --json keeps null there, as stored.
     their_hosts = store.credential_hosts()

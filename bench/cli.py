@@ -38,7 +38,7 @@ from store.crypto import load_master_key
 from store.repository import Store
 
 # importlib.metadata is not among them: SQLAlchemy imports it.
-HEAVY = ("mitmproxy", "alembic", "botocore", "cryptography.x509")
+HEAVY = ("mitmproxy", "alembic", "botocore", "cryptography.x509", "sqlalchemy")
 
 
 CPU: list[float] = []  # the child's user + system CPU seconds of each _time run

@@ -13,6 +13,7 @@ costs 0.3 s to import) and every other command goes through store/repository.py.
 
 from __future__ import annotations
 
+import functools
 import json
 import sqlite3
 from collections.abc import Iterator, Sequence
@@ -62,6 +63,18 @@ def _stamp(value: datetime) -> str:
 
 def _time(value: str | None) -> datetime | None:
     return None if value is None else datetime.fromisoformat(value).replace(tzinfo=UTC)
+
+
+@functools.lru_cache(maxsize=1024)
+def _parsed(text: str) -> tuple[str, ...] | None:
+    """A JSON list column; grants repeat a few values (["GET"], ["/"]) by the thousand."""
+    value = json.loads(text)
+    return None if value is None else tuple(value)
+
+
+def _list(text: str | None) -> list[str] | None:
+    value = None if text is None else _parsed(text)
+    return None if value is None else list(value)
 
 
 def _first_line(e: sqlite3.Error) -> str:
@@ -242,9 +255,9 @@ class Store:
                 id=r[0],
                 principal=r[1],
                 credential=r[2],
-                hosts=None if r[3] is None else json.loads(r[3]),
-                methods=json.loads(r[4]),
-                paths=json.loads(r[5]),
+                hosts=_list(r[3]),
+                methods=_list(r[4]) or [],
+                paths=_list(r[5]) or [],
                 once=bool(r[6]),
                 websocket=bool(r[7]),
                 expires_at=_time(r[8]),
