@@ -67,19 +67,11 @@ def measure(
 
     processes.start = start_under_valgrind  # type: ignore[assignment]
     processes.START_TIMEOUT = START_TIMEOUT
-    settings = Settings(
-        requests=requests,
-        duration=None,
-        concurrency=(concurrency,),
-        configs=configs,
-        repeat=1,
-        starts=1,
-        new_connection=False,
-        client="raw",
-        rss_requests=0,
-        out=workdir / "unused.json",
-        keep_workdir=False,
-        pin=False,
+    settings = Settings.one_cell(
+        configs,
+        requests,
+        concurrency,
+        workdir,
         download=(size,) if size else (),
         body=body,
     )

@@ -32,20 +32,7 @@ def measure(configs: tuple[str, ...], requests: int, concurrency: int, out: Path
         return launch(name, args, *rest, **kw)
 
     processes.start = start_profiled  # type: ignore[assignment]
-    settings = Settings(
-        requests=requests,
-        duration=None,
-        concurrency=(concurrency,),
-        configs=configs,
-        repeat=1,
-        starts=1,
-        new_connection=False,
-        client="raw",
-        rss_requests=0,
-        out=workdir / "unused.json",
-        keep_workdir=False,
-        pin=False,
-    )
+    settings = Settings.one_cell(configs, requests, concurrency, workdir)
     bench = Bench(settings, workdir)
     try:
         bench.start()

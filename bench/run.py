@@ -99,6 +99,28 @@ class Settings:
     body: str = "binary"
     download_bytes: int = DOWNLOAD_BYTES
 
+    @classmethod
+    def one_cell(
+        cls, configs: tuple[str, ...], requests: int, concurrency: int, workdir: Path, **more: Any
+    ) -> Settings:
+        """One repetition at one concurrency, raw client, unpinned, nothing written: the
+        settings of a run under a profiler or valgrind (bench.profile, bench.instructions)."""
+        return cls(
+            requests=requests,
+            duration=None,
+            concurrency=(concurrency,),
+            configs=configs,
+            repeat=1,
+            starts=1,
+            new_connection=False,
+            client="raw",
+            rss_requests=0,
+            out=workdir / "unused.json",
+            keep_workdir=False,
+            pin=False,
+            **more,
+        )
+
 
 def _log(message: str) -> None:
     print(f"[bench] {message}", file=sys.stderr, flush=True)
