@@ -17,7 +17,7 @@ import functools
 import json
 import sqlite3
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -56,6 +56,16 @@ def sqlite_file(url: str) -> Path | None:
     return Path(path)
 
 
+def display_url(url: str) -> str:
+    """The URL as store.engine.display_url shows it (SQLAlchemy's render_as_string), so that
+    both paths name the store alike: the path percent-encoded but for ` +/`; as typed when
+    it cannot be (SQLAlchemy's fallback). A file URL holds no password."""
+    try:
+        return _PREFIX + quote(url[len(_PREFIX) :], safe=" +/")
+    except UnicodeEncodeError:
+        return url
+
+
 def _stamp(value: datetime) -> str:
     """A datetime as SQLAlchemy's SQLite DateTime stores it: naive UTC, microseconds."""
     return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
@@ -85,7 +95,7 @@ class Store:
     """The SQLite store at `path`; `key` None for a command that reads no secret."""
 
     def __init__(self, url: str, path: Path, key: MasterKey | None) -> None:
-        self.display_url = url  # a file URL holds no password
+        self.display_url = display_url(url)
         self.key = key
         if not path.is_file():
             raise StoreUnavailable(f"no store at {path}: run credproxy init")
@@ -110,10 +120,14 @@ class Store:
             self._db.execute(begin)
             try:
                 yield self._db
+                self._db.execute("COMMIT")
             except BaseException:
-                self._db.execute("ROLLBACK")
+                # SQLite rolls some failures back itself (an interrupt, an I/O error, a full
+                # disk): then there is nothing to roll back, and the error to report is theirs.
+                if self._db.in_transaction:
+                    with suppress(sqlite3.Error):
+                        self._db.execute("ROLLBACK")
                 raise
-            self._db.execute("COMMIT")
         except sqlite3.IntegrityError as e:
             raise Conflict("the change conflicts with an existing record") from e
         except sqlite3.Error as e:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import event
 
 from store import lite, validation
 from store.crypto import MasterKey
@@ -235,3 +236,60 @@ def test_a_store_without_its_key_yet_is_refused(tmp_path: Path, key: MasterKey) 
 def test_only_plain_file_urls_take_the_quick_path(url: str, path: str | None) -> None:
     found = lite.sqlite_file(url)
     assert (str(found) if found else None) == path
+
+
+def test_a_path_sqlalchemy_would_escape_is_named_as_the_orm_path_names_it(
+    new_store: Callable[[str], Store], key: MasterKey
+) -> None:
+    """SQLAlchemy shows the path percent-encoded (but for ` +/`) in every message that names
+    the store; the quick path names it alike (and on one line, whatever the path holds)."""
+    url = new_store("dö @n:1+(x)\nz").db.url
+    path = lite.sqlite_file(url)
+    assert path is not None
+    other = MasterKey.generate("test")
+    full = Store(url, other)
+    with pytest.raises(CredproxyError) as refused:
+        full.check_ready()
+    full.close()
+    with pytest.raises(CredproxyError) as quick:
+        lite.Store(url, path, other)
+    assert str(quick.value) == str(refused.value)
+    assert "%40n%3A1+%28x%29%0Az.db" in str(quick.value)
+    reader = lite.Store(url, path, None)
+    assert reader.display_url == full.display_url
+    reader.close()
+
+
+def test_a_transaction_sqlite_rolled_back_itself_fails_with_its_own_error(
+    new_store: Callable[[str], Store], key: MasterKey
+) -> None:
+    """On some errors (an interrupt, an I/O error, sometimes a full disk) SQLite rolls the
+    whole transaction back itself: the command fails with that error, as the ORM path does,
+    not with a ROLLBACK's "no transaction is active", and nothing is left half-written."""
+    store = new_store("one")
+    _seed(store.add_principal, store)
+    before = _rows(store, "change_log"), _rows(store, "grants")
+
+    def interrupt_the_insert(connection: sqlite3.Connection) -> None:
+        armed = [False]
+
+        def traced(sql: str) -> None:
+            armed[0] = sql.startswith("INSERT INTO grants")
+
+        connection.set_trace_callback(traced)
+        connection.set_progress_handler(lambda: armed[0], 1)
+
+    orm = Store(store.db.url, key)
+    event.listen(orm.engine, "connect", lambda c, _r: interrupt_the_insert(c))
+    with pytest.raises(CredproxyError) as full:
+        orm.add_grant("agent", ["GET"], credential="gh")
+    orm.close()
+    quick = _lite(store, key)
+    interrupt_the_insert(quick._db)
+    with pytest.raises(CredproxyError) as fast:
+        quick.add_grant("agent", ["GET"], credential="gh")
+    assert (type(fast.value), str(fast.value)) == (type(full.value), str(full.value))
+    assert str(fast.value).endswith("failed: interrupted")
+    assert (_rows(store, "change_log"), _rows(store, "grants")) == before
+    assert not quick._db.in_transaction
+    quick.close()
