@@ -163,14 +163,42 @@ def test_both_paths_refuse_alike_and_change_nothing(
     before = _rows(store, "change_log"), _rows(store, "grants"), _rows(store, "principals")
     with pytest.raises(CredproxyError) as full:
         change(store)
+    fast = _lite(store, key)
     with pytest.raises(CredproxyError) as quick:
-        change(_lite(store, key))
+        change(fast)
     assert (type(quick.value), str(quick.value)) == (type(full.value), str(full.value))
     assert (
         _rows(store, "change_log"),
         _rows(store, "grants"),
         _rows(store, "principals"),
     ) == before
+    # The refused transaction was ended: the next change through the same connection works.
+    assert fast.add_grant("agent", ["GET"], credential="gh") > 0
+
+
+def test_removed_principals_and_credentials_are_not_found(
+    new_store: Callable[[str], Store], key: MasterKey
+) -> None:
+    """A name that was removed (and the row kept, disabled) is not the live one."""
+    store = new_store("one")
+    _seed(store.add_principal, store)
+    store.add_credential("old", "bearer", ["old.example"], SECRET)
+    store.remove_principal("agent")
+    store.remove_credential("old")
+    quick = _lite(store, key)
+    for change in (
+        lambda s: s.add_grant("agent", ["GET"], credential="gh"),
+        lambda s: s.add_grant("limited", ["GET"], credential="old"),
+    ):
+        with pytest.raises(CredproxyError) as full:
+            change(store)
+        with pytest.raises(CredproxyError) as fast:
+            change(quick)
+        assert str(fast.value) == str(full.value) and "no " in str(fast.value)
+    quick.add_principal("agent")  # the name is free again
+    grant_id = quick.add_grant("agent", ["GET"], credential="gh")
+    (listed,) = [g for g in quick.list_grants("agent")]
+    assert listed.id == grant_id and listed.principal == "agent"
 
 
 def test_the_store_is_checked_as_the_orm_path_checks_it(
