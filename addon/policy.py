@@ -8,7 +8,7 @@ from __future__ import annotations
 import enum
 import hmac
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import NamedTuple
@@ -17,7 +17,7 @@ from urllib.parse import unquote_to_bytes
 from addon.stamping import Stamp
 from store.crypto import Secret, hash_token, token_matches
 from store.grammar import HostPattern, Rate, path_matches
-from store.mintspec import token_version
+from store.mintspec import MINTED, token_version
 from store.records import (
     TOMBSTONE_RETENTION,
     Coverage,
@@ -290,6 +290,9 @@ class Policy:
         self._credentials = dict(snapshot.credentials)
         self._credential_names = dict(snapshot.credential_ids)
         self._unreadable = set(snapshot.unreadable)
+        self._versions: dict[str, str] = {}
+        for credential in self._credentials.values():
+            self._version(credential)
         self.path_secrets = self._path_secrets()
         self._principals: dict[str, PrincipalPolicy] = {}
         self._owner: dict[int, str] = {}  # grant id -> principal
@@ -311,10 +314,15 @@ class Policy:
         return tuple(sorted(self._unreadable))
 
     @property
-    def token_versions(self) -> dict[str, str]:
-        """Each readable credential's token_version (secret fingerprint, scheme, settings):
-        tokens minted for another are dropped."""
-        return {name: token_version(c) for name, c in self._credentials.items()}
+    def token_versions(self) -> Mapping[str, str]:
+        """Each readable minted credential's token_version (secret fingerprint, scheme,
+        settings): tokens minted for another are dropped. Kept as credentials change, so that
+        a change costs its own credentials' versions, not every credential's."""
+        return self._versions
+
+    def _version(self, credential: CredentialRecord) -> None:
+        if credential.scheme in MINTED:
+            self._versions[credential.name] = token_version(credential)
 
     def _path_secrets(self) -> tuple[Secret, ...]:
         # Secrets that go in a path (--scheme path): a target carrying one is refused by the
@@ -351,6 +359,7 @@ class Policy:
             old = self._credential_names.pop(cid, None)
             if old is not None:
                 self._credentials.pop(old, None)
+                self._versions.pop(old, None)
                 self._unreadable.discard(old)
         for cid, found in delta.credentials.items():
             if isinstance(found, str):
@@ -359,6 +368,7 @@ class Policy:
             elif found is not None:
                 self._credential_names[cid] = found.name
                 self._credentials[found.name] = found
+                self._version(found)
         if delta.credentials:
             self.path_secrets = self._path_secrets()
         changed: dict[str, dict[int, Rule | None]] = {}
