@@ -241,7 +241,9 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     p.add_argument(
         "--host", action="append", required=True, help="HOST[:PORT] it may be sent to, repeatable"
     )
-    p.add_argument("--header", help="header name, with --scheme header or a minted-token scheme")
+    p.add_argument(
+        "--header", help="header name, with --scheme header or a minted-token scheme"
+    )
     p.add_argument("--param", help="query parameter name, with --scheme query")
     p.add_argument("--region", help="AWS region, with --scheme sigv4 (default: from the host)")
     p.add_argument(

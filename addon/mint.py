@@ -379,6 +379,7 @@ class Tokens:
         self._sessions: dict[str, tuple[str, TokenSession]] = {}
         self._live: Mapping[str, str] | None = None  # name -> token_version, at the last reload
 
+
     def get(self, credential: CredentialRecord) -> TokenSession:
         from addon.minters import minter_for
 

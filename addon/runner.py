@@ -310,7 +310,9 @@ def build_chain(
     SESSIONS.dial = forward.dial  # AssumeRole calls go out as the requests do
     TOKENS.dial = forward.dial  # and so do token endpoint calls
     TOKENS.vault = getattr(live, "store", None)
-    TOKENS.count = lambda credential, outcome: metrics.token_mints.labels(credential, outcome).inc()
+    TOKENS.count = lambda credential, outcome: metrics.token_mints.labels(
+        credential, outcome
+    ).inc()
     return Chain(
         [
             Lifecycle(live),  # configure, running, done: the options and the policy poller

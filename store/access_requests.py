@@ -190,7 +190,9 @@ def _pending(session: Session, request_id: int) -> AccessRequest:
     # both take.
     session.execute(
         covered(  # writes nothing: the decision below is noted by the caller
-            update(AccessRequest).where(AccessRequest.id == request_id).values(id=AccessRequest.id)
+            update(AccessRequest)
+            .where(AccessRequest.id == request_id)
+            .values(id=AccessRequest.id)
         )
     )
     row = session.get(AccessRequest, request_id, with_for_update=True)

@@ -487,7 +487,9 @@ def validate_path_pattern(pattern: str) -> str:
             raise InvalidInput(f"invalid path pattern {pattern!r}: '*' must be a whole segment")
         parts = _PATTERN_SLASH.split(segment)
         if len(parts) > 1 and any(part in ("", ".", "..") for part in parts):
-            raise InvalidInput(f"invalid path pattern {pattern!r}: %2F must sit between two names")
+            raise InvalidInput(
+                f"invalid path pattern {pattern!r}: %2F must sit between two names"
+            )
         if not all(map(_PCHAR_CHARS.issuperset, parts)):
             raise InvalidInput(
                 f"invalid path pattern {pattern!r}: only unencoded path characters "

@@ -63,7 +63,9 @@ def https_url(text: str, what: str) -> str:
     except ValueError:
         raise InvalidInput(f"invalid {{{what}}}: not a URL", **{what: what}) from None
     if not _VALUE.fullmatch(text):  # urlsplit drops CR, LF and tab and keeps spaces
-        raise InvalidInput(f"the {{{what}}} must be printable ASCII without spaces", **{what: what})
+        raise InvalidInput(
+            f"the {{{what}}} must be printable ASCII without spaces", **{what: what}
+        )
     if parts.scheme != "https" or not parts.hostname:
         raise InvalidInput(f"the {{{what}}} must be an https:// URL", **{what: what})
     if parts.username is not None or parts.query or parts.fragment:

@@ -270,7 +270,9 @@ class Store:
     def use_approval(self, request_id: int) -> bool:
         return approvals.use_cover(self.db, request_id)
 
-    def take_rates(self, buckets: Sequence[rates.Bucket], now: float) -> tuple[int, float] | None:
+    def take_rates(
+        self, buckets: Sequence[rates.Bucket], now: float
+    ) -> tuple[int, float] | None:
         return rates.take(self.db, buckets, now)
 
     def deny_access_request(self, request_id: int, reason: str | None = None) -> None:

@@ -181,23 +181,19 @@ BAD_REQUESTS = [
         {"host": "*.github.com", "explicit": True}, "invalid host", id="an asked-for wildcard"
     ),
     pytest.param(
-        {"host": "api.github.com:8443", "explicit": True},
-        "invalid host",
+        {"host": "api.github.com:8443", "explicit": True}, "invalid host",
         id="an asked-for host with a port in it",
     ),
     pytest.param(
-        {"host": "API.github.com", "explicit": True},
-        "invalid host",
+        {"host": "API.github.com", "explicit": True}, "invalid host",
         id="an asked-for upper-case host",
     ),
     pytest.param(
-        {"host": "exa mple.com", "explicit": True},
-        "invalid host",
+        {"host": "exa mple.com", "explicit": True}, "invalid host",
         id="an asked-for host with a space",
     ),
     pytest.param(
-        {"host": "::0:1", "explicit": True},
-        "invalid host",
+        {"host": "::0:1", "explicit": True}, "invalid host",
         id="an asked-for IPv6 address not in canonical form",
     ),
 ]
@@ -305,40 +301,28 @@ def _unchanged(store: Store) -> tuple[Any, ...]:
 
 FAILED_APPROVALS = [
     pytest.param(
-        {"host": "evil.example.net"},
-        {"credential": "gh"},
-        "outside",
+        {"host": "evil.example.net"}, {"credential": "gh"}, "outside",
         id="a host outside the credential's hosts",
     ),
     pytest.param(
-        {"port": 8443},
-        {"credential": "gh"},
-        "outside",
+        {"port": 8443}, {"credential": "gh"}, "outside",
         id="a port the credential is not for",
     ),
     pytest.param({}, {"credential": "nope"}, "'nope'", id="an unknown credential"),
     pytest.param(
-        {},
-        {"credential": "gh", "path": "repos"},
-        "invalid path pattern",
+        {}, {"credential": "gh", "path": "repos"}, "invalid path pattern",
         id="a --path that is no path pattern",
     ),
     pytest.param(
-        {"path": "/a/%2E%2E"},
-        {"credential": "gh"},
-        "invalid path pattern",
+        {"path": "/a/%2E%2E"}, {"credential": "gh"}, "invalid path pattern",
         id="an escaped path, which only a --path can approve",
     ),
     pytest.param(
-        {"path": "/repos/*/issues"},
-        {"credential": "gh"},
-        "'\\*' segment",
+        {"path": "/repos/*/issues"}, {"credential": "gh"}, "'\\*' segment",
         id="a '*' segment, which a grant would read as a wildcard",
     ),
     pytest.param(
-        {},
-        {"credential": "gh", "expires_at": utcnow() - timedelta(seconds=1)},
-        "past",
+        {}, {"credential": "gh", "expires_at": utcnow() - timedelta(seconds=1)}, "past",
         id="an expiry in the past",
     ),
 ]
@@ -442,10 +426,8 @@ def cli_round(tmp_path_factory: pytest.TempPathFactory) -> Round:
     cli.ok(Call(("init",)))
     cli.ok(
         Call(("principal", "add", "agent")),
-        Call(
-            ("credential", "add", "gh", "--scheme", "bearer", "--host", "api.github.com"),
-            b"ghp_secret\n",
-        ),
+        Call(("credential", "add", "gh", "--scheme", "bearer", "--host", "api.github.com"),
+             b"ghp_secret\n"),
     )
     store = cli.store()
     try:
@@ -457,18 +439,8 @@ def cli_round(tmp_path_factory: pytest.TempPathFactory) -> Round:
     finally:
         store.close()
     approved, denied = cli.ok(
-        Call(
-            (
-                "request",
-                "approve",
-                str(ids["approve"]),
-                "--credential",
-                "gh",
-                "--expires",
-                "2h",
-                "--json",
-            )
-        ),
+        Call(("request", "approve", str(ids["approve"]), "--credential", "gh", "--expires", "2h",
+              "--json")),
         Call(("request", "deny", str(ids["deny"]), "--reason", "not this one", "--json")),
     )
     listed, pending, table, grants = cli.ok(
@@ -492,15 +464,11 @@ def cli_round(tmp_path_factory: pytest.TempPathFactory) -> Round:
 def test_cli_approve_prints_the_request_and_its_new_grant(cli_round: Round) -> None:
     (grant,) = cli_round.grants
     assert cli_round.approved == {
-        "id": cli_round.ids["approve"],
-        "grant_id": grant["id"],
-        "state": "approved",
+        "id": cli_round.ids["approve"], "grant_id": grant["id"], "state": "approved",
         "kind": "access",
     }
     assert (grant["principal"], grant["credential"], grant["hosts"]) == (
-        "agent",
-        "gh",
-        ["api.github.com"],
+        "agent", "gh", ["api.github.com"],
     )
     assert (grant["methods"], grant["paths"]) == (["POST"], ["/repos/acme/approve"])
     assert grant["expires_at"] is not None
@@ -512,8 +480,7 @@ def test_cli_deny_and_list_show_the_decisions(cli_round: Round) -> None:
     listed = {r["id"]: r for r in cli_round.listed}
     assert listed[ids["approve"]]["grant_id"] == cli_round.approved["grant_id"]
     assert (listed[ids["deny"]]["state"], listed[ids["deny"]]["decision_reason"]) == (
-        "denied",
-        "not this one",
+        "denied", "not this one",
     )
     assert [r["id"] for r in cli_round.pending] == [ids["pending"], ids["outside"]]
     header, *rows = cli_round.table.splitlines()

@@ -110,66 +110,19 @@ def session(tmp_path_factory: pytest.TempPathFactory) -> Session:
         # Flags before the subcommand win over CREDPROXY_*.
         Call((*cli.flags, "init", "--json"), env=NOWHERE),
         Call(("principal", "add", "agent", "--json")),
-        Call(
-            ("credential", "add", "gh", "--scheme", "bearer", "--host", "api.github.com"),
-            sec.bearer + b"\n",
-        ),
-        Call(
-            (
-                "credential",
-                "add",
-                "ex",
-                "--scheme",
-                "header",
-                "--header",
-                "X-Api-Key",
-                "--host",
-                "*.example.com",
-                "--host",
-                "example.com:8443",
-            ),
-            sec.header,
-        ),
-        Call(
-            ("credential", "add", "basic", "--scheme", "basic", "--host", "registry.example.org"),
-            sec.basic + b"\r\n",
-        ),
-        Call(
-            (
-                "credential",
-                "add",
-                "maps",
-                "--scheme",
-                "query",
-                "--param",
-                "key",
-                "--host",
-                "maps.example.org",
-            ),
-            sec.query + b"\n",
-        ),
+        Call(("credential", "add", "gh", "--scheme", "bearer", "--host", "api.github.com"),
+             sec.bearer + b"\n"),
+        Call(("credential", "add", "ex", "--scheme", "header", "--header", "X-Api-Key",
+              "--host", "*.example.com", "--host", "example.com:8443"), sec.header),
+        Call(("credential", "add", "basic", "--scheme", "basic",
+              "--host", "registry.example.org"), sec.basic + b"\r\n"),
+        Call(("credential", "add", "maps", "--scheme", "query", "--param", "key",
+              "--host", "maps.example.org"), sec.query + b"\n"),
     )
     grant, _ = cli.ok(
-        Call(
-            (
-                "grant",
-                "add",
-                "agent",
-                "--credential",
-                "gh",
-                "--method",
-                "GET",
-                "--method",
-                "POST",
-                "--path",
-                "/repos/*/issues",
-                "--expires",
-                "2h",
-                "--purpose",
-                "triage",
-                "--json",
-            )
-        ),
+        Call(("grant", "add", "agent", "--credential", "gh", "--method", "GET",
+              "--method", "POST", "--path", "/repos/*/issues", "--expires", "2h",
+              "--purpose", "triage", "--json")),
         Call(("credential", "rotate", "gh"), sec.rotated + b"\n"),
     )
     # ...and so do flags after it.
@@ -278,10 +231,7 @@ def test_grant_add_returns_its_id(session: Session) -> None:
     assert session.grant["id"] == grant["id"]
     assert session.grant["expires_at"] is not None
     assert (grant["credential"], grant["methods"], grant["paths"], grant["purpose"]) == (
-        "gh",
-        ["GET", "POST"],
-        ["/repos/*/issues"],
-        "triage",
+        "gh", ["GET", "POST"], ["/repos/*/issues"], "triage",
     )
     assert grant["state"] == "active"
 
@@ -367,8 +317,7 @@ BAD_INPUT = {
     ),
     "expiry in the past": Bad((*GRANT, "--expires", "2000-01-01T00:00:00Z"), ("past",)),
     "wrong master key": Bad(
-        ("principal", "add", "eve"),
-        ("CREDPROXY_MASTER_KEY", "is not the key"),
+        ("principal", "add", "eve"), ("CREDPROXY_MASTER_KEY", "is not the key"),
         env={"CREDPROXY_MASTER_KEY": WRONG_KEY},
     ),
     "key file readable by others": Bad(
@@ -662,32 +611,16 @@ def without_key(session: Session) -> WithoutKey:
     cli.root.mkdir()
     for name in ("credproxy.db", "credproxy.key"):
         shutil.copy2(session.cli.root / name, cli.root / name)
-    cli.ok(
-        Call(
-            (
-                "grant",
-                "add",
-                "agent",
-                "--credential",
-                "ex",
-                "--host",
-                "eu.example.com",
-                "--method",
-                "GET",
-                "--once",
-            )
-        )
-    )
+    cli.ok(Call(("grant", "add", "agent", "--credential", "ex", "--host", "eu.example.com",
+                 "--method", "GET", "--once")))
     cli.key_file.unlink()
-    calls = (
-        {name: Call(args) for name, args in READ_ONLY.items()}
-        | {f"{name} --json": Call((*args, "--json")) for name, args in READ_ONLY.items()}
-        | {
-            "--json grant list": Call(("--json", "grant", "list")),
-            "missing store": Call(("principal", "list", "--db", "sqlite:///other.db")),
-            "a write": Call(("principal", "add", "eve")),
-        }
-    )
+    calls = {name: Call(args) for name, args in READ_ONLY.items()} | {
+        f"{name} --json": Call((*args, "--json")) for name, args in READ_ONLY.items()
+    } | {
+        "--json grant list": Call(("--json", "grant", "list")),
+        "missing store": Call(("principal", "list", "--db", "sqlite:///other.db")),
+        "a write": Call(("principal", "add", "eve")),
+    }
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
         futures = {name: pool.submit(cli.run, call) for name, call in calls.items()}
         return WithoutKey(cli, {name: f.result() for name, f in futures.items()})

@@ -1,5 +1,6 @@
 """The credentials table: sealed secrets, their schemes and hosts, rotation and removal."""
 
+
 import contextlib
 import json
 import threading
@@ -20,7 +21,9 @@ from tests.stores import SECRET, grant_state, read_row, seed
 
 
 def test_credential_is_sealed_and_listed_with_its_fingerprint(store: Store, key: MasterKey) -> None:
-    fingerprint = store.add_credential("gh", "bearer", ["api.github.com", "*.example.net"], SECRET)
+    fingerprint = store.add_credential(
+        "gh", "bearer", ["api.github.com", "*.example.net"], SECRET
+    )
     (listed,) = store.list_credentials()
     assert (listed.name, listed.scheme, listed.fingerprint) == ("gh", "bearer", fingerprint)
     assert listed.hosts == ["*.example.net", "api.github.com"]
@@ -42,10 +45,7 @@ def test_duplicate_credential_is_a_conflict(store: Store) -> None:
             "header", b"k", {}, "a header name goes with", id="header scheme needs --header"
         ),
         pytest.param(
-            "bearer",
-            b"k",
-            {"header_name": "X-Key"},
-            "a header name goes with",
+            "bearer", b"k", {"header_name": "X-Key"}, "a header name goes with",
             id="bearer refuses --header",
         ),
         pytest.param(
@@ -54,10 +54,7 @@ def test_duplicate_credential_is_a_conflict(store: Store) -> None:
         pytest.param("basic", b"userpass", {}, "user:password", id="basic needs user:password"),
         pytest.param("header", b"k", {"header_name": "Host"}, "forbidden", id="header is not Host"),
         pytest.param(
-            "header",
-            b"k",
-            {"header_name": "Proxy-Authorization"},
-            "forbidden",
+            "header", b"k", {"header_name": "Proxy-Authorization"}, "forbidden",
             id="header is not Proxy-Authorization",
         ),
         pytest.param("query", b"k", {"param_name": "a&b"}, "parameter", id="param name is checked"),

@@ -81,6 +81,7 @@ def test_lower_case_method_error_suggests_the_upper_case() -> None:
         validate_method("get")
 
 
+
 @pytest.mark.parametrize(
     ("name", "ok"),
     [
@@ -105,6 +106,7 @@ def test_validate_header_name(name: str, ok: bool) -> None:
     else:
         with pytest.raises(InvalidInput, match="header name"):
             validate_header_name(name)
+
 
 
 # -- IP literals and authorities as they arrive -----------------------------------------------
@@ -394,6 +396,7 @@ def test_host_pattern_covers(outer: str, inner: str, expected: bool) -> None:
     assert parse_host(outer).covers(parse_host(inner)) is expected
 
 
+
 # -- Canonical request paths ------------------------------------------------------------------
 
 
@@ -540,6 +543,7 @@ def test_canonicalize_refuses(target: bytes, detail: str) -> None:
         canonicalize(target)
     assert caught.value.detail == detail
     assert str(caught.value) == detail
+
 
 
 # -- Path patterns ----------------------------------------------------------------------------
@@ -709,6 +713,7 @@ def test_validate_path_pattern(pattern: str, ok: bool) -> None:
     else:
         with pytest.raises(InvalidInput, match="invalid path pattern"):
             validate_path_pattern(pattern)
+
 
 
 PATHISH = "/.%2eEfF5ca;\\x"
@@ -939,8 +944,7 @@ def test_parse_expiry_refuses(text: str, reason: str) -> None:
 
 def test_parse_expiry_defaults_to_the_current_time() -> None:
     before = datetime.now(UTC)
-    assert (
-        before + timedelta(seconds=29)
-        < parse_expiry("30s")
-        <= datetime.now(UTC) + timedelta(seconds=30)
+    assert before + timedelta(seconds=29) < parse_expiry("30s") <= datetime.now(UTC) + timedelta(
+        seconds=30
     )
+

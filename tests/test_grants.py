@@ -82,16 +82,12 @@ def test_grant_hosts_may_narrow_a_wildcard_credential(store: Store) -> None:
             id="host-only grant over *.com",
         ),
         pytest.param(
-            {"credential": "gh", "paths": ["/@s%2Fn"], "encoded_slash": True},
-            InvalidInput,
-            "no path has one",
-            id="encoded_slash without a star path",
+            {"credential": "gh", "paths": ["/@s%2Fn"], "encoded_slash": True}, InvalidInput,
+            "no path has one", id="encoded_slash without a star path",
         ),
         pytest.param(
-            {"credential": "gh", "paths": ["/a%2F..%2Fb"]},
-            InvalidInput,
-            "between two names",
-            id="a dot-dot part beside an encoded slash",
+            {"credential": "gh", "paths": ["/a%2F..%2Fb"]}, InvalidInput,
+            "between two names", id="a dot-dot part beside an encoded slash",
         ),
     ],
 )

@@ -14,15 +14,8 @@ from store.repository import Store
 from store.revisions import MIGRATIONS, SCHEMA_HEAD
 
 TABLES = {
-    "alembic_version",
-    "store_state",
-    "principals",
-    "credentials",
-    "grants",
-    "access_requests",
-    "principal_tokens",
-    "rate_buckets",
-    "change_log",
+    "alembic_version", "store_state", "principals", "credentials", "grants", "access_requests",
+    "principal_tokens", "rate_buckets", "change_log",
 }
 CREATED = datetime(2024, 1, 2, 3, 4, 5, tzinfo=UTC)
 
@@ -116,26 +109,14 @@ def test_upgrade_from_0001_keeps_the_data(bare: Store, key: MasterKey) -> None:
         )
         conn.execute(
             credentials.insert().values(
-                id=1,
-                name="gh",
-                scheme="bearer",
-                hosts=["api.github.com"],
-                key_id=key_id,
-                nonce=nonce,
-                ciphertext=ciphertext,
-                fingerprint="fp-x",
-                created_at=CREATED,
+                id=1, name="gh", scheme="bearer", hosts=["api.github.com"], key_id=key_id,
+                nonce=nonce, ciphertext=ciphertext, fingerprint="fp-x", created_at=CREATED,
             )
         )
         conn.execute(
             grants.insert().values(
-                id=1,
-                principal_id=1,
-                credential_id=1,
-                methods=["GET"],
-                paths=["/v1/"],
-                once=False,
-                created_at=CREATED,
+                id=1, principal_id=1, credential_id=1, methods=["GET"], paths=["/v1/"],
+                once=False, created_at=CREATED,
             )
         )
 
@@ -160,7 +141,9 @@ def test_upgrade_from_0001_keeps_the_data(bare: Store, key: MasterKey) -> None:
     assert snap.token_hashes == {"agent": hash_token("tok")}
 
 
-def test_upgrade_from_0006_keeps_each_principals_token_working(bare: Store, key: MasterKey) -> None:
+def test_upgrade_from_0006_keeps_each_principals_token_working(
+    bare: Store, key: MasterKey
+) -> None:
     bare.migrate("0006")
     assert "principal_tokens" not in sa.inspect(bare.engine).get_table_names()
     principals = sa.table(

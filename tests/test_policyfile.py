@@ -119,7 +119,7 @@ def test_the_issues_example_reads_as_written(tmp_path: Path) -> None:
         ),
         pytest.param(
             GOOD.replace('purpose = "triage', 'encoded_slash = true\npurpose = "triage'),
-            "policy.toml:16: grant \"triage-widgets\": encoded_slash only changes what a '*' "
+            'policy.toml:16: grant "triage-widgets": encoded_slash only changes what a \'*\' '
             "segment matches",
             id="encoded_slash without a star path is refused as the CLI refuses it",
         ),

@@ -1,5 +1,6 @@
 """The principals table: tokens stored as hashes, removal that revokes."""
 
+
 import pytest
 
 from store.crypto import hash_token

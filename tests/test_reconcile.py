@@ -446,8 +446,6 @@ def test_bad_approvals_in_a_policy_file_name_their_line(
 ) -> None:
     (problem,) = load(policy_file(POLICY + lines)).problems
     assert says in problem and ":" in problem
-
-
 MINTED = """\
 [[credential]]
 name = "saas"

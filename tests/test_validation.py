@@ -77,10 +77,8 @@ def test_a_message_names_inputs_plainly_and_the_cli_words_them_as_flags(
 def test_a_message_without_inputs_reads_the_same_to_the_cli() -> None:
     with pytest.raises(InvalidInput) as raised:
         validation.request_state("{open}")
-    assert (
-        worded(raised.value)
-        == str(raised.value)
-        == ("invalid state '{open}': use one of pending, approved, denied, expired")
+    assert worded(raised.value) == str(raised.value) == (
+        "invalid state '{open}': use one of pending, approved, denied, expired"
     )
 
 

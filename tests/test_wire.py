@@ -391,7 +391,9 @@ def test_a_streamed_body_cut_by_a_failure_is_audited_as_an_error_not_an_allow():
         rec.allowed = True
         rec.failure = wire.Failure(Reason.UPSTREAM_PROTOCOL_ERROR, "undecodable-body")
         addon.trail.response(flow)
-    assert lines == [{"decision": "error", "status": 200, "reason": P, "error": "undecodable-body"}]
+    assert lines == [
+        {"decision": "error", "status": 200, "reason": P, "error": "undecodable-body"}
+    ]
 
 
 def test_responseheaders_kills_a_response_with_a_foreign_transfer_coding():

@@ -439,7 +439,7 @@ def test_bad_input_is_one_line_exit_2_nothing_stored(
     )  # fmt: skip
     err = done.stderr.decode()
     assert done.returncode == 2 and err.count("\n") == 1 and message in err, err
-    assert "Traceback" not in err and 'b"' not in err
+    assert "Traceback" not in err and "b\"" not in err
     assert "bad" not in [c.name for c in sandbox.proxy.store.list_credentials()]
 
 
@@ -581,7 +581,8 @@ def test_a_narrowed_scope_is_never_served_the_wider_token_kept_in_the_store(
         sandbox.proxy.wait_reload()
         assert client.get(f"https://{API}/v1/narrow").status_code == 200
     by_fp = {
-        "tok-" + hashlib.sha256(v.encode()).hexdigest()[:12]: i for v, i in provider.issued.items()
+        "tok-" + hashlib.sha256(v.encode()).hexdigest()[:12]: i
+        for v, i in provider.issued.items()
     }
     lines = [r for r in sandbox.proxy.requests("narrowed") if r["path"].startswith("/v1/")]
     scopes = [by_fp[line["token_fp"]].scope for line in lines]
@@ -757,7 +758,9 @@ def test_an_app_the_api_does_not_know_is_refused_502(sandbox: Sandbox, provider:
                      "the --api-url must be an https:// URL", id="an API URL that is not https"),
     ],
 )  # fmt: skip
-def test_bad_github_app_input_is_one_line_exit_2(sandbox: Sandbox, args: list[str], message: str):
+def test_bad_github_app_input_is_one_line_exit_2(
+    sandbox: Sandbox, args: list[str], message: str
+):
     pem, _ = rsa_pem()
     done = subprocess.run(
         [*CREDPROXY, "credential", "add", "badgh", "--scheme", "github-app", "--host", API,

@@ -159,7 +159,6 @@ def test_max_uses_is_exact_across_replicas(replicas, upstream: Upstream, grant):
     (entry,) = [g for g in replicas[0].store.list_grants() if g.id == grant_id]
     assert (entry.uses, entry.state) == (5, "consumed")
 
-
 def test_changes_reach_every_replica_within_a_second(replicas, upstream: Upstream, grant, names):
     store = replicas[0].store
     agent, token, cred, grant_id = grant(paths=["/v1/"])
