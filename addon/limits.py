@@ -293,7 +293,8 @@ class Limits:
             self.upstream[data.server] = _Timer(time.monotonic() + wait, message, data.client.id)
 
     def server_connected(self, data: server_hooks.ServerConnectionHookData) -> None:
-        if not data.server.tls:
+        # addon/reuse.py's connections are TLS from the start: their handshake is done.
+        if not data.server.tls or data.server.tls_established:
             self.upstream.pop(data.server, None)
 
     def tls_established_server(self, data: tls.TlsData) -> None:

@@ -60,6 +60,7 @@ class RunConfig:
     notify: Webhook | None = None
     shared_rates: bool = False
     workers: int = 1
+    upstream_idle: float = 4.0  # addon/reuse.py: seconds an idle upstream connection is kept
     worker: Role | None = None  # set in a worker process of `--workers N`
 
     @classmethod
@@ -94,6 +95,7 @@ class RunConfig:
             Webhook.parse(args.notify) if args.notify else None,
             args.shared_rates,
             args.workers,
+            args.upstream_idle,
         )
 
 
@@ -209,6 +211,14 @@ def add_command(sub: Any, common: argparse.ArgumentParser) -> None:
         metavar="N",
         help="serve the port from N worker processes under one supervisor (default 1)",
     )
+    p.add_argument(
+        "--upstream-idle",
+        type=seconds(),
+        default=4.0,
+        metavar="SECONDS",
+        help="keep an idle upstream connection this long for the principal's next client "
+        "connection to the same host; 0: never (default %(default)g)",
+    )
     add_limit_flags(p)
     p.set_defaults(func=cmd_run)
 
@@ -254,6 +264,7 @@ def build_chain(
     notify: Webhook | None = None,
     cafile: str | None = None,
     shared_rates: bool = False,
+    upstream_idle: float = 4.0,
 ) -> Chain:
     """credproxy's addons, in the order they run for each hook."""
     import time
@@ -272,6 +283,7 @@ def build_chain(
     from addon.pinning import Pinning
     from addon.ratelimit import Limiter, SharedLimiter
     from addon.responses import Responses
+    from addon.reuse import Reuse
     from addon.signing import Signing
     from addon.state import Clients
     from addon.trail import Trail
@@ -318,6 +330,7 @@ def build_chain(
             Lifecycle(live),  # configure, running, done: the options and the policy poller
             Auth(live, clients, trail),  # http_connect, requestheaders: who, and the tunnel
             Pinning(clients),  # tls_clienthello, tls_start_client, server_connect
+            Reuse(clients, upstream_idle),  # running, configure, done: parked upstream connections
             Gate(access, trail, limiter),  # requestheaders: the principal's rate, the verdict
             # requestheaders: the scheme's checks, the grant's rate, vet the address, use a
             # once- or counted grant, stamp
@@ -336,7 +349,7 @@ def build_chain(
 
 async def serve(config: RunConfig, started: asyncio.Event | None = None) -> int:
     # Heavy imports here, so that the store commands of the same CLI start quickly.
-    from addon import bounds, connects, framing, refusals, signing, wire, wsredact
+    from addon import bounds, connects, framing, refusals, reuse, signing, wire, wsredact
     from addon.chain import REQUIRED_OPTIONS
     from addon.forward import Forward
     from addon.live import LivePolicy
@@ -366,6 +379,7 @@ async def serve(config: RunConfig, started: asyncio.Event | None = None) -> int:
     # never open later.
     wire.install()
     connects.install()
+    reuse.install()
     framing.install()
     refusals.install()
     bounds.install()
@@ -406,8 +420,10 @@ async def serve(config: RunConfig, started: asyncio.Event | None = None) -> int:
         config.notify,
         update.get("ssl_verify_upstream_trusted_ca"),
         config.shared_rates,
+        config.upstream_idle,
     )
     master.addons.add(chain)
+    reuse.activate(chain.part(reuse.Reuse))
     forward, trail = chain.part(Forward), chain.part(Trail)
 
     loop = asyncio.get_running_loop()

@@ -1,0 +1,212 @@
+"""One-shot clients share a verified upstream connection: per principal, name and address.
+
+A real proxy, real TLS upstreams that count their connections and the SNI of each, and a
+new client connection (httpx, raw sockets) per request, as an agent running `curl` per
+tool call makes them.
+"""
+
+from __future__ import annotations
+
+import os
+import ssl
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import trustme
+
+from store.crypto import Secret
+from tests.e2e.conftest import Proxy, start_proxy, stop_proxy
+from tests.e2e.raw import fetch
+from tests.e2e.upstream import Received, Upstream, _Handler
+
+pytestmark = pytest.mark.e2e
+
+SECRET = "sk-reuse-" + os.urandom(8).hex()
+NAMES = ["api.test", "other.test"]
+
+
+def _app(received: Received) -> tuple[int, list[tuple[str, str]], bytes] | None:
+    if received.target.startswith("/v1/close"):
+        return 200, [("Connection", "close")], b"closing"
+    return None
+
+
+class _Hasty(_Handler):
+    timeout = 0.3  # closes a keep-alive connection idle this long
+
+
+@pytest.fixture(scope="module")
+def ca() -> trustme.CA:
+    return trustme.CA()
+
+
+@pytest.fixture(scope="module")
+def servers(ca: trustme.CA) -> Iterator[tuple[Upstream, Upstream]]:
+    with Upstream(ca, NAMES, app=_app) as main, Upstream(ca, ["hasty.test"]) as hasty:
+        hasty.server.RequestHandlerClass = _Hasty
+        yield main, hasty
+
+
+def _start(home: Path, ca: trustme.CA, servers: tuple[Upstream, Upstream], *extra: str) -> Proxy:
+    main, hasty = servers
+    home.mkdir(exist_ok=True)
+    resolve = [f"{n}=127.0.0.1:{main.port}" for n in NAMES]
+    resolve.append(f"hasty.test=127.0.0.1:{hasty.port}")
+    return start_proxy(home, ca, resolve, extra=list(extra))
+
+
+@pytest.fixture(scope="module")
+def proxy(tmp_path_factory: pytest.TempPathFactory, ca: trustme.CA, servers) -> Iterator[Proxy]:
+    running = _start(tmp_path_factory.mktemp("reuse"), ca, servers)
+    yield running
+    stop_proxy(running)
+
+
+@pytest.fixture
+def upstream(servers: tuple[Upstream, Upstream]) -> Upstream:
+    time.sleep(0.05)
+    servers[0].log.clear()
+    return servers[0]
+
+
+_n = iter(range(10**6))
+
+
+def _principal(proxy: Proxy, hosts: list[str] = NAMES) -> tuple[str, str]:
+    n = next(_n)
+    agent, cred = f"agent-{n}", f"cred-{n}"
+    token = proxy.store.add_principal(agent)
+    proxy.store.add_credential(cred, "bearer", hosts, Secret(SECRET.encode()))
+    proxy.store.add_grant(agent, ["GET"], credential=cred, paths=["/"])
+    proxy.wait_reload()
+    return agent, token
+
+
+def _one_shot(proxy: Proxy, who: tuple[str, str], url: str) -> httpx.Response:
+    """One request on a new client connection, closed after it (curl per tool call)."""
+    context = ssl.create_default_context(cafile=str(proxy.ca_file))
+    with httpx.Client(proxy=proxy.url(*who), verify=context, timeout=10) as client:
+        reply = client.get(url)
+        reply.read()
+        return reply
+
+
+def _settle() -> None:
+    time.sleep(0.1)  # the proxy parks a connection once it has seen its client go
+
+
+def test_one_shot_clients_of_a_principal_share_one_upstream_connection(
+    proxy: Proxy, upstream: Upstream
+) -> None:
+    who = _principal(proxy)
+    for i in range(5):
+        reply = _one_shot(proxy, who, f"https://api.test/v1/{i}")
+        assert reply.status_code == 200
+        _settle()
+    assert upstream.log.connections == 1
+    assert upstream.log.snis == ["api.test"]
+    # Each request was stamped on its own: the connection carries no credential.
+    stamped = [r.header("authorization") == [f"Bearer {SECRET}"] for r in upstream.log.requests]
+    assert stamped == [True] * 5
+    assert SECRET not in proxy.output()
+
+
+def test_never_across_principals(proxy: Proxy, upstream: Upstream) -> None:
+    first, second = _principal(proxy), _principal(proxy)
+    for who in (first, second, first, second, first):
+        assert _one_shot(proxy, who, "https://api.test/v1/x").status_code == 200
+        _settle()
+    assert upstream.log.connections == 2
+
+
+def test_never_across_names_at_one_address(proxy: Proxy, upstream: Upstream) -> None:
+    """api.test and other.test are one address here: each name keeps its own connection,
+    its certificate checked for that name."""
+    who = _principal(proxy)
+    for host in ("api.test", "other.test", "api.test", "other.test"):
+        assert _one_shot(proxy, who, f"https://{host}/v1/x").status_code == 200
+        _settle()
+    assert upstream.log.connections == 2
+    assert upstream.log.snis == ["api.test", "other.test"]
+    assert [r.header("host") for r in upstream.log.requests] == [
+        ["api.test"],
+        ["other.test"],
+        ["api.test"],
+        ["other.test"],
+    ]
+
+
+def test_a_connection_the_upstream_closes_is_not_kept(proxy: Proxy, upstream: Upstream) -> None:
+    who = _principal(proxy)
+    for _ in range(3):
+        assert _one_shot(proxy, who, "https://api.test/v1/close").status_code == 200
+        _settle()
+    assert upstream.log.connections == 3
+
+
+def test_a_connection_cut_mid_response_is_not_kept(proxy: Proxy, upstream: Upstream) -> None:
+    """The agent went before the stream ended: the rest of it must not reach the next one."""
+    who = _principal(proxy)
+    context = ssl.create_default_context(cafile=str(proxy.ca_file))
+    with httpx.Client(proxy=proxy.url(*who), verify=context, timeout=10) as client:
+        with client.stream("GET", "https://api.test/sse") as reply:
+            first = next(reply.iter_raw())
+            assert b"event-0" in first
+    _settle()
+    reply = _one_shot(proxy, who, "https://api.test/v1/after")
+    assert reply.status_code == 200
+    assert reply.json() == {"ok": True, "path": "/v1/after"}
+    assert upstream.log.connections == 2
+
+
+def test_a_connection_closed_while_parked_is_not_used(
+    proxy: Proxy, servers: tuple[Upstream, Upstream]
+) -> None:
+    """The upstream closed the parked connection (its keep-alive timeout): the next client
+    gets a new one and its answer, not an error."""
+    hasty = servers[1]
+    hasty.log.clear()
+    who = _principal(proxy, ["hasty.test"])
+    assert _one_shot(proxy, who, "https://hasty.test/v1/a").status_code == 200
+    time.sleep(0.8)  # the upstream has closed it
+    assert _one_shot(proxy, who, "https://hasty.test/v1/b").status_code == 200
+    assert hasty.log.connections == 2
+    decisions = [line.get("decision") for line in proxy.requests(who[0])]
+    assert decisions == ["allow", "allow"]
+
+
+def test_http2_clients_keep_mitmproxys_connections(proxy: Proxy, upstream: Upstream) -> None:
+    who = _principal(proxy)
+    for _ in range(2):
+        answer = fetch(proxy, who, "api.test", "/v1/x", http2=True)
+        assert answer.status == 200
+        _settle()
+    assert upstream.log.connections == 2
+
+
+def test_idle_limit(tmp_path: Path, ca: trustme.CA, servers, upstream: Upstream) -> None:
+    """Parked for --upstream-idle seconds, then closed; 0 parks nothing."""
+    quick = _start(tmp_path / "quick", ca, servers, "--upstream-idle", "0.3")
+    try:
+        who = _principal(quick)
+        assert _one_shot(quick, who, "https://api.test/v1/a").status_code == 200
+        _settle()
+        assert _one_shot(quick, who, "https://api.test/v1/b").status_code == 200  # reused
+        time.sleep(0.8)
+        assert _one_shot(quick, who, "https://api.test/v1/c").status_code == 200
+        assert upstream.log.connections == 2
+    finally:
+        stop_proxy(quick)
+    upstream.log.clear()
+    never = _start(tmp_path / "never", ca, servers, "--upstream-idle", "0")
+    try:
+        who = _principal(never)
+        for _ in range(3):
+            assert _one_shot(never, who, "https://api.test/v1/x").status_code == 200
+            _settle()
+        assert upstream.log.connections == 3
+    finally:
+        stop_proxy(never)
