@@ -31,6 +31,9 @@ NAMES = ["api.test", "other.test"]
 def _app(received: Received) -> tuple[int, list[tuple[str, str]], bytes] | None:
     if received.target.startswith("/v1/close"):
         return 200, [("Connection", "close")], b"closing"
+    if received.target.startswith("/v1/slow"):
+        time.sleep(0.6)
+        return 200, [], b"the slow answer"
     return None
 
 
@@ -159,6 +162,20 @@ def test_a_connection_cut_mid_response_is_not_kept(proxy: Proxy, upstream: Upstr
     reply = _one_shot(proxy, who, "https://api.test/v1/after")
     assert reply.status_code == 200
     assert reply.json() == {"ok": True, "path": "/v1/after"}
+    assert upstream.log.connections == 2
+
+
+def test_a_connection_left_before_its_answer_is_not_kept(proxy: Proxy, upstream: Upstream) -> None:
+    """The agent gave up before the answer came: that answer must not be the next one's."""
+    who = _principal(proxy)
+    context = ssl.create_default_context(cafile=str(proxy.ca_file))
+    with httpx.Client(proxy=proxy.url(*who), verify=context, timeout=0.2) as client:
+        with pytest.raises(httpx.ReadTimeout):
+            client.get("https://api.test/v1/slow")
+    _settle()
+    reply = _one_shot(proxy, who, "https://api.test/v1/fast")
+    assert reply.json() == {"ok": True, "path": "/v1/fast"}
+    time.sleep(0.6)
     assert upstream.log.connections == 2
 
 
