@@ -43,7 +43,8 @@ def parse(argv: Sequence[str] | None) -> Settings:
         "--configs",
         type=_configs,
         help=f"any of {', '.join(CONFIGS)} (default: all but credproxy-10-dns-miss, "
-        f"mitmproxy-lean and mitmproxy-stream; with --download {','.join(DOWNLOAD_CONFIGS)})",
+        "credproxy-10-nokeep, mitmproxy-lean and mitmproxy-stream; with --download "
+        f"{','.join(DOWNLOAD_CONFIGS)})",
     )
     p.add_argument("--repeat", type=int, help="interleaved repetitions per cell (default 32)")
     p.add_argument(

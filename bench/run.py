@@ -48,6 +48,9 @@ POPULATIONS = {
     "credproxy-10-dns": Population(principals=10, credentials=10, grants_per_principal=1),
     # The same with `--dns-ttl 0`: every request misses the cache and waits for a lookup.
     "credproxy-10-dns-miss": Population(principals=10, credentials=10, grants_per_principal=1),
+    # The same with `--upstream-idle 0`: no upstream connection outlives its client connection
+    # (what one-shot clients paid before addon/reuse.py).
+    "credproxy-10-nokeep": Population(principals=10, credentials=10, grants_per_principal=1),
     # Every request signed with AWS SigV4 (botocore) at the edge.
     "credproxy-sigv4": Population(
         principals=10, credentials=10, grants_per_principal=1, scheme="sigv4"
@@ -55,7 +58,11 @@ POPULATIONS = {
 }
 DNS_CONFIGS = frozenset({"credproxy-10-dns", "credproxy-10-dns-miss"})
 # Extra `credproxy run` flags per configuration.
-RUN_FLAGS = {"credproxy-10-dns-miss": ("--dns-ttl", "0"), "credproxy-10-w2": ("--workers", "2")}
+RUN_FLAGS = {
+    "credproxy-10-dns-miss": ("--dns-ttl", "0"),
+    "credproxy-10-w2": ("--workers", "2"),
+    "credproxy-10-nokeep": ("--upstream-idle", "0"),
+}
 # Several processes: given every CPU even in a pinned run.
 UNPINNED = frozenset({"credproxy-10-w2"})
 DNS_HOST = "localhost"
@@ -68,7 +75,14 @@ CONFIGS = ("direct", "mitmproxy", "mitmproxy-lean", "mitmproxy-stream", *POPULAT
 DEFAULT_CONFIGS = tuple(
     c
     for c in CONFIGS
-    if c not in ("credproxy-10-dns-miss", "mitmproxy-lean", "mitmproxy-stream", *UNPINNED)
+    if c
+    not in (
+        "credproxy-10-dns-miss",
+        "credproxy-10-nokeep",
+        "mitmproxy-lean",
+        "mitmproxy-stream",
+        *UNPINNED,
+    )
 )
 DOWNLOAD_CONFIGS = ("mitmproxy", "mitmproxy-stream", "credproxy-10")
 # Bytes each download cell moves when --requests is not given.
