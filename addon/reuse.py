@@ -27,10 +27,11 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from addon import audit
 from addon.bounds import timed_out_servers
 
 if TYPE_CHECKING:
-    from mitmproxy import connection
+    from mitmproxy import connection, http
 
     from addon.state import Clients
 
@@ -51,6 +52,10 @@ _MIN_VERSION = {
     "TLS1_2": ssl.TLSVersion.TLSv1_2,
     "TLS1_3": ssl.TLSVersion.TLSv1_3,
 }
+_HTTP1 = (b"http/1.1", b"http/1.0")  # the client's ALPN offers passed on: mitmproxy speaks 1.1
+# The answer to a connection whose dial raised: audited as internal-error (addon/wire.py).
+DIAL_FAILED = "Connection killed: credproxy: dial failed"
+CLOSED_IN_HANDSHAKE = "connection closed during the TLS handshake"
 
 Key = tuple[str, str, tuple[str, int], tuple[bytes, ...]]
 
@@ -140,6 +145,7 @@ class Reuse:
         self.usable = False  # mitmproxy's TLS options are ones credproxy's TLS matches
         self._cafile: str | None = None
         self._minimum = ssl.TLSVersion.TLSv1_2
+        self._minimum_name = "TLS1_2"
         self._contexts: dict[tuple[bytes, ...], ssl.SSLContext] = {}
 
     # -- mitmproxy hooks -------------------------------------------------------------
@@ -151,18 +157,44 @@ class Reuse:
         from mitmproxy import ctx
 
         options = ctx.options
-        minimum = _MIN_VERSION.get(getattr(options, "tls_version_server_min", ""))
+        name = getattr(options, "tls_version_server_min", "")
+        minimum = _MIN_VERSION.get(name)
         self.usable = minimum is not None and all(
             getattr(options, name, None) == wanted for name, wanted in _DEFAULTS.items()
         )
         cafile = getattr(options, "ssl_verify_upstream_trusted_ca", None)
         if cafile != self._cafile or minimum != self._minimum:
             self._cafile, self._minimum = cafile, minimum or ssl.TLSVersion.TLSv1_2
+            self._minimum_name = name if minimum is not None else "TLS1_2"
             self._contexts.clear()
             self.pool.clear()  # verified with the old trust: dial again
 
     def done(self) -> None:
         self.pool.clear()
+
+    def responseheaders(self, flow: http.HTTPFlow) -> None:
+        """An answer that began before its request was sent whole, or an error answer to a
+        request with a body: the upstream may not have read that body, and would take what is
+        left of it for the next request, which may be another client's. Never parked."""
+        server = flow.server_conn
+        if server not in _layers:
+            return
+        try:
+            request, response = flow.request, flow.response
+            assert response is not None
+            has_body = "transfer-encoding" in request.headers or request.headers.get(
+                "content-length", "0"
+            ).strip() not in ("", "0")
+            if (
+                request.timestamp_end is None
+                or response.timestamp_start is None
+                or response.timestamp_start < request.timestamp_end
+                or (has_body and response.status_code >= 400)
+            ):
+                _spoiled.add(server)
+        except Exception as e:  # noqa: BLE001 - fail closed: never parked
+            _spoiled.add(server)
+            audit.logger().error("hook.failed", hook="reuse", error_type=type(e).__name__)
 
     # -- used by the patches ---------------------------------------------------------
 
@@ -170,6 +202,7 @@ class Reuse:
         """An HTTPS request of an HTTP/1 client, straight to the upstream."""
         return (
             self.usable
+            and self.pool.idle > 0
             and event.tls
             and event.via is None
             and event.transport_protocol == "tcp"
@@ -192,9 +225,13 @@ class Reuse:
         found = self._contexts.get(offers)
         if found is None:
             import certifi
+            from mitmproxy.addons.tlsconfig import _default_ciphers
+            from mitmproxy.net.tls import Version
 
             found = ssl.create_default_context(cafile=self._cafile or certifi.where())
             found.minimum_version = self._minimum
+            found.hostname_checks_common_name = False  # as mitmproxy: the SAN names, never the CN
+            found.set_ciphers(":".join(_default_ciphers(Version[self._minimum_name])))
             if offers:
                 found.set_alpn_protocols([o.decode("ascii") for o in offers])
             self._contexts[offers] = found
@@ -204,6 +241,8 @@ class Reuse:
 _active: Reuse | None = None
 # The HttpClient layer of each connection credproxy dials: is it idle?
 _layers: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+# Connections whose last exchange may have left bytes in the upstream (responseheaders).
+_spoiled: weakref.WeakSet[Any] = weakref.WeakSet()
 _installed = False
 
 
@@ -264,7 +303,7 @@ def _get_connection(original: Callable[..., Any]) -> Callable[..., Any]:
         else:
             server.sni = event.address[0]  # addon/pinning.py pins the granted name
         client = self.context.client
-        server.alpn_offers = tuple(o for o in client.alpn_offers if o != b"h2")
+        server.alpn_offers = tuple(o for o in client.alpn_offers if o in _HTTP1)
         stack = HttpClient(context)
         _layers[server] = stack
         self.connections[server] = stack
@@ -318,14 +357,22 @@ async def _dial(handler: Any, command: Any, active: Reuse) -> None:
                 from addon.connects import RESET
 
                 raise ConnectionResetError(RESET)
-        except (OSError, asyncio.CancelledError) as e:
+        except Exception as e:  # noqa: BLE001 - fail closed: the request gets an answer
+            if isinstance(e, OSError):
+                err = str(e) or CLOSED_IN_HANDSHAKE  # asyncio's bare ConnectionResetError()
+            else:
+                err = DIAL_FAILED
+                audit.logger().error("hook.failed", hook="dial", error_type=type(e).__name__)
+            server.error = err
+            await handler.handle_hook(server_hooks.ServerConnectErrorHook(hook_data))
+            await handler.server_event(events.OpenConnectionCompleted(command, err))
+            return
+        except asyncio.CancelledError as e:
             err = str(e) or "connection cancelled"
             server.error = err
             await handler.handle_hook(server_hooks.ServerConnectErrorHook(hook_data))
             await handler.server_event(events.OpenConnectionCompleted(command, err))
-            if isinstance(e, asyncio.CancelledError):
-                raise
-            return
+            raise
         now = time.time()
         server.timestamp_tcp_setup = server.timestamp_tls_setup = now
         server.state = ConnectionState.OPEN
@@ -366,6 +413,7 @@ def _idle(server: Any) -> bool:
         and server.state is ConnectionState.OPEN
         and server.error is None
         and server not in timed_out_servers
+        and server not in _spoiled
     )
 
 

@@ -102,6 +102,7 @@ UPSTREAM_PREFIXES: tuple[Rule, ...] = (
     ("received ", _P, "invalid-headers"),  # validate_inbound_headers: "Received ... from server"
     # mitmproxy's words for a close or reset before the upstream TLS handshake completed.
     ("connection closed", _U, "connection-closed"),
+    ("connection killed: credproxy: dial failed", Reason.INTERNAL_ERROR, "dial-failed"),
     ("connection killed: credproxy:", Reason.INTERNAL_ERROR, "no-allowed-request"),
     ("connection killed.", Reason.INTERNAL_ERROR, "killed"),
 )

@@ -166,6 +166,18 @@ UPSTREAM = [
         id="a connection credproxy refused to open is an internal error",
     ),
     pytest.param(
+        "Connection killed: credproxy: dial failed",
+        "internal-error",
+        "dial-failed",
+        id="credproxy's own dial that raised is an internal error",
+    ),
+    pytest.param(
+        "connection closed during the TLS handshake",
+        "upstream-unreachable",
+        "connection-closed",
+        id="a close in credproxy's own handshake is a closed connection",
+    ),
+    pytest.param(
         "something mitmproxy never said before",
         P,
         "unknown",

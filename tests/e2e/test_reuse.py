@@ -7,6 +7,7 @@ tool call makes them.
 
 from __future__ import annotations
 
+import datetime
 import os
 import ssl
 import time
@@ -19,18 +20,23 @@ import trustme
 
 from store.crypto import Secret
 from tests.e2e.conftest import Proxy, start_proxy, stop_proxy
-from tests.e2e.raw import fetch
+from tests.e2e.raw import connect, fetch, proxy_auth, read_reply
 from tests.e2e.upstream import Received, Upstream, _Handler
 
 pytestmark = pytest.mark.e2e
 
 SECRET = "sk-reuse-" + os.urandom(8).hex()
 NAMES = ["api.test", "other.test"]
+CN_ONLY = "cn-only.test"
 
 
 def _app(received: Received) -> tuple[int, list[tuple[str, str]], bytes] | None:
     if received.target.startswith("/v1/close"):
         return 200, [("Connection", "close")], b"closing"
+    if received.target.startswith("/v1/refused"):
+        return 401, [], b"no"
+    if received.target.startswith("/v1/missing"):
+        return 404, [], b"no such thing"
     if received.target.startswith("/v1/slow"):
         time.sleep(0.6)
         return 200, [], b"the slow answer"
@@ -46,18 +52,62 @@ def ca() -> trustme.CA:
     return trustme.CA()
 
 
+def _cn_only_context(ca: trustme.CA, tmp: Path) -> ssl.SSLContext:
+    """A certificate from the trusted CA that names its host in the subject CN only, no SAN:
+    mitmproxy never matches a CN, and neither may credproxy's own dial."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, CN_ONLY)]))
+        .issuer_name(ca._certificate.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(days=1))
+        .not_valid_after(now + datetime.timedelta(days=10))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .sign(ca._private_key, hashes.SHA256())
+    )
+    (tmp / "cn.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (tmp / "cn.key").write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(tmp / "cn.pem", tmp / "cn.key")
+    context.set_alpn_protocols(["http/1.1"])
+    return context
+
+
 @pytest.fixture(scope="module")
-def servers(ca: trustme.CA) -> Iterator[tuple[Upstream, Upstream]]:
-    with Upstream(ca, NAMES, app=_app) as main, Upstream(ca, ["hasty.test"]) as hasty:
+def servers(
+    ca: trustme.CA, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[Upstream, Upstream, Upstream]]:
+    with (
+        Upstream(ca, NAMES, app=_app) as main,
+        Upstream(ca, ["hasty.test"]) as hasty,
+        Upstream(ca, [CN_ONLY]) as cn_only,
+    ):
         hasty.server.RequestHandlerClass = _Hasty
-        yield main, hasty
+        cn_only.server.context = _cn_only_context(ca, tmp_path_factory.mktemp("cn"))
+        yield main, hasty, cn_only
 
 
-def _start(home: Path, ca: trustme.CA, servers: tuple[Upstream, Upstream], *extra: str) -> Proxy:
-    main, hasty = servers
+def _start(home: Path, ca: trustme.CA, servers: tuple[Upstream, ...], *extra: str) -> Proxy:
+    main, hasty, cn_only = servers
     home.mkdir(exist_ok=True)
     resolve = [f"{n}=127.0.0.1:{main.port}" for n in NAMES]
     resolve.append(f"hasty.test=127.0.0.1:{hasty.port}")
+    resolve.append(f"{CN_ONLY}=127.0.0.1:{cn_only.port}")
     return start_proxy(home, ca, resolve, extra=list(extra))
 
 
@@ -179,8 +229,52 @@ def test_a_connection_left_before_its_answer_is_not_kept(proxy: Proxy, upstream:
     assert upstream.log.connections == 2
 
 
+def test_a_body_refused_by_the_upstream_is_not_kept(proxy: Proxy, upstream: Upstream) -> None:
+    """An error answer to a request with a body: the upstream may have left the body unread
+    and would read it as the next request, another client's. Bodiless errors are kept."""
+    who = _principal(proxy)
+    proxy.store.add_grant(who[0], ["POST"], credential=f"cred-{who[0].split('-')[1]}", paths=["/"])
+    proxy.wait_reload()
+    context = ssl.create_default_context(cafile=str(proxy.ca_file))
+    for _ in range(2):
+        with httpx.Client(proxy=proxy.url(*who), verify=context, timeout=10) as client:
+            assert client.post("https://api.test/v1/refused", content=b"x" * 100).status_code == 401
+        _settle()
+    assert upstream.log.connections == 2
+    upstream.log.clear()
+    for _ in range(2):
+        assert _one_shot(proxy, who, "https://api.test/v1/missing").status_code == 404
+        _settle()
+    assert upstream.log.connections <= 1  # the second reuses the first (or one parked before)
+
+
+def test_a_name_in_the_subject_cn_only_is_refused(
+    proxy: Proxy, servers: tuple[Upstream, ...]
+) -> None:
+    who = _principal(proxy, [CN_ONLY])
+    reply = _one_shot(proxy, who, f"https://{CN_ONLY}/v1/x")
+    assert reply.status_code == 502
+    assert reply.json()["reason"] == "upstream-tls-error"
+    assert servers[2].log.requests == []
+
+
+def test_odd_alpn_offers_get_an_answer(proxy: Proxy, upstream: Upstream) -> None:
+    """ALPN names are opaque bytes: offers credproxy does not pass on are dropped, and the
+    request is answered (a name that is not ASCII once left it hanging)."""
+    who = _principal(proxy)
+    sock, reply = connect(proxy.port, "api.test:443", proxy_auth(*who))
+    assert reply.status == 200
+    context = ssl.create_default_context(cafile=str(proxy.ca_file))
+    offers = [b"http/1.1", b"\xff\xfe", b"x-other"]
+    context._set_alpn_protocols(bytearray(b"".join(bytes([len(o)]) + o for o in offers)))  # type: ignore[attr-defined]
+    with context.wrap_socket(sock, server_hostname="api.test") as tls:
+        tls.settimeout(10)
+        tls.sendall(b"GET /v1/alpn HTTP/1.1\r\nHost: api.test\r\n\r\n")
+        assert read_reply(tls).status == 200
+
+
 def test_a_connection_closed_while_parked_is_not_used(
-    proxy: Proxy, servers: tuple[Upstream, Upstream]
+    proxy: Proxy, servers: tuple[Upstream, ...]
 ) -> None:
     """The upstream closed the parked connection (its keep-alive timeout): the next client
     gets a new one and its answer, not an error."""
