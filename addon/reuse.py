@@ -157,15 +157,15 @@ class Reuse:
         from mitmproxy import ctx
 
         options = ctx.options
-        name = getattr(options, "tls_version_server_min", "")
-        minimum = _MIN_VERSION.get(name)
+        version = getattr(options, "tls_version_server_min", "")
+        minimum = _MIN_VERSION.get(version)
         self.usable = minimum is not None and all(
-            getattr(options, name, None) == wanted for name, wanted in _DEFAULTS.items()
+            getattr(options, option, None) == wanted for option, wanted in _DEFAULTS.items()
         )
         cafile = getattr(options, "ssl_verify_upstream_trusted_ca", None)
         if cafile != self._cafile or minimum != self._minimum:
             self._cafile, self._minimum = cafile, minimum or ssl.TLSVersion.TLSv1_2
-            self._minimum_name = name if minimum is not None else "TLS1_2"
+            self._minimum_name = version if minimum is not None else "TLS1_2"
             self._contexts.clear()
             self.pool.clear()  # verified with the old trust: dial again
 
