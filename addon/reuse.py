@@ -239,8 +239,9 @@ class Reuse:
 
 
 _active: Reuse | None = None
-# The HttpClient layer of each connection credproxy dials: is it idle?
-_layers: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+# The HttpClient layer of each connection credproxy dials: is it idle? Held weakly both ways:
+# the layer refers to its connection, and a strong value would keep the key alive for ever.
+_layers: weakref.WeakKeyDictionary[Any, weakref.ref[Any]] = weakref.WeakKeyDictionary()
 # Connections whose last exchange may have left bytes in the upstream (responseheaders).
 _spoiled: weakref.WeakSet[Any] = weakref.WeakSet()
 _installed = False
@@ -305,7 +306,7 @@ def _get_connection(original: Callable[..., Any]) -> Callable[..., Any]:
         client = self.context.client
         server.alpn_offers = tuple(o for o in client.alpn_offers if o in _HTTP1)
         stack = HttpClient(context)
-        _layers[server] = stack
+        _layers[server] = weakref.ref(stack)
         self.connections[server] = stack
         self.waiting_for_establishment[server].append(event)
         yield from self.event_to_child(stack, events.Start())
@@ -402,7 +403,8 @@ def _idle(server: Any) -> bool:
     from mitmproxy.connection import ConnectionState
     from mitmproxy.proxy.layers.http._http1 import Http1Client
 
-    child = getattr(_layers.get(server), "child_layer", None)
+    found = _layers.get(server)
+    child = getattr(found() if found is not None else None, "child_layer", None)
     return (
         isinstance(child, Http1Client)
         and child.stream_id is None

@@ -12,6 +12,7 @@ import os
 import ssl
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -20,6 +21,7 @@ import trustme
 
 from store.crypto import Secret
 from tests.e2e.conftest import Proxy, start_proxy, stop_proxy
+from tests.e2e.memory import MIB, rss
 from tests.e2e.raw import connect, fetch, proxy_auth, read_reply
 from tests.e2e.upstream import Received, Upstream, _Handler
 
@@ -321,3 +323,27 @@ def test_idle_limit(tmp_path: Path, ca: trustme.CA, servers, upstream: Upstream)
         assert upstream.log.connections == 3
     finally:
         stop_proxy(never)
+
+
+def test_memory_stays_flat_over_many_one_shot_clients(proxy: Proxy, upstream: Upstream) -> None:
+    """Each client connection's state goes with it, though its upstream connection stays: a
+    connection's layer once kept it (and its client, its flows) alive, 85 KiB per request."""
+    agents = [_principal(proxy) for _ in range(3)]
+    context = ssl.create_default_context(cafile=str(proxy.ca_file))
+    context.set_alpn_protocols(["http/1.1"])
+
+    def one(n: int) -> int:
+        sock, reply = connect(proxy.port, "api.test:443", proxy_auth(*agents[n % 3]))
+        assert reply.status == 200
+        with context.wrap_socket(sock, server_hostname="api.test") as tls:
+            tls.settimeout(10)
+            tls.sendall(b"GET /v1/m HTTP/1.1\r\nHost: api.test\r\n\r\n")
+            return read_reply(tls).status
+
+    with ThreadPoolExecutor(10) as pool:
+        assert set(pool.map(one, range(300))) == {200}  # warm up
+        before = rss(proxy.process.pid)
+        assert set(pool.map(one, range(1200))) == {200}
+        grown = rss(proxy.process.pid) - before
+    assert upstream.log.connections <= 30  # reused: 3 principals, 10 at a time
+    assert grown < 16 * MIB, f"grew {grown / MIB:.1f} MiB over 1,200 one-shot clients"
