@@ -52,7 +52,6 @@ _MIN_VERSION = {
     "TLS1_2": ssl.TLSVersion.TLSv1_2,
     "TLS1_3": ssl.TLSVersion.TLSv1_3,
 }
-_HTTP1 = (b"http/1.1", b"http/1.0")  # the client's ALPN offers passed on: mitmproxy speaks 1.1
 # The answer to a connection whose dial raised: audited as internal-error (addon/wire.py).
 DIAL_FAILED = "Connection killed: credproxy: dial failed"
 CLOSED_IN_HANDSHAKE = "connection closed during the TLS handshake"
@@ -65,6 +64,21 @@ class _Parked:
     reader: asyncio.StreamReader
     writer: asyncio.StreamWriter
     timer: asyncio.TimerHandle | None = None
+
+
+def offers(client_offers: Any) -> tuple[bytes, ...]:
+    """The ALPN offer credproxy makes upstream: one of three, whatever the client listed
+    (mitmproxy speaks HTTP/1.1 over the connection). Three offers, three TLS contexts."""
+    for name in (b"http/1.1", b"http/1.0"):
+        if name in client_offers:
+            return (name,)
+    return ()
+
+
+def close(writer: asyncio.StreamWriter) -> None:
+    """Close now. asyncio's TLS close would wait up to 30 s for the peer's close_notify,
+    holding the socket and its buffers; mitmproxy's own path does not wait either."""
+    writer.transport.abort()
 
 
 def _fresh(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
@@ -100,7 +114,7 @@ class Pool:
             if _fresh(item.reader, item.writer):
                 self.reused += 1
                 return item.reader, item.writer
-            item.writer.close()
+            close(item.writer)
         return None
 
     def give(self, key: Key, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
@@ -124,14 +138,14 @@ class Pool:
             self._count -= 1
             if not found:
                 del self._parked[key]
-        item.writer.close()
+        close(item.writer)
 
     def clear(self) -> None:
         for found in self._parked.values():
             for item in found:
                 if item.timer is not None:
                     item.timer.cancel()
-                item.writer.close()
+                close(item.writer)
         self._parked.clear()
         self._count = 0
 
@@ -139,8 +153,9 @@ class Pool:
 class Reuse:
     """The addon: which connections credproxy dials, its TLS contexts, and the pool."""
 
-    def __init__(self, clients: Clients, idle: float = IDLE) -> None:
+    def __init__(self, clients: Clients, idle: float = IDLE, connect_timeout: float = 10.0) -> None:
         self.clients = clients
+        self.connect_timeout = connect_timeout
         self.pool = Pool(idle)
         self.usable = False  # mitmproxy's TLS options are ones credproxy's TLS matches
         self._cafile: str | None = None
@@ -173,9 +188,10 @@ class Reuse:
         self.pool.clear()
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
-        """An answer that began before its request was sent whole, or an error answer to a
-        request with a body: the upstream may not have read that body, and would take what is
-        left of it for the next request, which may be another client's. Never parked."""
+        """An answer that began before its request was sent whole, or any answer but a 2xx to
+        a request with a body (an error, a redirect): the upstream may not have read that
+        body, and would take what is left of it for the next request, which may be another
+        client's. Never parked."""
         server = flow.server_conn
         if server not in _layers:
             return
@@ -189,7 +205,7 @@ class Reuse:
                 request.timestamp_end is None
                 or response.timestamp_start is None
                 or response.timestamp_start < request.timestamp_end
-                or (has_body and response.status_code >= 400)
+                or (has_body and not 200 <= response.status_code < 300)
             ):
                 _spoiled.add(server)
         except Exception as e:  # noqa: BLE001 - fail closed: never parked
@@ -304,7 +320,7 @@ def _get_connection(original: Callable[..., Any]) -> Callable[..., Any]:
         else:
             server.sni = event.address[0]  # addon/pinning.py pins the granted name
         client = self.context.client
-        server.alpn_offers = tuple(o for o in client.alpn_offers if o in _HTTP1)
+        server.alpn_offers = offers(client.alpn_offers)
         stack = HttpClient(context)
         _layers[server] = weakref.ref(stack)
         self.connections[server] = stack
@@ -349,12 +365,15 @@ async def _dial(handler: Any, command: Any, active: Reuse) -> None:
                     *server.address,
                     ssl=active.context(tuple(server.alpn_offers)),
                     server_hostname=server.sni,
+                    # addon/limits.py's --connect-timeout cuts it first; this is the backstop.
+                    ssl_handshake_timeout=active.connect_timeout + 5,
+                    ssl_shutdown_timeout=1.0,
                 )
             else:
                 reader, writer = taken
             peername = writer.get_extra_info("peername")
             if peername is None:  # reset before asyncio set the transport up
-                writer.close()
+                close(writer)
                 from addon.connects import RESET
 
                 raise ConnectionResetError(RESET)
@@ -463,10 +482,7 @@ async def _serve(handler: Any, server: Any, key: Key | None, active: Reuse) -> N
         except asyncio.CancelledError as e:
             cancelled = e
     if not parked:
-        try:
-            writer.close()
-        except OSError:
-            pass
+        close(writer)
         handler.transports.pop(server, None)
     if cancelled:
         raise cancelled

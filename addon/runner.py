@@ -330,7 +330,8 @@ def build_chain(
             Lifecycle(live),  # configure, running, done: the options and the policy poller
             Auth(live, clients, trail),  # http_connect, requestheaders: who, and the tunnel
             Pinning(clients),  # tls_clienthello, tls_start_client, server_connect
-            Reuse(clients, upstream_idle),  # running, configure, done: parked upstream connections
+            # running, configure, responseheaders, done: parked upstream connections
+            Reuse(clients, upstream_idle, limits.connect_timeout),
             Gate(access, trail, limiter),  # requestheaders: the principal's rate, the verdict
             # requestheaders: the scheme's checks, the grant's rate, vet the address, use a
             # once- or counted grant, stamp

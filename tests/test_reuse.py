@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from addon.reuse import Pool, Reuse
+from addon.reuse import Pool, Reuse, offers
 from addon.state import Clients, ClientState
 from addon.verdict import Tunnel
 
@@ -223,3 +223,31 @@ def test_which_requests_credproxy_dials(
     reuse = Reuse(Clients())
     reuse.usable = usable
     assert reuse.eligible(client, event) is expected  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("client", "offered"),
+    [
+        ([b"http/1.1"], (b"http/1.1",)),
+        ([b"x", b"http/1.0", b"http/1.1"], (b"http/1.1",)),
+        ([b"http/1.1"] * 50, (b"http/1.1",)),
+        ([b"http/1.0", b"http/1.0"], (b"http/1.0",)),
+        ([b"\xff\xfe", b"spdy/3"], ()),
+        ([], ()),
+    ],
+)
+def test_one_of_three_alpn_offers_whatever_the_client_lists(
+    client: list[bytes], offered: tuple[bytes, ...]
+) -> None:
+    """Each distinct offer is a TLS context (certifi loaded, about 1 MiB and 37 ms): a client
+    listing http/1.1 k times once made k of them."""
+    assert offers(client) == offered
+
+
+def test_at_most_three_tls_contexts() -> None:
+    reuse = Reuse(Clients())
+    for k in range(1, 40):
+        reuse.context(offers([b"http/1.1"] * k + [b"http/1.0"] * (k % 3)))
+    reuse.context(offers([b"http/1.0"]))
+    reuse.context(offers([]))
+    assert len(reuse._contexts) == 3

@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -22,6 +23,7 @@ import trustme
 from store.crypto import Secret
 from tests.e2e.conftest import Proxy, start_proxy, stop_proxy
 from tests.e2e.memory import MIB, rss
+from tests.e2e.misbehaving import RawUpstream, ok
 from tests.e2e.raw import connect, fetch, proxy_auth, read_reply
 from tests.e2e.upstream import Received, Upstream, _Handler
 
@@ -30,6 +32,7 @@ pytestmark = pytest.mark.e2e
 SECRET = "sk-reuse-" + os.urandom(8).hex()
 NAMES = ["api.test", "other.test"]
 CN_ONLY = "cn-only.test"
+LINGER = "linger.test"
 
 
 def _app(received: Received) -> tuple[int, list[tuple[str, str]], bytes] | None:
@@ -37,6 +40,8 @@ def _app(received: Received) -> tuple[int, list[tuple[str, str]], bytes] | None:
         return 200, [("Connection", "close")], b"closing"
     if received.target.startswith("/v1/refused"):
         return 401, [], b"no"
+    if received.target.startswith("/v1/moved"):
+        return 307, [("Location", "/v1/elsewhere")], b""
     if received.target.startswith("/v1/missing"):
         return 404, [], b"no such thing"
     if received.target.startswith("/v1/slow"):
@@ -91,25 +96,28 @@ def _cn_only_context(ca: trustme.CA, tmp: Path) -> ssl.SSLContext:
 
 
 @pytest.fixture(scope="module")
-def servers(
-    ca: trustme.CA, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[Upstream, Upstream, Upstream]]:
+def servers(ca: trustme.CA, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, ...]]:
     with (
         Upstream(ca, NAMES, app=_app) as main,
         Upstream(ca, ["hasty.test"]) as hasty,
         Upstream(ca, [CN_ONLY]) as cn_only,
+        # Answers `Connection: close`, then neither closes nor answers a close_notify for 5 s.
+        RawUpstream(
+            ca, [LINGER], {"/v1/x": lambda _: ok(b"bye", b"Connection: close")}, linger=5
+        ) as lingering,
     ):
         hasty.server.RequestHandlerClass = _Hasty
         cn_only.server.context = _cn_only_context(ca, tmp_path_factory.mktemp("cn"))
-        yield main, hasty, cn_only
+        yield main, hasty, cn_only, lingering
 
 
-def _start(home: Path, ca: trustme.CA, servers: tuple[Upstream, ...], *extra: str) -> Proxy:
-    main, hasty, cn_only = servers
+def _start(home: Path, ca: trustme.CA, servers: tuple[Any, ...], *extra: str) -> Proxy:
+    main, hasty, cn_only, lingering = servers
     home.mkdir(exist_ok=True)
     resolve = [f"{n}=127.0.0.1:{main.port}" for n in NAMES]
     resolve.append(f"hasty.test=127.0.0.1:{hasty.port}")
     resolve.append(f"{CN_ONLY}=127.0.0.1:{cn_only.port}")
+    resolve.append(f"{LINGER}=127.0.0.1:{lingering.port}")
     return start_proxy(home, ca, resolve, extra=list(extra))
 
 
@@ -121,7 +129,7 @@ def proxy(tmp_path_factory: pytest.TempPathFactory, ca: trustme.CA, servers) -> 
 
 
 @pytest.fixture
-def upstream(servers: tuple[Upstream, Upstream]) -> Upstream:
+def upstream(servers: tuple[Any, ...]) -> Upstream:
     time.sleep(0.05)
     servers[0].log.clear()
     return servers[0]
@@ -250,9 +258,7 @@ def test_a_body_refused_by_the_upstream_is_not_kept(proxy: Proxy, upstream: Upst
     assert upstream.log.connections <= 1  # the second reuses the first (or one parked before)
 
 
-def test_a_name_in_the_subject_cn_only_is_refused(
-    proxy: Proxy, servers: tuple[Upstream, ...]
-) -> None:
+def test_a_name_in_the_subject_cn_only_is_refused(proxy: Proxy, servers: tuple[Any, ...]) -> None:
     who = _principal(proxy, [CN_ONLY])
     reply = _one_shot(proxy, who, f"https://{CN_ONLY}/v1/x")
     assert reply.status_code == 502
@@ -276,7 +282,7 @@ def test_odd_alpn_offers_get_an_answer(proxy: Proxy, upstream: Upstream) -> None
 
 
 def test_a_connection_closed_while_parked_is_not_used(
-    proxy: Proxy, servers: tuple[Upstream, ...]
+    proxy: Proxy, servers: tuple[Any, ...]
 ) -> None:
     """The upstream closed the parked connection (its keep-alive timeout): the next client
     gets a new one and its answer, not an error."""
@@ -347,3 +353,28 @@ def test_memory_stays_flat_over_many_one_shot_clients(proxy: Proxy, upstream: Up
         grown = rss(proxy.process.pid) - before
     assert upstream.log.connections <= 30  # reused: 3 principals, 10 at a time
     assert grown < 16 * MIB, f"grew {grown / MIB:.1f} MiB over 1,200 one-shot clients"
+
+
+def test_a_redirect_after_a_body_is_not_kept(proxy: Proxy, upstream: Upstream) -> None:
+    """Redirects are answered without reading the body as often as errors are."""
+    who = _principal(proxy)
+    proxy.store.add_grant(who[0], ["POST"], credential=f"cred-{who[0].split('-')[1]}", paths=["/"])
+    proxy.wait_reload()
+    context = ssl.create_default_context(cafile=str(proxy.ca_file))
+    for _ in range(2):
+        with httpx.Client(proxy=proxy.url(*who), verify=context, timeout=10) as client:
+            assert client.post("https://api.test/v1/moved", content=b"x" * 100).status_code == 307
+        _settle()
+    assert upstream.log.connections == 2
+
+
+def test_closed_connections_are_let_go_at_once(proxy: Proxy) -> None:
+    """Closed with the answer (`Connection: close`), to an upstream that does not answer the
+    close: the socket goes at once, not after asyncio's 30 s wait for a close_notify."""
+    who = _principal(proxy, [LINGER])
+    fds = Path(f"/proc/{proxy.process.pid}/fd")
+    before = len(list(fds.iterdir()))
+    for _ in range(20):
+        assert _one_shot(proxy, who, f"https://{LINGER}/v1/x").status_code == 200
+    time.sleep(0.5)
+    assert len(list(fds.iterdir())) - before < 5
