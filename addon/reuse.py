@@ -9,10 +9,12 @@ while it is idle (the last response read whole, nothing buffered, kept alive, no
 a deadline), it is parked for the next client connection with the same key: principal, host
 name (SNI and certificate), vetted address and ALPN offer. Never across principals.
 
-A parked connection carries nothing of a request (credentials are stamped per request) and
-is closed after `idle` seconds, when the upstream closes it or sends anything, and beyond
-PER_KEY per key or TOTAL in all. HTTP/2 clients keep mitmproxy's own upstream connections.
-`install()` patches mitmproxy's HttpLayer.get_connection and ConnectionHandler.open_connection
+A parked connection carries nothing of a request (credentials are stamped per request). It
+is closed after `idle` seconds, never handed out once the upstream closed it or sent anything
+(it is closed then), and not parked beyond PER_KEY per key or TOTAL in all, nor after an
+answer that began before its request was sent whole or a non-2xx answer to a request with a
+body (the upstream may have left that body unread). HTTP/2 clients keep mitmproxy's own
+upstream connections. `install()` patches mitmproxy's HttpLayer.get_connection and ConnectionHandler.open_connection
 once, and raises at start-up if either changed shape.
 """
 

@@ -157,6 +157,19 @@ def _one_shot(proxy: Proxy, who: tuple[str, str], url: str) -> httpx.Response:
         return reply
 
 
+def _posts_twice(proxy: Proxy, path: str, status: int) -> tuple[str, str]:
+    """A principal allowed to POST, and two one-shot POSTs with a body to `path`."""
+    who = _principal(proxy)
+    proxy.store.add_grant(who[0], ["POST"], credential=f"cred-{who[0].split('-')[1]}", paths=["/"])
+    proxy.wait_reload()
+    context = ssl.create_default_context(cafile=str(proxy.ca_file))
+    for _ in range(2):
+        with httpx.Client(proxy=proxy.url(*who), verify=context, timeout=10) as client:
+            assert client.post(f"https://api.test{path}", content=b"x" * 100).status_code == status
+        _settle()
+    return who
+
+
 def _settle() -> None:
     time.sleep(0.1)  # the proxy parks a connection once it has seen its client go
 
@@ -242,14 +255,7 @@ def test_a_connection_left_before_its_answer_is_not_kept(proxy: Proxy, upstream:
 def test_a_body_refused_by_the_upstream_is_not_kept(proxy: Proxy, upstream: Upstream) -> None:
     """An error answer to a request with a body: the upstream may have left the body unread
     and would read it as the next request, another client's. Bodiless errors are kept."""
-    who = _principal(proxy)
-    proxy.store.add_grant(who[0], ["POST"], credential=f"cred-{who[0].split('-')[1]}", paths=["/"])
-    proxy.wait_reload()
-    context = ssl.create_default_context(cafile=str(proxy.ca_file))
-    for _ in range(2):
-        with httpx.Client(proxy=proxy.url(*who), verify=context, timeout=10) as client:
-            assert client.post("https://api.test/v1/refused", content=b"x" * 100).status_code == 401
-        _settle()
+    who = _posts_twice(proxy, "/v1/refused", 401)
     assert upstream.log.connections == 2
     upstream.log.clear()
     for _ in range(2):
@@ -357,14 +363,7 @@ def test_memory_stays_flat_over_many_one_shot_clients(proxy: Proxy, upstream: Up
 
 def test_a_redirect_after_a_body_is_not_kept(proxy: Proxy, upstream: Upstream) -> None:
     """Redirects are answered without reading the body as often as errors are."""
-    who = _principal(proxy)
-    proxy.store.add_grant(who[0], ["POST"], credential=f"cred-{who[0].split('-')[1]}", paths=["/"])
-    proxy.wait_reload()
-    context = ssl.create_default_context(cafile=str(proxy.ca_file))
-    for _ in range(2):
-        with httpx.Client(proxy=proxy.url(*who), verify=context, timeout=10) as client:
-            assert client.post("https://api.test/v1/moved", content=b"x" * 100).status_code == 307
-        _settle()
+    _posts_twice(proxy, "/v1/moved", 307)
     assert upstream.log.connections == 2
 
 
