@@ -14,8 +14,8 @@ is closed after `idle` seconds, never handed out once the upstream closed it or 
 (it is closed then), and not parked beyond PER_KEY per key or TOTAL in all, nor after an
 answer that began before its request was sent whole or a non-2xx answer to a request with a
 body (the upstream may have left that body unread). HTTP/2 clients keep mitmproxy's own
-upstream connections. `install()` patches mitmproxy's HttpLayer.get_connection and ConnectionHandler.open_connection
-once, and raises at start-up if either changed shape.
+upstream connections. `install()` patches mitmproxy's HttpLayer.get_connection and
+ConnectionHandler.open_connection once, and raises at start-up if either changed shape.
 """
 
 from __future__ import annotations
