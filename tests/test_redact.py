@@ -312,6 +312,8 @@ def _unsieved_partial(redactor: Redactor, data: bytes) -> int:
 def near_misses(draw: st.DrawFn, secret: bytes) -> bytes:
     """Bytes full of escape starts, hex digits, pieces of the secret's forms and escapings."""
     pieces = [b"%", b"\\", b"\\u00", b"+", b"/", b"\\/", b"0", b"a", b"F", b"=", b" "]
+    # Escape leads (the finder's two-byte patterns) next to texts and escapes.
+    pieces += [b"%2", b"%3", b"%4", b"%5", b"%6", b"%7", b"\\u", b"\\\\", b"&", b"&#", b"&#x"]
     pieces += [f[: draw(st.integers(1, len(f)))] for f in _forms(secret)]
     pieces += [draw(escaped(f))[: draw(st.integers(1, 12))] for f in _forms(secret)]
     parts = draw(st.lists(st.sampled_from(pieces) | st.binary(max_size=6), max_size=40))
@@ -332,6 +334,12 @@ def test_the_sieve_never_hides_a_form_the_full_pattern_finds(data, secret):
     assert redactor.whole(body) == expected
     assert redactor.count == count
     assert redactor.partial(body) == _unsieved_partial(redactor, body)
+    # Both sieves, the finder's and the regex pass for text dense with escape starts.
+    c = redactor._c
+    assert c is not None
+    found = c.pattern.search(body) is not None
+    assert c.suspect(body, dense=False)[0] is found
+    assert c.suspect(body, dense=True)[0] is found
 
 
 def _unsieved_stream(secret: bytes, pieces: list[bytes]) -> tuple[bytes, int]:
@@ -386,3 +394,29 @@ def test_a_form_far_past_a_lone_near_miss_is_redacted(before: bytes):
     expected = before + filler + MARK + filler + before
     assert Redactor([SECRET]).whole(body) == expected
     assert run(Redactor([SECRET]), [body[:7000], body[7000:]]) == expected
+
+
+def test_a_text_right_after_an_escape_lead_is_found():
+    # `%4` leads escapes of the forms' bytes 0x40-0x4f; `%4z` is none. The finder reports no
+    # overlaps, so it reports the lead and not the text that begins one byte on.
+    secret = b"4zzzzzzzzzzz"
+    assert any(0x40 <= b <= 0x4F for b in base64.b64encode(secret))
+    body = b"%" + secret + b"."
+    assert Redactor([secret]).whole(body) == b"%" + MARK + b"."
+    assert run(Redactor([secret]), [body[:5], body[5:]]) == b"%" + MARK + b"."
+
+
+@pytest.mark.parametrize("piece", [4096, 65536])
+def test_echoes_in_text_dense_with_escape_starts_are_redacted(piece: int):
+    # `%20` everywhere: `%2` leads the escapes of `-` and `/`, so pieces take the regex pass;
+    # every REPROBE-th piece tries the finder again. Echoes in dense and in plain stretches.
+    secret = b"sk-live/abc+def=123"
+    dense = b"a%20b " * 20_000
+    plain = b"." * 200_000
+    body = dense[:50_000] + secret + dense[50_000:] + plain + quote(secret, safe="").encode()
+    body += plain + dense
+    expected = dense[:50_000] + MARK + dense[50_000:] + plain + MARK + plain + dense
+    redactor = Redactor([secret])
+    out = run(redactor, [body[i : i + piece] for i in range(0, len(body), piece)])
+    assert out == expected
+    assert redactor.count == 2
