@@ -284,21 +284,32 @@ class _Compiled:
         return search(data, lo, hi) is not None, dense
 
     def _checked(self, data: bytes, found: list[tuple[int, int, int]]) -> list[int]:
-        """The finder's hits that are a text, or the lead of an escape of a form's byte.
+        """The finder's hits that are a text, or the lead of an escape of a form's byte inside
+        a run of the forms' alphabet at least as long as the shortest form.
 
         The finder reports no overlaps: a text or escape beginning inside a reported lead
         (one byte on; a lead is at most two bytes) is not reported, so that byte is checked
-        too. (An escape can begin there only after the lead `\\\\`, itself an escape.)
+        too. (An escape can begin there only after the lead `\\\\`, itself an escape.) A form
+        is written in the alphabet only and is at least `shortest` long, and a lead's first
+        byte is in the alphabet too: a form holding the lead or the byte after it lies in a
+        run that long. In binary data runs are a few bytes, so most hits end there.
         """
         texts, match, literals = len(self.literals), self.escape.match, self.literals
-        return [
-            at
-            for index, at, _ in found
-            if index < texts
-            or match(data, at)
-            or match(data, at + 1)
-            or data.startswith(literals, at + 1)
-        ]
+        alphabet, shortest = self.alphabet, self.shortest
+        hits = []
+        for index, at, _ in found:
+            if index < texts:
+                hits.append(at)
+                continue
+            before = data[max(0, at - shortest) : at]
+            after = data[at : at + shortest + 1]
+            run = len(before) - len(before.rstrip(alphabet))
+            run += len(after) - len(after.lstrip(alphabet))
+            if run < shortest:
+                continue
+            if match(data, at) or match(data, at + 1) or data.startswith(literals, at + 1):
+                hits.append(at)
+        return hits
 
     def _scanned(self, data: bytes) -> list[int]:
         """Every text and escape of a form's byte in `data`, by `bytes.find` and a regex."""

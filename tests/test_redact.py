@@ -420,3 +420,16 @@ def test_echoes_in_text_dense_with_escape_starts_are_redacted(piece: int):
     out = run(redactor, [body[i : i + piece] for i in range(0, len(body), piece)])
     assert out == expected
     assert redactor.count == 2
+
+
+@pytest.mark.parametrize("at", [0, 5, 11])
+def test_a_form_with_one_escape_alone_between_binary_bytes_is_redacted(at: int):
+    # The finder's hit is the escape; the form around it is the only run of the forms'
+    # alphabet there, two bytes longer than the secret.
+    secret = b"4zzzzzzzzzzz"
+    escape = b"%%%02X" % secret[at]
+    form = secret[:at] + escape + secret[at + 1 :]
+    body = b"\x00\xff" * 40 + form + b"\x00\xff" * 40
+    expected = b"\x00\xff" * 40 + MARK + b"\x00\xff" * 40
+    assert Redactor([secret]).whole(body) == expected
+    assert run(Redactor([secret]), [body[:70], body[70:]]) == expected
