@@ -3,7 +3,7 @@
 Each form of a secret (as sent, and its base64 forms) is matched however it is escaped: every
 byte may appear literally, percent-encoded with either hex case (`+` for a space), as a JSON
 escape (`\\u00hh`, `\\/`, `\\"` ...) or as an HTML/XML character reference (`&#39;`,
-`&#x27;`, `&amp;` ...), each byte independently.
+`&#x27;`, `&amp;`, `&plus;` ...), each byte independently.
 
 A body is first sieved: an encoded form holds either a form's text whole or at least one
 escape of one of its bytes. One multi-literal search (ahocorasick_rs: the Rust aho-corasick
@@ -21,6 +21,7 @@ import functools
 import re
 import zlib
 from collections.abc import Callable, Sequence
+from html.entities import html5
 
 import ahocorasick_rs
 
@@ -32,14 +33,20 @@ FOLD = bytes.maketrans(b"\\&", b"%%")
 MAX_PASSES = 8
 _JSON_SHORT = {0x22: b'\\"', 0x5C: b"\\\\", 0x2F: b"\\/", 8: b"\\b", 12: b"\\f", 10: b"\\n"}
 _JSON_SHORT |= {13: b"\\r", 9: b"\\t"}
-# Named character references (HTML's upper-case spellings of these four are valid too).
-_NAMED = {
-    0x26: (b"&amp;", b"&AMP;"),
-    0x3C: (b"&lt;", b"&LT;"),
-    0x3E: (b"&gt;", b"&GT;"),
-    0x22: (b"&quot;", b"&QUOT;"),
-    0x27: (b"&apos;",),
-}
+
+
+def _named() -> dict[int, tuple[bytes, ...]]:
+    """HTML5's named character references of ASCII bytes, from the standard library's table:
+    `&amp;` and `&AMP;`, and those an HTML5 serializer may write for base64's `+`, `/` and `=`
+    (`&plus;`, `&sol;`, `&equals;`), `&lowbar;`, `&DiacriticalGrave;` ..."""
+    named: dict[int, list[bytes]] = {}
+    for name, char in sorted(html5.items()):
+        if name.endswith(";") and len(char) == 1 and ord(char) < 0x80:
+            named.setdefault(ord(char), []).append(b"&" + name.encode("ascii"))
+    return {byte: tuple(names) for byte, names in named.items()}
+
+
+_NAMED = _named()
 
 
 class Unredactable(ValueError):
@@ -226,6 +233,7 @@ class _Compiled:
         "finder",
         "escape",
         "reach",
+        "anywhere",
     )
 
     def __init__(
@@ -252,6 +260,8 @@ class _Compiled:
         self.escape = re.compile(_exactly(escapes))
         # A hit the finder skipped begins inside one it reported (a text, or an escape's lead).
         self.reach = longest + max(_ESCAPE_MAX, *map(len, self.literals))
+        # Where a form begins, overlapping ones too: a zero-width match holding the form.
+        self.anywhere = re.compile(b"(?=(" + pattern.pattern + b"))")
 
     def suspect(self, data: bytes, dense: bool = False) -> tuple[bool, bool]:
         """May `data` hold an encoded form (False only when the pattern cannot match), and
@@ -407,11 +417,40 @@ class Redactor:
             rest, self._tail = self._tail, b""
             self.flushed = self._sub(rest)
             return self.flushed
-        data = self._sub(self._tail + chunk)
-        # After _sub no form is left whole, so holding back the unfinished tail is enough.
-        hold = self.partial(data)
-        emit, self._tail = data[: len(data) - hold], data[len(data) - hold :]
+        raw = self._tail + chunk
+        count = self.count
+        data = self._sub(raw)
+        if self.count == count:
+            # Nothing replaced: no form is whole, so holding back the unfinished tail is enough.
+            hold = self.partial(data)
+            emit, self._tail = data[: len(data) - hold], data[len(data) - hold :]
+            return emit
+        # A form was replaced. A longer one may hold it and be unfinished at the end (two
+        # secrets, one inside the other), which the replacement hides: cut the raw text where
+        # it could begin a form, never inside one, and keep the rest raw for the next chunk.
+        # What is left of the text before the cut may begin a form with what follows it (a
+        # secret whose forms overlap themselves, `aaaa`): held back too, as above.
+        self.count = count
+        cut = self._cut(raw)
+        head = self._sub(raw[:cut])
+        hold = self.partial(head)
+        emit, self._tail = head[: len(head) - hold], head[len(head) - hold :] + raw[cut:]
         return emit
+
+    def _cut(self, raw: bytes) -> int:
+        """Where to cut `raw`: before any suffix that could begin a form, and before the first
+        form that would straddle that point (one step: what is held stays under three times
+        the longest form)."""
+        c = self._c
+        assert c is not None
+        cut = len(raw) - self.partial(raw)
+        for m in c.anywhere.finditer(raw, max(0, cut - c.longest)):
+            start, end = m.span(1)
+            if start >= cut:
+                break
+            if end > cut:
+                return start
+        return cut
 
     def whole(self, body: bytes) -> bytes:
         """Redact a complete body (nothing held back: there is no next chunk)."""

@@ -127,6 +127,10 @@ def escaped(draw: st.DrawFn, form: bytes) -> bytes:
 
 NAMED = {b"&": [b"&amp;", b"&AMP;"], b"<": [b"&lt;", b"&LT;"], b">": [b"&gt;", b"&GT;"]}
 NAMED |= {b'"': [b"&quot;", b"&QUOT;"], b"'": [b"&apos;"]}
+# HTML5's names, as an HTML5 serializer (PHP's htmlentities with ENT_HTML5) writes them.
+NAMED |= {b"+": [b"&plus;"], b"/": [b"&sol;"], b"=": [b"&equals;"], b"_": [b"&lowbar;"]}
+NAMED |= {b"`": [b"&DiacriticalGrave;", b"&grave;"], b"|": [b"&VerticalLine;", b"&vert;"]}
+NAMED |= {b"\n": [b"&NewLine;"], b"\\": [b"&bsol;"], b":": [b"&colon;"]}
 
 
 @st.composite
@@ -342,11 +346,31 @@ def test_the_sieve_never_hides_a_form_the_full_pattern_finds(data, secret):
     assert c.suspect(body, dense=True)[0] is found
 
 
+def _unsieved_cut(redactor: Redactor, raw: bytes) -> int:
+    """Where a stream is cut after a replacement, by every form's start (no sieve)."""
+    c = redactor._c
+    assert c is not None
+    cut = len(raw) - _unsieved_partial(redactor, raw)
+    for start in range(max(0, cut - c.longest), cut):
+        m = c.pattern.match(raw, start)
+        if m is not None and m.start() == start and m.end() > cut:
+            return start
+    return cut
+
+
 def _unsieved_stream(secret: bytes, pieces: list[bytes]) -> tuple[bytes, int]:
     """Streamed redaction as it was before the sieve."""
     redactor, tail, out, count = Redactor([secret]), b"", [], 0
     for piece in pieces:
-        data, n = _unsieved(secret, tail + piece)
+        raw = tail + piece
+        data, n = _unsieved(secret, raw)
+        if n:
+            cut = _unsieved_cut(redactor, raw)
+            data, n = _unsieved(secret, raw[:cut])
+            hold = _unsieved_partial(redactor, data)
+            out.append(data[: len(data) - hold])
+            tail, count = data[len(data) - hold :] + raw[cut:], count + n
+            continue
         hold = _unsieved_partial(redactor, data)
         out.append(data[: len(data) - hold])
         tail, count = data[len(data) - hold :], count + n
@@ -433,3 +457,40 @@ def test_a_form_with_one_escape_alone_between_binary_bytes_is_redacted(at: int):
     expected = b"\x00\xff" * 40 + MARK + b"\x00\xff" * 40
     assert Redactor([secret]).whole(body) == expected
     assert run(Redactor([secret]), [body[:70], body[70:]]) == expected
+
+
+def test_a_form_inside_a_longer_unfinished_one_does_not_expose_the_longer_one():
+    # The shorter secret is whole at the chunk's end and replaced; the longer one that holds
+    # it is unfinished there. Its bytes must not go out on either side of the mark.
+    longer, shorter = b"abcd1234efgh", b"1234"
+    expected = Redactor([longer, shorter]).whole(b"x" + longer + b"y")
+    assert expected == b"x" + MARK + b"y"
+    for cut in range(1, len(longer)):
+        chunks = [b"x" + longer[:cut], longer[cut:] + b"y"]
+        assert run(Redactor([longer, shorter]), chunks) == expected
+
+
+def test_a_secret_whose_base64_begins_with_it_is_redacted_whole_when_streamed():
+    secret = b"Vm0wd2QyUXlV"
+    form = base64.b64encode(secret)
+    assert form.startswith(secret)
+    assert run(Redactor([secret]), [form[:12], form[12:]]) == MARK
+
+
+def test_a_periodic_secret_in_a_long_stream_holds_little_back():
+    # Forms overlap everywhere: the cut moves back one form at most, never to the start.
+    redactor = Redactor([b"aaaa"])
+    out = []
+    for _ in range(50):
+        out.append(redactor.feed(b"a" * 1000))
+        assert len(redactor._tail) <= 3 * redactor._c.longest  # type: ignore[union-attr]
+    out.append(redactor.feed(b""))
+    assert b"aaaa" not in b"".join(out)
+
+
+def test_html5_named_references_of_base64_bytes_are_redacted():
+    # `+/+/+0FC` as PHP's htmlentities(..., ENT_HTML5) writes it.
+    secret = base64.b64decode(b"+/+/+0FC")
+    body = b"<p>&plus;&sol;&plus;&sol;&plus;0FC</p>"
+    assert Redactor([secret]).whole(body) == b"<p>" + MARK + b"</p>"
+    assert run(Redactor([secret]), [body[:9], body[9:]]) == b"<p>" + MARK + b"</p>"
