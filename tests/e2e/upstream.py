@@ -128,6 +128,10 @@ class _Handler(BaseHTTPRequestHandler):
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
+    # socketserver listens with a backlog of 5: a hundred parallel connects overflowed it,
+    # and a dropped SYN is retried after 1, 2, 4 ... s, past --connect-timeout on a slow
+    # machine (a 504 in CI). Tests that mean to overflow a backlog make their own server.
+    request_queue_size = 1024
     log: Log
     context: ssl.SSLContext
     app: App | None = None
