@@ -233,7 +233,6 @@ class _Compiled:
         "finder",
         "escape",
         "reach",
-        "anywhere",
     )
 
     def __init__(
@@ -260,8 +259,6 @@ class _Compiled:
         self.escape = re.compile(_exactly(escapes))
         # A hit the finder skipped begins inside one it reported (a text, or an escape's lead).
         self.reach = longest + max(_ESCAPE_MAX, *map(len, self.literals))
-        # Where a form begins, overlapping ones too: a zero-width match holding the form.
-        self.anywhere = re.compile(b"(?=(" + pattern.pattern + b"))")
 
     def suspect(self, data: bytes, dense: bool = False) -> tuple[bool, bool]:
         """May `data` hold an encoded form (False only when the pattern cannot match), and
@@ -444,12 +441,11 @@ class Redactor:
         c = self._c
         assert c is not None
         cut = len(raw) - self.partial(raw)
-        for m in c.anywhere.finditer(raw, max(0, cut - c.longest)):
-            start, end = m.span(1)
-            if start >= cut:
-                break
-            if end > cut:
-                return start
+        # Every place a form may begin, overlapping ones too (rare: only after a replacement).
+        for m in c.starts.finditer(raw, max(0, cut - c.longest), cut):
+            form = c.pattern.match(raw, m.start())
+            if form is not None and form.end() > cut:
+                return m.start()
         return cut
 
     def whole(self, body: bytes) -> bytes:

@@ -494,3 +494,15 @@ def test_html5_named_references_of_base64_bytes_are_redacted():
     body = b"<p>&plus;&sol;&plus;&sol;&plus;0FC</p>"
     assert Redactor([secret]).whole(body) == b"<p>" + MARK + b"</p>"
     assert run(Redactor([secret]), [body[:9], body[9:]]) == b"<p>" + MARK + b"</p>"
+
+
+def test_a_whole_form_straddling_where_a_stream_would_be_cut_is_held_whole():
+    # The chunk ends with `abcd12`, which begins the longer secret again, so the cut falls
+    # inside its first, whole echo, which holds the shorter secret: cut before that echo.
+    longer, shorter = b"abcd1234efab", b"1234"
+    body = longer + b"cd12" + b"34efgh"
+    expected = Redactor([longer, shorter]).whole(body)
+    assert longer not in expected and shorter not in expected
+    out = run(Redactor([longer, shorter]), [body[:16], body[16:]])
+    assert out == expected
+    assert b"abcd" not in out
