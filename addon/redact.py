@@ -218,6 +218,8 @@ _ESCAPE_MAX = max(len(e) for b in range(256) for e in encodings(b))
 # checking each hit in Python (about 0.25 us each against 1 ns a byte).
 _DENSE = 256
 REPROBE = 8
+# The sieve's unit: a longer piece is sieved in overlapping slices of this size.
+SLICE = 64 * 1024
 
 
 class _Compiled:
@@ -267,7 +269,16 @@ class _Compiled:
         Every match holds a sieve hit (a literal text or an escape) and is at most `longest`
         long, so it lies within `reach` of a reported hit: only those windows are searched.
         `dense` says that the stream's last piece was: the finder is then not run first.
+        A piece longer than SLICE (a decoded chunk may reach DECODE_LIMIT) is sieved a slice
+        at a time, each overlapping the next by `longest`, so that every match lies whole in
+        one: the lists of hits stay bounded by the slice, not by what the upstream sends.
         """
+        if len(data) > SLICE + self.longest:
+            for lo in range(0, len(data), SLICE):
+                suspect, dense = self.suspect(data[lo : lo + SLICE + self.longest], dense)
+                if suspect:
+                    return True, dense
+            return False, dense
         if not dense:
             found = self.finder.find_matches_as_indexes(data)
             if not found:

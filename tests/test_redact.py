@@ -9,7 +9,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from addon.redact import MARK, Redactor, Unredactable, _begins
+from addon.redact import MARK, SLICE, Redactor, Unredactable, _begins
 from tests.fakes import LONG_SECRET
 
 SECRET = b"sk-live/abc+def=123"
@@ -506,3 +506,32 @@ def test_a_whole_form_straddling_where_a_stream_would_be_cut_is_held_whole():
     out = run(Redactor([longer, shorter]), [body[:16], body[16:]])
     assert out == expected
     assert b"abcd" not in out
+
+
+@pytest.mark.parametrize("shift", [-40, -3, 0, 5])
+def test_a_form_across_a_slice_boundary_of_a_large_piece_is_redacted(shift: int):
+    # A decoded chunk may be megabytes: it is sieved in overlapping slices.
+    secret = b"4zzzzzzzzzzz"
+    form = b"%34" + secret[1:6] + b"\\u007a" + secret[7:]
+    at = 3 * SLICE + shift
+    body = b"\x00" * at + form + b"\x00" * (2 * SLICE)
+    redactor = Redactor([secret])
+    assert redactor.whole(body) == b"\x00" * at + MARK + b"\x00" * (2 * SLICE)
+
+
+def test_a_large_piece_dense_with_escape_leads_is_sieved_in_bounded_memory():
+    # 8 MiB of escape leads (a decoded chunk may be that long): the finder's hits are listed a
+    # slice at a time, not all at once (512 MiB at once, before).
+    import tracemalloc
+
+    secret = b"sk-live/abc+def=123"
+    body = b"%2" * (4 * 1024 * 1024)
+    redactor = Redactor([secret])
+    tracemalloc.start()
+    try:
+        out = redactor.feed(body)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert out + redactor.feed(b"") == body
+    assert peak < len(body) * 3 + 32 * 1024 * 1024
