@@ -1,59 +1,36 @@
-"""`exec --isolate`: CMD in new user and network namespaces whose only way out is the proxy.
+"""`exec --isolate`: CMD in a bubblewrap sandbox whose only way out is the proxy.
 
-Inside, the network has only loopback. The proxy address there is a loopback listener (this
-module run as `python -m addon.isolate`, CMD's parent) that passes each connection through a
-Unix socket to a forwarder in exec, outside; the forwarder puts the session's
-Proxy-Authorization on each proxy request, so CMD's environment holds no token.
-Where namespaces cannot be made, exec stops before anything runs: never un-isolated.
+bubblewrap gives CMD new user, network, process, IPC and UTS namespaces, no capabilities,
+`no_new_privs`, a session of its own and the file-system view of addon/sandbox.py. Inside,
+the network has only loopback; a helper (this module run as `python -m addon.isolate`)
+listens there on the proxy's port, hands the listening socket out to exec through an
+inherited socket pair, and becomes CMD. exec accepts on that socket from outside and puts
+the session's Proxy-Authorization on each proxy request, so CMD's environment holds no
+token, and only processes inside the sandbox can connect. Where the sandbox cannot be made,
+exec stops before anything runs: never un-isolated.
 """
 
 from __future__ import annotations
 
+import array
 import base64
-import fcntl
 import os
-import shutil
 import signal
 import socket
 import struct
-import subprocess
 import sys
-import tempfile
 import threading
 from collections.abc import Sequence
 from dataclasses import replace
-from pathlib import Path
 from urllib.parse import urlsplit
 
-from addon import launchenv
-from store.errors import CredproxyError
+from addon import launchenv, sandbox
 
 MAX_HEAD = 64 * 1024  # a proxy request's head, as read by the forwarder
 MAX_CONNECTIONS = 256  # open through the forwarder at once; more are answered 503
 HEAD_TIMEOUT = 30.0  # seconds for a proxy request's head to arrive
-SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
-
-
-class IsolationUnavailable(CredproxyError):
-    pass
-
-
-def _unshare() -> list[str]:
-    tool = shutil.which("unshare")
-    if tool is None:
-        raise IsolationUnavailable("--isolate needs unshare (util-linux), which is not installed")
-    # A user namespace also when root: CMD's capabilities then stop at its own namespaces.
-    return [tool, "--user", "--map-root-user", "--net", "--"]
-
-
-def check() -> None:
-    """Raise IsolationUnavailable unless user and network namespaces can be made here."""
-    done = subprocess.run(  # noqa: S603 - a fixed argument list, no shell
-        [*_unshare(), "true"], capture_output=True, text=True, timeout=30
-    )
-    if done.returncode != 0:
-        why = (done.stderr.strip().splitlines() or ["unknown reason"])[-1]
-        raise IsolationUnavailable(f"--isolate cannot create namespaces here: {why}")
+HANDOVER_TIMEOUT = 30.0  # seconds for the helper to hand its listening socket out
+_CRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 
 # -- outside: the forwarder in exec ----------------------------------------------------
@@ -142,16 +119,7 @@ def _answer(client: socket.socket, status: bytes) -> None:
         pass
 
 
-def _peer_pid(client: socket.socket) -> int:
-    pid, _uid, _gid = struct.unpack(
-        "3i", client.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
-    )
-    return int(pid)
-
-
-def _serve(
-    listener: socket.socket, proxy: tuple[str, int], authorization: str, helper: list[int]
-) -> None:
+def _serve(listener: socket.socket, proxy: tuple[str, int], authorization: str) -> None:
     slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
 
     def forward(client: socket.socket) -> None:
@@ -165,15 +133,6 @@ def _serve(
             client, _ = listener.accept()
         except OSError:
             return
-        try:
-            ours = bool(helper) and _peer_pid(client) == helper[0]
-        except OSError:  # no credentials to read: not known to be the helper
-            ours = False
-        if not ours:
-            # Another process of this user (another sandbox): the session's credentials are
-            # this command's alone.
-            client.close()
-            continue
         if not slots.acquire(blocking=False):
             with client:
                 _answer(client, b"503 Service Unavailable")
@@ -181,13 +140,39 @@ def _serve(
         threading.Thread(target=forward, args=(client,), daemon=True).start()
 
 
+def _handover(control: socket.socket) -> tuple[socket.socket, int] | None:
+    """The helper's listening socket and its pid as seen from here; None if it ended first."""
+    control.settimeout(HANDOVER_TIMEOUT)
+    try:
+        _, ancillary, _, _ = control.recvmsg(
+            1, socket.CMSG_SPACE(4) + socket.CMSG_SPACE(_CRED.size)
+        )
+    except OSError:
+        return None
+    fds: list[int] = []
+    pid = None
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds += array.array("i", data[: len(data) - len(data) % 4])
+        elif level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
+            pid = _CRED.unpack(data[: _CRED.size])[0]
+    if len(fds) != 1 or pid is None:
+        for fd in fds:
+            os.close(fd)
+        return None
+    return socket.socket(fileno=fds[0]), pid
+
+
 def run(
     command: Sequence[str],
     base: dict[str, str],
     session: launchenv.Session,
     mask: set[int | signal.Signals],
+    view: sandbox.View,
+    prefix: Sequence[str] = (),
 ) -> int:
-    """Run CMD isolated; its exit status (128+N for a signal N)."""
+    """Run CMD isolated (the sandbox started through `prefix`, which may switch the user);
+    its exit status (128+N for a signal N)."""
     from addon.launch import spawn, wait_forwarding
 
     url = urlsplit(session.proxy_url)
@@ -197,71 +182,70 @@ def run(
         proxy_url=f"http://127.0.0.1:{session.proxy_port}",
         proxy_host="127.0.0.1",
     )
-    with tempfile.TemporaryDirectory(prefix="credproxy-isolate-") as tmp:
-        path = str(Path(tmp) / "proxy.sock")
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        with listener:
-            listener.bind(path)
-            listener.listen(64)
-            helper: list[int] = []  # the one process whose connections are forwarded
-            threading.Thread(
-                target=_serve,
-                args=(listener, (session.proxy_host, session.proxy_port), authorization, helper),
-                daemon=True,
-            ).start()
-            inner = [sys.executable, "-m", "addon.isolate", path, str(session.proxy_port), "--"]
-            pid = spawn([*_unshare(), *inner, *command], launchenv.contained(base, inside), mask)
-            helper.append(pid)  # unshare execs the helper: it keeps this pid
-            return wait_forwarding(pid)
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    with ours:
+        ours.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+        with theirs:
+            os.set_inheritable(theirs.fileno(), True)
+            helper = [sys.executable, "-m", "addon.isolate", str(theirs.fileno())]
+            pid = spawn(
+                [
+                    *prefix,
+                    sandbox.bwrap(),
+                    *sandbox.arguments(view),
+                    *sandbox.UNSHARE,
+                    *helper,
+                    str(session.proxy_port),
+                    "--",
+                    *command,
+                ],
+                launchenv.contained(base, inside),
+                mask,
+            )
+        handed = _handover(ours)
+    if handed is None:  # the sandbox or its helper ended first (bwrap said why) or hung
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        print("credproxy: error: --isolate: the sandbox did not start", file=sys.stderr)
+        return 126
+    listener, command_pid = handed
+    with listener:
+        threading.Thread(
+            target=_serve,
+            args=(listener, (session.proxy_host, session.proxy_port), authorization),
+            daemon=True,
+        ).start()
+        # CMD has a session of its own: a terminal's ^C reaches exec alone, so it is passed on.
+        return wait_forwarding(pid, target=command_pid, every_signal=True)
 
 
-# -- inside: CMD's parent, in the new namespaces ---------------------------------------
-
-
-def _loopback_up() -> None:
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        request = struct.pack("16sH22x", b"lo", 0)
-        flags = struct.unpack("16sH22x", fcntl.ioctl(s, SIOCGIFFLAGS, request))[1]
-        fcntl.ioctl(s, SIOCSIFFLAGS, struct.pack("16sH22x", b"lo", flags | IFF_UP))
-
-
-def _bridge(client: socket.socket, path: str) -> None:
-    with client:
-        out = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            out.connect(path)
-        except OSError:
-            return
-        with out:
-            back = threading.Thread(target=_pump, args=(out, client), daemon=True)
-            back.start()
-            _pump(client, out)
-            back.join()
-
-
-def _accept(listener: socket.socket, path: str) -> None:
-    while True:
-        try:
-            client, _ = listener.accept()
-        except OSError:
-            return
-        threading.Thread(target=_bridge, args=(client, path), daemon=True).start()
+# -- inside: the helper, in the sandbox ------------------------------------------------
 
 
 def main(argv: Sequence[str]) -> int:
-    from addon.launch import WATCHED, CommandFailed, spawn, wait_forwarding
-
-    path, port, _, *command = argv
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, WATCHED)
-    _loopback_up()
-    listener = socket.create_server(("127.0.0.1", int(port)), backlog=64)
-    threading.Thread(target=_accept, args=(listener, path), daemon=True).start()
+    """Listen on the proxy's port, hand the socket out, become CMD."""
+    fd, port, _, *command = argv
+    with socket.socket(fileno=int(fd)) as control:
+        listener = socket.create_server(("127.0.0.1", int(port)), backlog=64)
+        credentials = _CRED.pack(os.getpid(), os.getuid(), os.getgid())
+        control.sendmsg(
+            [b"x"],
+            [
+                (socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [listener.fileno()])),
+                (socket.SOL_SOCKET, socket.SCM_CREDENTIALS, credentials),
+            ],
+        )
+    listener.close()
+    for number in (signal.SIGPIPE, signal.SIGXFSZ):  # as exec's own spawn resets them
+        signal.signal(number, signal.SIG_DFL)
     try:
-        pid = spawn(command, dict(os.environ), mask)
-    except CommandFailed as e:
-        print(f"credproxy: error: {e}", file=sys.stderr)
-        return e.status
-    return wait_forwarding(pid)
+        os.execvp(command[0], command)  # noqa: S606 - CMD as given, no shell
+    except FileNotFoundError:
+        print(f"credproxy: error: cannot run {command[0]!r}: command not found", file=sys.stderr)
+        return 127
+    except OSError as e:
+        print(f"credproxy: error: cannot run {command[0]!r}: {e.strerror}", file=sys.stderr)
+        return 126
 
 
 if __name__ == "__main__":

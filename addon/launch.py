@@ -16,12 +16,13 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from addon import envscrub, launchenv
+from addon import envscrub, launchenv, runas, sandbox
 from addon.argtypes import ttl
 from addon.truststore import java_truststore
 from store.ca import PUBLIC_CERT
@@ -56,7 +57,41 @@ def add_commands(sub: Any, common: argparse.ArgumentParser) -> None:
         help="keep this variable even if it looks like a secret (repeatable)",
     )
     p.add_argument(
-        "--isolate", action="store_true", help="no network but the proxy, and no token inside"
+        "--isolate",
+        action="store_true",
+        help="run CMD in a bubblewrap sandbox: no network but the proxy, no token, no "
+        "credproxy state, no other process in sight",
+    )
+    p.add_argument(
+        "--ro",
+        action="append",
+        default=[],
+        type=Path,
+        metavar="PATH",
+        help="--isolate: also show PATH read-only (under /tmp or /run, say; repeatable)",
+    )
+    p.add_argument(
+        "--rw",
+        action="append",
+        default=[],
+        type=Path,
+        metavar="PATH",
+        help="--isolate: make PATH writable too (repeatable)",
+    )
+    p.add_argument(
+        "--hide",
+        action="append",
+        default=[],
+        type=Path,
+        metavar="PATH",
+        help="--isolate: hide PATH as well (repeatable)",
+    )
+    p.add_argument("--user", metavar="NAME", help="run CMD as this user (exec as root)")
+    p.add_argument(
+        "--unsafe-state-access",
+        action="store_true",
+        help="without --isolate, run CMD even if its user can read the master key or the "
+        "CA's key, or change the store",
     )
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD [ARG...]")
     p.set_defaults(func=cmd_exec)
@@ -212,14 +247,36 @@ def cmd_exec(args: argparse.Namespace, settings: Settings) -> int:
 
 def _exec(args: argparse.Namespace, settings: Settings) -> int:
     command = _command(args.command)
+    own = sorted(n for n in args.keep_env if n.upper().startswith("CREDPROXY_"))
+    if own:
+        raise InvalidInput(f"--keep-env {own[0]}: credproxy's own settings never reach CMD")
+    if not args.isolate and (args.ro or args.rw or args.hide):
+        raise InvalidInput("--ro, --rw and --hide shape the sandbox of --isolate")
+    user = runas.named(args.user) if args.user else None
+    view = None
     if args.isolate:
-        from addon import isolate
-
-        isolate.check()
+        sandbox.check()
+        view = sandbox.view(
+            settings,
+            Path.cwd(),
+            read_write=args.rw,
+            read_only=args.ro,
+            hide=args.hide,
+            exposed=_helper_paths(),
+        )
+    elif not args.unsafe_state_access:
+        exposed = runas.exposed_state(settings, user or runas.current())
+        if exposed is not None:
+            raise InvalidInput(
+                f"the command would run as {(user or runas.current()).name}, who can {exposed}:"
+                " use --isolate, --user NAME (exec as root) or a container, or pass "
+                "--unsafe-state-access to run it anyway"
+            )
+    prefix = runas.switch(user) if user is not None else []
     # CMD runs as this user: it must read neither the token nor the scrubbed variables from
     # this process (/proc/PID/environ, its memory).
     undumpable()
-    with held_signals() as previous:
+    with held_signals() as previous, ExitStack() as stack:
         store = settings.store()
         with session(store, args, settings, command) as sess:
             base, removed = envscrub.scrub(os.environ, set(args.keep_env))
@@ -230,11 +287,39 @@ def _exec(args: argparse.Namespace, settings: Settings) -> int:
             pending = signal.sigpending() & set(FORWARDED)
             if pending:  # interrupted before CMD started: it never does
                 return 128 + int(min(pending))
-            if args.isolate:
+            if user is not None:
+                base.update(HOME=user.home, USER=user.name, LOGNAME=user.name)
+                sess = stack.enter_context(_readable_ca(sess))
+            if view is not None:
                 from addon import isolate
 
-                return isolate.run(command, base, sess, previous)
-            return supervise(command, launchenv.contained(base, sess), previous)
+                public = (sess.ca_file, *([sess.truststore] if sess.truststore else []))
+                view = sandbox.shown(view, public)
+                return isolate.run(command, base, sess, previous, view, prefix)
+            return supervise([*prefix, *command], launchenv.contained(base, sess), previous)
+
+
+def _helper_paths() -> list[Path]:
+    """What the sandbox's helper (`python -m addon.isolate`) needs to start."""
+    import addon
+
+    here = Path(addon.__file__).resolve().parent.parent
+    return [Path(sys.prefix), Path(sys.base_prefix), Path(sys.executable).resolve().parent, here]
+
+
+@contextmanager
+def _readable_ca(sess: launchenv.Session) -> Iterator[launchenv.Session]:
+    """The session with a copy of the CA (and its truststore) that any user can read."""
+    with tempfile.TemporaryDirectory(prefix="credproxy-ca-") as tmp:
+        folder = Path(tmp)
+        folder.chmod(0o755)
+        ca = folder / sess.ca_file.name
+        ca.write_bytes(sess.ca_file.read_bytes())
+        ca.chmod(0o644)
+        store = java_truststore(ca, [folder])
+        if store is not None:
+            store.chmod(0o644)
+        yield replace(sess, ca_file=ca, truststore=store)
 
 
 PR_SET_DUMPABLE = 4
@@ -302,7 +387,9 @@ def supervise(command: Sequence[str], env: dict[str, str], mask: set[int | signa
     return wait_forwarding(pid)
 
 
-def wait_forwarding(pid: int) -> int:
+def wait_forwarding(pid: int, target: int | None = None, every_signal: bool = False) -> int:
+    """Wait for `pid`, passing signals sent to exec on to `target` (else `pid`); a terminal's
+    too with `every_signal`."""
     while True:
         info = signal.sigwaitinfo(WATCHED)
         if info.si_signo == signal.SIGCHLD:
@@ -310,10 +397,10 @@ def wait_forwarding(pid: int) -> int:
             if done:
                 code = os.waitstatus_to_exitcode(status)
                 return code if code >= 0 else 128 - code
-        elif info.si_code != SI_KERNEL:
+        elif every_signal or info.si_code != SI_KERNEL:
             # A terminal's ^C reaches CMD itself (the same process group): only what was
             # sent to exec alone is passed on.
             try:
-                os.kill(pid, info.si_signo)
+                os.kill(pid if target is None else target, info.si_signo)
             except ProcessLookupError:
                 pass

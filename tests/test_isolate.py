@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import socket
 import threading
 
@@ -51,8 +50,9 @@ def test_anything_else_is_refused(head: bytes) -> None:
 
 
 @pytest.fixture
-def forwarder(tmp_path, monkeypatch):
-    """The forwarder on a Unix socket, in front of a TCP server that records what it gets."""
+def forwarder(monkeypatch):
+    """The forwarder accepting on a listener (the sandbox's, handed out), in front of a TCP
+    server that records what it gets."""
     from addon import isolate
 
     monkeypatch.setattr(isolate, "MAX_CONNECTIONS", 2)
@@ -76,22 +76,14 @@ def forwarder(tmp_path, monkeypatch):
                 conn.sendall(b"HTTP/1.1 200 Connection established\r\n\r\n")
 
     threading.Thread(target=serve, daemon=True).start()
-    path = str(tmp_path / "s")
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(path)
-    listener.listen(8)
-    helper = [os.getpid()]  # these tests connect as the helper would
+    listener = socket.create_server(("127.0.0.1", 0))
     threading.Thread(
-        target=isolate._serve, args=(listener, server.getsockname(), AUTH, helper), daemon=True
+        target=isolate._serve, args=(listener, server.getsockname(), AUTH), daemon=True
     ).start()
 
     def connect() -> socket.socket:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(10)
-        sock.connect(path)
-        return sock
+        return socket.create_connection(listener.getsockname(), timeout=10)
 
-    connect.helper = helper  # type: ignore[attr-defined]
     yield connect, received
     listener.close()
     server.close()
@@ -137,16 +129,29 @@ def test_connections_past_the_cap_are_refused(forwarder) -> None:
             sock.close()
 
 
-def test_only_the_sessions_own_helper_is_forwarded(forwarder) -> None:
-    """Another process of the same user (another sandbox that found the socket) gets nothing:
-    the session's credentials are its command's alone."""
-    connect, received = forwarder
-    connect.helper[0] = os.getpid() + 1_000_000  # not this process
-    with connect() as sock:
-        try:
-            sock.sendall(b"CONNECT api.test:443 HTTP/1.1\r\nHost: api.test:443\r\n\r\n")
-            answer = sock.recv(4096)
-        except OSError:  # closed before the head was even sent
-            answer = b""
-    assert answer == b""
-    assert received == []
+def test_the_helper_hands_out_its_listener_and_its_pid() -> None:
+    """What exec receives from the sandbox's helper: one listening socket, and the helper's
+    pid as the kernel translates it (the command's, once the helper has become it)."""
+    import subprocess
+    import sys
+
+    from addon import isolate
+
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    ours.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+    port = socket.create_server(("127.0.0.1", 0))
+    free = port.getsockname()[1]
+    port.close()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "addon.isolate", str(theirs.fileno()), str(free), "--", "true"],
+        pass_fds=[theirs.fileno()],
+    )
+    theirs.close()
+    handed = isolate._handover(ours)
+    assert handed is not None
+    listener, pid = handed
+    assert pid == process.pid
+    assert listener.getsockname() == ("127.0.0.1", free)
+    assert process.wait(timeout=30) == 0
+    listener.close()
+    ours.close()

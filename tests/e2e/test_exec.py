@@ -13,6 +13,7 @@ import signal
 import ssl
 import subprocess
 import sys
+import tempfile
 import termios
 import time
 from dataclasses import dataclass
@@ -77,6 +78,7 @@ def exec_(proxy: Proxy, agent: Agent, *command: str, **kw) -> subprocess.Complet
     return credproxy(
         proxy,
         "exec",
+        "--unsafe-state-access",
         "--principal",
         agent.name,
         "--proxy",
@@ -240,6 +242,7 @@ def test_secret_shaped_variables_stay_outside_and_placeholders_are_set(proxy: Pr
     done = credproxy(
         proxy,
         "exec",
+        "--unsafe-state-access",
         "--principal",
         agent.name,
         "--proxy",
@@ -318,6 +321,7 @@ def _spawn_exec(proxy: Proxy, agent: Agent, *command: str, ttl: str = "8h"):
         [
             *CREDPROXY,
             "exec",
+            "--unsafe-state-access",
             "--principal",
             agent.name,
             "--ttl",
@@ -427,7 +431,7 @@ def test_bad_input_is_one_line_status_2_and_the_command_never_runs(
     argv = [a.format(agent=agent.name, marker=marker) for a in args]
     if "--proxy" not in argv:
         argv = ["--proxy", f"127.0.0.1:{proxy.port}", *argv]
-    done = credproxy(proxy, "exec", *argv)
+    done = credproxy(proxy, "exec", "--unsafe-state-access", *argv)
     assert done.returncode == 2
     assert done.stderr.count("\n") == 1 and says in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
@@ -510,7 +514,7 @@ def test_a_terminals_ctrl_c_reaches_the_command_once(proxy: Proxy, agent: Agent,
     controller, terminal = pty.openpty()
     process = subprocess.Popen(
         [
-            *CREDPROXY, "exec", "--principal", agent.name,
+            *CREDPROXY, "exec", "--unsafe-state-access", "--principal", agent.name,
             "--proxy", f"127.0.0.1:{proxy.port}", "--", sys.executable, "-c", COUNT, str(ready),
         ],
         env=proxy.env, cwd=proxy.home, stdin=terminal, stdout=terminal,
@@ -554,3 +558,68 @@ def test_the_command_inherits_no_descriptor_of_the_store(proxy: Proxy, agent: Ag
     assert done.returncode == 0, done.stderr
     opened = done.stdout.split()
     assert not [f for f in opened if "credproxy" in f or f.startswith("socket:")], opened
+
+
+def _exec_plain(proxy: Proxy, agent: Agent, *args: str, cwd: Path | None = None):
+    return subprocess.run(
+        [*CREDPROXY, "exec", *args[:-1], "--principal", agent.name,
+         "--proxy", f"127.0.0.1:{proxy.port}", "--", *args[-1].split()],
+        env=proxy.env, cwd=cwd or proxy.home, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def test_without_isolate_a_user_who_can_read_the_key_is_refused(
+    proxy: Proxy, agent: Agent, tmp_path: Path
+):
+    """exec runs as root here: CMD could read the master key and change the store."""
+    marker = tmp_path / "ran"
+    done = _exec_plain(proxy, agent, f"touch {marker}")
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert "who can read the master key" in done.stderr and "--isolate" in done.stderr
+    assert str(proxy.home / "credproxy.key") in done.stderr
+    assert not marker.exists()
+    assert tokens(proxy, agent) == []
+    done = _exec_plain(proxy, agent, "--unsafe-state-access", f"touch {marker}")
+    assert done.returncode == 0, done.stderr
+    assert marker.exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="--user needs root")
+def test_user_runs_the_command_as_another_user_who_cannot_read_the_state(
+    proxy: Proxy, upstream: Upstream, agent: Agent, tmp_path: Path
+):
+    """No opt-in needed: nobody reads neither the key, nor the CA's key, nor writes the store;
+    it reads a copy of the CA that exec made for it, and its requests are stamped."""
+    out = Path(tempfile.mkdtemp(dir="/var/tmp"))  # pytest's folders are closed to nobody
+    out.chmod(0o777)
+    script = (
+        f"id -u > {out}/uid; cat {proxy.home}/credproxy.key > {out}/key 2>&1; "
+        f"cat {proxy.home}/certs/mitmproxy-ca.pem > {out}/ca 2>&1; "
+        f"grep NoNewPrivs /proc/self/status > {out}/nnp; "
+        f"curl -sS https://api.test/v1/as-nobody > {out}/curl 2>&1"
+    )
+    try:
+        done = subprocess.run(
+            [*CREDPROXY, "exec", "--user", "nobody", "--principal", agent.name,
+             "--proxy", f"127.0.0.1:{proxy.port}", "--", "sh", "-c", script],
+            env=proxy.env, cwd=out, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert (out / "uid").read_text() == "65534\n"
+        assert "Permission denied" in (out / "key").read_text()
+        assert "Permission denied" in (out / "ca").read_text()
+        assert (out / "nnp").read_text().split() == ["NoNewPrivs:", "1"]
+        assert stamped(upstream) == [[f"Bearer {SECRET}"]], (out / "curl").read_text()
+        assert not list(Path(tempfile.gettempdir()).glob("credproxy-ca-*/"))
+    finally:
+        shutil.rmtree(out)
+
+
+def test_keep_env_never_passes_credproxys_own_settings(proxy: Proxy, agent: Agent):
+    done = _exec_plain(
+        proxy, agent, "--unsafe-state-access", "--keep-env", "CREDPROXY_MASTER_KEY", "true"
+    )
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1 and "CREDPROXY_MASTER_KEY" in done.stderr
+    assert tokens(proxy, agent) == []

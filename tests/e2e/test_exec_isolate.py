@@ -1,18 +1,22 @@
-"""`credproxy exec --isolate`: the proxy is the only way out, and CMD holds no token."""
+"""`credproxy exec --isolate`: the proxy is the only way out, CMD holds no token, and it can
+neither read nor change credproxy's state. Real bubblewrap, a real proxy, real clients."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from tests.e2e.conftest import CREDPROXY, Proxy
-from tests.e2e.test_exec import SECRET, Agent, credproxy, make_agent, stamped, tokens
+from tests.e2e.test_exec import SECRET, Agent, make_agent, stamped, tokens
 from tests.e2e.upstream import Upstream
 
 pytestmark = pytest.mark.e2e
@@ -20,12 +24,12 @@ pytestmark = pytest.mark.e2e
 
 def _namespaces() -> str | None:
     """Why --isolate cannot work here, or None."""
-    if shutil.which("unshare") is None:
-        return "unshare (util-linux) is not installed"
+    if shutil.which("bwrap") is None:
+        return "bubblewrap (bwrap) is not installed"
     done = subprocess.run(
-        ["unshare", "--user", "--map-root-user", "--net", "true"], capture_output=True, text=True
+        ["bwrap", "--ro-bind", "/", "/", "--unshare-all", "true"], capture_output=True, text=True
     )
-    return None if done.returncode == 0 else f"no user+network namespaces: {done.stderr.strip()}"
+    return None if done.returncode == 0 else f"bwrap cannot make namespaces: {done.stderr.strip()}"
 
 
 WHY = _namespaces()
@@ -39,18 +43,30 @@ def agent(proxy: Proxy, names) -> Agent:
     return make_agent(proxy, names)
 
 
-def isolated(proxy: Proxy, agent: Agent, *command: str, **kw) -> subprocess.CompletedProcess[str]:
-    return credproxy(
-        proxy,
-        "exec",
-        "--isolate",
-        "--principal",
-        agent.name,
-        "--proxy",
-        f"127.0.0.1:{proxy.port}",
-        "--",
-        *command,
-        **kw,
+def isolated(
+    proxy: Proxy, agent: Agent, *command: str, flags: tuple[str, ...] = (), cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """exec --isolate from a working directory of its own (the proxy's home holds the state)."""
+    work = cwd or proxy.home.parent / "work"
+    work.mkdir(exist_ok=True)
+    return subprocess.run(
+        [
+            *CREDPROXY,
+            "exec",
+            "--isolate",
+            *flags,
+            "--principal",
+            agent.name,
+            "--proxy",
+            f"127.0.0.1:{proxy.port}",
+            "--",
+            *command,
+        ],
+        env=proxy.env,
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
 
 
@@ -60,7 +76,12 @@ def test_curl_goes_through_the_proxy_and_holds_no_token(
 ):
     env_file = tmp_path / "env"
     done = isolated(
-        proxy, agent, "sh", "-c", f"env > {env_file}; curl -sS https://api.test/v1/isolated"
+        proxy,
+        agent,
+        "sh",
+        "-c",
+        f"env > {env_file}; curl -sS https://api.test/v1/isolated",
+        flags=("--rw", str(tmp_path)),
     )
     assert done.returncode == 0, done.stderr
     assert stamped(upstream) == [[f"Bearer {SECRET}"]]
@@ -120,7 +141,7 @@ def test_java_httpclient_works_with_no_authenticator(
         "    HttpResponse.BodyHandlers.ofString());\n"
         "  System.out.println(r.statusCode()); } }\n"
     )
-    done = isolated(proxy, agent, "java", str(source), timeout=300)
+    done = isolated(proxy, agent, "java", str(source), flags=("--ro", str(tmp_path)))
     assert done.stdout.strip().splitlines()[-1:] == ["200"], done.stderr
     assert stamped(upstream) == [[f"Bearer {SECRET}"]]
 
@@ -131,10 +152,10 @@ def test_without_namespaces_isolate_refuses_and_never_runs_the_command(
     marker = tmp_path / "ran"
     empty = tmp_path / "bin"
     empty.mkdir()
-    (empty / "unshare").write_text(
-        "#!/bin/sh\necho 'unshare: unshare failed: Operation not permitted' >&2\nexit 1\n"
+    (empty / "bwrap").write_text(
+        "#!/bin/sh\necho 'bwrap: No permissions to creating new namespace' >&2\nexit 1\n"
     )
-    (empty / "unshare").chmod(0o755)
+    (empty / "bwrap").chmod(0o755)
     path = f"{empty}:{os.environ['PATH']}"
     done = subprocess.run(
         [
@@ -150,12 +171,208 @@ def test_without_namespaces_isolate_refuses_and_never_runs_the_command(
             str(marker),
         ],
         env={**proxy.env, "PATH": path},
-        cwd=proxy.home,
+        cwd=tmp_path,
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert done.returncode == 2
-    assert done.stderr.count("\n") == 1 and "cannot create namespaces" in done.stderr
+    assert done.stderr.count("\n") == 1 and "cannot create its sandbox" in done.stderr
     assert not marker.exists()
     assert tokens(proxy, agent) == []
+
+
+ATTACKS = r"""
+import ctypes, json, os, socket, subprocess, sys
+home, proxy_pid = sys.argv[1], int(sys.argv[2])
+tried = {}
+
+def attempt(name, action):
+    try:
+        action()
+        tried[name] = "succeeded"
+    except Exception as e:
+        tried[name] = type(e).__name__
+
+def read(path):
+    with open(path, "rb") as f:
+        f.read(1)
+
+for name in ("credproxy.key", "credproxy.db", "credproxy.db-wal", "certs/mitmproxy-ca.pem"):
+    attempt("read " + name, lambda name=name: read(os.path.join(home, name)))
+with open(os.path.join(home, "credproxy.db-journal"), "wb") as f:  # a hot journal, if it lands
+    f.write(b"\xd9\xd5\x05\xf9\x20\xa1\x63\xd7" + bytes(504))
+tried["certs"] = sorted(n for n in os.listdir(os.path.join(home, "certs")) if "p12" not in n)
+def grant_add():
+    done = subprocess.run(
+        [sys.executable, "-m", "addon.cli", "--db", f"sqlite:///{home}/credproxy.db",
+         "--key-file", f"{home}/credproxy.key", "--certs", f"{home}/certs",
+         "grant", "add", "attacker", "--credential", "github", "--method", "*", "--path", "/"],
+        capture_output=True)
+    assert done.returncode == 0
+attempt("credproxy grant add", grant_add)
+def postgres():
+    s = socket.socket(socket.AF_UNIX)
+    s.connect("/run/postgresql/.s.PGSQL.5432")
+attempt("connect /run/postgresql", postgres)
+var_run = "/var/run/postgresql/.s.PGSQL.5432"
+attempt("connect /var/run/postgresql", lambda: socket.socket(socket.AF_UNIX).connect(var_run))
+attempt("read the proxy's environ", lambda: read(f"/proc/{proxy_pid}/environ"))
+attempt("read the proxy's cmdline", lambda: read(f"/proc/{proxy_pid}/cmdline"))
+libc = ctypes.CDLL(None, use_errno=True)
+def ptrace():
+    if libc.ptrace(16, proxy_pid, None, None) != 0:  # PTRACE_ATTACH
+        raise OSError(ctypes.get_errno(), "ptrace")
+attempt("ptrace the proxy", ptrace)
+def umount():
+    if libc.umount2(home.encode(), 2) != 0:  # MNT_DETACH
+        raise OSError(ctypes.get_errno(), "umount")
+attempt("unmount the hiding", umount)
+status = open("/proc/self/status").read()
+tried["NoNewPrivs"] = [l.split()[1] for l in status.splitlines() if l.startswith("NoNewPrivs")][0]
+tried["CapEff"] = [l.split()[1] for l in status.splitlines() if l.startswith("CapEff")][0]
+tried["CapBnd"] = [l.split()[1] for l in status.splitlines() if l.startswith("CapBnd")][0]
+print(json.dumps(tried))
+"""
+
+
+@needs_namespaces
+def test_the_sandbox_can_neither_read_nor_change_credproxy_state(
+    proxy: Proxy, agent: Agent, tmp_path: Path
+):
+    script = tmp_path / "attacks.py"
+    script.write_text(ATTACKS)
+    grants_before = proxy.store.list_grants()
+    assert Path("/run/postgresql/.s.PGSQL.5432").exists() or not os.environ.get("CI")
+    done = isolated(
+        proxy,
+        agent,
+        sys.executable,
+        str(script),
+        str(proxy.home),
+        str(proxy.process.pid),
+        flags=("--ro", str(tmp_path)),
+    )
+    assert done.returncode == 0, done.stderr
+    tried = json.loads(done.stdout.splitlines()[-1])
+    assert [k for k, v in tried.items() if v == "succeeded"] == []
+    assert tried["certs"] == ["credproxy-ca.pem"]
+    assert tried["NoNewPrivs"] == "1"
+    assert tried["CapEff"] == tried["CapBnd"] == "0000000000000000"
+    assert proxy.store.list_grants() == grants_before
+    assert not (proxy.home / "credproxy.db-journal").exists()  # it stayed in the sandbox's /tmp
+    # The same reads from outside work: the sandbox is what stopped them.
+    assert (proxy.home / "credproxy.key").read_bytes()
+
+
+@needs_namespaces
+def test_a_working_directory_that_holds_the_state_is_refused(
+    proxy: Proxy, agent: Agent, tmp_path: Path
+):
+    marker = tmp_path / "ran"
+    done = isolated(proxy, agent, "touch", str(marker), cwd=proxy.home)
+    assert done.returncode == 2
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert "working directory holds credproxy's state" in done.stderr
+    assert str(proxy.home) in done.stderr
+    assert not marker.exists()
+    assert tokens(proxy, agent) == []
+
+
+@needs_namespaces
+@pytest.mark.parametrize("flag", ["--ro", "--rw"])
+def test_no_bind_option_exposes_the_hidden_set(
+    proxy: Proxy, agent: Agent, tmp_path: Path, flag: str
+):
+    for path in (proxy.home, proxy.home / "certs", proxy.home / "credproxy.key"):
+        done = isolated(proxy, agent, "true", flags=(flag, str(path)))
+        assert done.returncode == 2, (flag, path)
+        assert (
+            done.stderr.count("\n") == 1
+            and "credproxy.key" in done.stderr
+            or "certs" in (done.stderr)
+        )
+    assert tokens(proxy, agent) == []
+
+
+@needs_namespaces
+def test_only_the_sandbox_reaches_its_forwarder(proxy: Proxy, agent: Agent, tmp_path: Path):
+    """The forwarder listens inside the sandbox's network: no socket file for another process
+    of the same user to find, and nothing on the host's loopback."""
+    script = tmp_path / "wait.sh"
+    ready = tmp_path / "ready"
+    script.write_text(f"touch {ready}; sleep 3\n")
+    process = subprocess.Popen(
+        [
+            *CREDPROXY,
+            "exec",
+            "--isolate",
+            "--rw",
+            str(tmp_path),
+            "--principal",
+            agent.name,
+            "--proxy",
+            f"127.0.0.1:{proxy.port}",
+            "--",
+            "sh",
+            str(script),
+        ],
+        env=proxy.env,
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        for _ in range(200):
+            if ready.exists():
+                break
+            time.sleep(0.05)
+        assert ready.exists()
+        sockets = subprocess.run(
+            ["find", "/tmp", "-type", "s", "-newer", str(script)], capture_output=True, text=True
+        ).stdout
+        assert "credproxy" not in sockets
+        # The proxy's own port is taken by the proxy: a second listener would have failed.
+        found = [
+            line
+            for line in Path("/proc/net/tcp").read_text().splitlines()[1:]
+            if line.split()[3] == "0A" and int(line.split()[1].split(":")[1], 16) == proxy.port
+        ]
+        assert len(found) == 1
+    finally:
+        process.wait(timeout=30)
+    assert process.returncode == 0
+
+
+@needs_namespaces
+def test_a_signal_to_exec_reaches_the_command_in_its_own_session(
+    proxy: Proxy, agent: Agent, tmp_path: Path
+):
+    ready = tmp_path / "ready"
+    got = tmp_path / "got"
+    process = subprocess.Popen(
+        [
+            *CREDPROXY,
+            "exec",
+            "--isolate",
+            "--rw",
+            str(tmp_path),
+            "--principal",
+            agent.name,
+            "--proxy",
+            f"127.0.0.1:{proxy.port}",
+            "--",
+            "sh",
+            "-c",
+            f"trap 'echo TERM > {got}; exit 7' TERM; touch {ready}; while :; do sleep 0.1; done",
+        ],
+        env=proxy.env,
+        cwd=tmp_path,
+    )
+    for _ in range(200):
+        if ready.exists():
+            break
+        time.sleep(0.05)
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=30) == 7
+    assert got.read_text() == "TERM\n"

@@ -1,0 +1,202 @@
+"""What `exec --isolate` shows CMD of the file system: bubblewrap's arguments, and the refusals.
+
+The sandbox sees the host's tree read-only, minus the hidden set (credproxy's state: the
+store and its journals, the master key, the CA folder, a database's socket) and minus the
+masked folders (`/tmp`, `/run`, `--hide`), which are empty. A folder on the way to a hidden
+path is shown as its listing at launch with the hidden entry left out, so that a file the
+proxy writes there later (a journal, a rotated key) never appears inside. The working
+directory and `--rw` paths are writable; none of them may hold a hidden path.
+Pure but for reading listings and resolving paths.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from store import lite
+from store.errors import CredproxyError, InvalidInput
+from store.settings import Settings
+
+MASKED = (Path("/tmp"), Path("/run"))  # noqa: S108 - an empty tmpfs inside, not a file we use
+# Each with /var/run/... as the symlink to /run: the folders where local databases listen.
+SOCKET_DIRS = (Path("/run/postgresql"), Path("/run/mysqld"), Path("/var/lib/mysql"))
+SQLITE_SIBLINGS = ("", "-wal", "-shm", "-journal")
+UNSHARE = ("--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL")
+
+
+class IsolationUnavailable(CredproxyError):
+    pass
+
+
+@dataclass(frozen=True)
+class View:
+    """The sandbox's file system, resolved: what is hidden, masked, writable, shown again."""
+
+    hidden: frozenset[Path]
+    masked: tuple[Path, ...]  # each an empty tmpfs
+    writable: tuple[Path, ...]
+    shown: tuple[Path, ...]  # read-only, also where masked (the CA, the helper's Python)
+
+
+def bwrap() -> str:
+    tool = shutil.which("bwrap")
+    if tool is None:
+        raise IsolationUnavailable(
+            "--isolate needs bubblewrap (bwrap; Debian and Ubuntu: apt install bubblewrap), "
+            "which is not installed"
+        )
+    return tool
+
+
+def check() -> None:
+    """Raise IsolationUnavailable unless bubblewrap can make its namespaces here."""
+    done = subprocess.run(  # noqa: S603 - a fixed argument list, no shell
+        [bwrap(), "--ro-bind", "/", "/", *UNSHARE, "true"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    if done.returncode != 0:
+        why = (done.stderr.strip().splitlines() or ["unknown reason"])[-1]
+        raise IsolationUnavailable(
+            f"--isolate cannot create its sandbox here ({why}): unprivileged user namespaces "
+            "may be switched off (sysctl kernel.unprivileged_userns_clone, or AppArmor's "
+            "restriction on Ubuntu 24.04 and later)"
+        )
+
+
+def state_paths(settings: Settings) -> set[Path]:
+    """Everything of credproxy's that opens a secret or changes the policy, resolved."""
+    paths = {settings.key_file, settings.certs, *SOCKET_DIRS}
+    database = _sqlite_database(settings.db)
+    if database is not None:
+        paths |= {database.with_name(database.name + s) for s in SQLITE_SIBLINGS}
+    paths |= _socket_dirs(settings.db)
+    return {_real(p) for p in paths}
+
+
+def _sqlite_database(url: str) -> Path | None:
+    path = lite.sqlite_file(url)
+    if path is not None or not url.startswith("sqlite"):
+        return path
+    from sqlalchemy.engine import make_url
+
+    database = make_url(url).database
+    return Path(database) if database and database != ":memory:" else None
+
+
+def _socket_dirs(url: str) -> set[Path]:
+    """Unix socket folders a server store's URL names (`?host=/run/...`, `unix_socket=`)."""
+    if url.startswith("sqlite"):
+        return set()
+    from sqlalchemy.engine import make_url
+
+    found: set[Path] = set()
+    parsed = make_url(url)
+    for key in ("host", "unix_socket"):
+        values = parsed.query.get(key, ())
+        for value in (values,) if isinstance(values, str) else values:
+            if value.startswith("/"):
+                found.add(Path(value) if key == "host" else Path(value).parent)
+    if parsed.host and parsed.host.startswith("/"):
+        found.add(Path(parsed.host))
+    return found
+
+
+def _real(path: Path) -> Path:
+    return Path(os.path.realpath(path))
+
+
+def _within(path: Path, top: Path) -> bool:
+    return path == top or top in path.parents
+
+
+def view(
+    settings: Settings,
+    workdir: Path,
+    *,
+    read_write: Sequence[Path] = (),
+    read_only: Sequence[Path] = (),
+    hide: Sequence[Path] = (),
+    exposed: Iterable[Path] = (),
+) -> View:
+    """The sandbox for CMD; InvalidInput when a writable path would hold credproxy's state
+    or a path to show would expose it."""
+    hidden = frozenset(state_paths(settings) | {_real(p) for p in hide})
+    writable = tuple(_real(p) for p in (workdir, *read_write))
+    for path, what in [(writable[0], "the working directory")] + [
+        (p, f"--rw {p}") for p in writable[1:]
+    ]:
+        inside = sorted(
+            h for h in hidden if (_within(h, path) and os.path.lexists(h)) or _within(path, h)
+        )
+        if inside:
+            raise InvalidInput(
+                f"--isolate: {what} holds credproxy's state ({inside[0]}), which the command "
+                "could then read or change: run it from another directory"
+            )
+    for path in read_only:
+        real = _real(path)
+        covered = sorted(h for h in hidden if _within(h, real) or _within(real, h))
+        if covered:
+            raise InvalidInput(f"--isolate: --ro {path} would show {covered[0]}, which is hidden")
+    shown = tuple(_real(p) for p in (*read_only, *exposed))
+    return View(hidden, tuple(_real(p) for p in MASKED), writable, shown)
+
+
+def arguments(v: View) -> list[str]:
+    """bubblewrap's arguments for the view; later mounts cover earlier ones."""
+    args: list[str] = []
+    # /proc and /dev get the sandbox's own; masked folders an empty tmpfs, just after.
+    _show(Path("/"), v.hidden | {Path("/proc"), Path("/dev"), *v.masked}, args, bind="--ro-bind")
+    for path in v.masked:
+        args += ["--tmpfs", str(path)]
+    for path in v.shown:  # the CA inside its hidden folder: shown by itself
+        if path not in v.hidden:
+            _show(path, v.hidden, args, bind="--ro-bind")
+    for path in v.writable:
+        _show(path, v.hidden, args, bind="--bind")
+    args += ["--dev", "/dev", "--proc", "/proc", "--chdir", str(v.writable[0])]
+    return args
+
+
+def _show(path: Path, hidden: frozenset[Path], args: list[str], *, bind: str) -> None:
+    """Mount `path` as it is, or, when a hidden path lies beneath, each entry but that one."""
+    if path in hidden:
+        return
+    if not any(path in h.parents for h in hidden):
+        args += [bind + "-try", str(path), str(path)]
+        return
+    if path != Path("/"):
+        args += ["--tmpfs", str(path)]
+    try:
+        entries = sorted(os.scandir(path), key=lambda e: e.name)
+    except OSError:
+        entries = []
+    for entry in entries:
+        child = Path(entry.path)
+        try:
+            mode = os.lstat(child).st_mode
+        except OSError:
+            continue
+        if stat.S_ISLNK(mode):
+            args += ["--symlink", os.readlink(child), str(child)]
+        elif child not in hidden:
+            _show(child, hidden, args, bind=bind)
+    if path != Path("/"):
+        args += ["--remount-ro", str(path)]  # the listing itself takes no new entries
+
+
+def shown(v: View, files: Iterable[Path]) -> View:
+    """The view with these files (the CA, its truststore) shown as well, private keys never."""
+    added = tuple(_real(p) for p in files)
+    for path in added:
+        if b"PRIVATE KEY" in path.read_bytes():
+            raise InvalidInput(f"--isolate: {path} holds a private key and is not shown")
+    return View(v.hidden, v.masked, v.writable, v.shown + added)
