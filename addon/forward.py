@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 
 from mitmproxy import http
 
-from addon import audit, mint, wire, wsredact
+from addon import audit, hop, mint, wire, wsredact
 from addon.approval import Holds, gone
 from addon.assume import RoleSession, Unavailable
 from addon.dns import DEFAULT_TTL, FORBIDDEN, LookupFailed, Resolver
@@ -213,8 +213,9 @@ class Forward:
             rec.credential_fp = rule.credential.fingerprint
         request = flow.request
         index = step.headers.index
-        if b"te" in index:
-            request.headers.fields = wire.only_trailers(request.headers.fields)
+        if not hop.FIELDS.isdisjoint(index):
+            # Before stamping: a stamped field the agent named in Connection stays stamped.
+            hop.for_upstream(request, websocket=rule.websocket)
         if b"sec-websocket-extensions" in index:
             # No permessage-deflate: a frame of it inflates without bound inside wsproto.
             request.headers.pop("sec-websocket-extensions")

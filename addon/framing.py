@@ -3,7 +3,8 @@
 HTTP/2 frames a body by itself, so a request may come without `Content-Length`. mitmproxy's
 HTTP/1 client then writes the head with neither length nor chunking and the body after it:
 the upstream reads the body as the next request, one no grant allowed and no audit line
-names. `install()` makes such a request chunked before its head is written.
+names. `install()` makes such a request chunked before its head is written, and drops its
+`TE: trailers`: credproxy refuses trailers over HTTP/1, so none is invited (addon/hop.py).
 """
 
 from __future__ import annotations
@@ -42,9 +43,11 @@ def _framed(original: Callable[..., Generator[Any, Any, None]]) -> Callable[...,
 
     # Not a generator itself: it hands back mitmproxy's, one frame less on every command.
     def send(self: Any, event: Any) -> Generator[Any, Any, None]:
-        if isinstance(event, RequestHeaders) and unframed(event.request, event.end_stream):
-            # The client sees this request object as its own: its chunks are framed too.
-            event.request.headers["transfer-encoding"] = "chunked"
+        if isinstance(event, RequestHeaders) and (event.request.is_http2 or event.request.is_http3):
+            if unframed(event.request, event.end_stream):
+                # The client sees this request object as its own: its chunks are framed too.
+                event.request.headers["transfer-encoding"] = "chunked"
+            event.request.headers.pop("te", None)
         return original(self, event)
 
     return send

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from mitmproxy import http
 
-from addon import audit, wire, wsredact
+from addon import audit, hop, wire, wsredact
 from addon.failclosed import kill_on_error
 from addon.policy import Reason
 from addon.problem import problem
@@ -32,6 +32,7 @@ class Responses:
         response = flow.response
         if rec is None or not rec.allowed or response is None:
             return
+        hop.for_agent(response)
         redactor = wsredact.REDACTORS.get(flow)
         if response.status_code == 101 and "sec-websocket-extensions" in response.headers:
             # The request went without it: no permessage-deflate, whatever the upstream says.

@@ -350,7 +350,7 @@ def build_chain(
 
 async def serve(config: RunConfig, started: asyncio.Event | None = None) -> int:
     # Heavy imports here, so that the store commands of the same CLI start quickly.
-    from addon import bounds, connects, framing, refusals, reuse, signing, wire, wsredact
+    from addon import bounds, connects, framing, hop, refusals, reuse, signing, wire, wsredact
     from addon.chain import REQUIRED_OPTIONS
     from addon.forward import Forward
     from addon.live import LivePolicy
@@ -382,6 +382,7 @@ async def serve(config: RunConfig, started: asyncio.Event | None = None) -> int:
     connects.install()
     reuse.install()
     framing.install()
+    hop.install()
     refusals.install()
     bounds.install()
     wsredact.install()

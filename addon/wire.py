@@ -222,21 +222,6 @@ def tag(message: str, flow_id: str) -> str:
     return f"{message} #{flow_id}"
 
 
-def only_trailers(fields: tuple[tuple[bytes, bytes], ...]) -> tuple[tuple[bytes, bytes], ...]:
-    """The request's fields with TE reduced to `trailers` (h2 and gRPC need it): any other
-    value invites a transfer coding that redaction cannot read."""
-    kept = [f for f in fields if f[0].lower() != b"te"]
-    asked = {
-        t.strip().split(b";")[0].strip().lower()
-        for n, v in fields
-        if n.lower() == b"te"
-        for t in v.split(b",")
-    }
-    if b"trailers" in asked:
-        kept.append((b"te", b"trailers"))
-    return tuple(kept)
-
-
 def foreign_coding(fields: tuple[tuple[bytes, bytes], ...]) -> bool:
     """Does a response use a transfer coding other than chunked (gzip, identity, ...)?"""
     codings = [
@@ -434,6 +419,7 @@ def _forward_informational(original: Callable[..., Any]) -> Callable[..., Any]:
     from mitmproxy.proxy.layers.http import SendHttp
     from mitmproxy.proxy.layers.http._events import ResponseHeaders
 
+    from addon import hop
     from addon.wsredact import REDACTORS
 
     def _handle_event(self: Any, event: Any) -> Generator[Any, Any, None]:
@@ -451,6 +437,7 @@ def _forward_informational(original: Callable[..., Any]) -> Callable[..., Any]:
         if self.flow.response is not None:
             return  # refused, or the final response is already here
         response = event.response.copy()
+        response.headers.fields = hop.strip(response.headers.fields)[0]
         redactor = REDACTORS.get(self.flow)
         if redactor is not None:
             response.headers.fields = redactor.headers(response.headers.fields)

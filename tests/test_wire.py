@@ -302,19 +302,6 @@ def test_a_tagged_message_names_the_request_and_keeps_its_class():
 
 
 @pytest.mark.parametrize(
-    ("fields", "expected"),
-    [
-        pytest.param(((b"TE", b"gzip, trailers"),), ((b"te", b"trailers"),), id="trailers kept"),
-        pytest.param(((b"te", b"gzip;q=1"),), (), id="a coding alone is dropped"),
-        pytest.param(((b"te", b"trailers"), (b"te", b"gzip")), ((b"te", b"trailers"),), id="two"),
-        pytest.param(((b"x", b"1"),), ((b"x", b"1"),), id="other fields are untouched"),
-    ],
-)
-def test_te_keeps_only_trailers(fields, expected):
-    assert wire.only_trailers(fields) == expected
-
-
-@pytest.mark.parametrize(
     ("value", "foreign"),
     [
         pytest.param(b"chunked", False, id="chunked alone passes"),
