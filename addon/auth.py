@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import re
 from datetime import UTC, datetime
 from typing import Any
 
@@ -20,8 +21,11 @@ from addon.live import LivePolicy
 from addon.policy import Policy, Reason
 from addon.state import STEPS, Clients, Step
 from addon.trail import Trail
-from addon.verdict import HeaderScan, Tunnel
+from addon.verdict import INTERNAL_HOST, HeaderScan, Tunnel
 from store.grammar import BadAuthority, normalize_host
+
+LOADING = "policy-loading"  # the reason of a readiness probe's 503
+_LOADED = re.compile(rb"\?(?:[^#]*&)?loaded=([0-9]{1,18})(?:&|$)")
 
 
 class Auth:
@@ -67,6 +71,15 @@ class Auth:
         state = self.clients.get(flow.client_conn)
         tunnel = state.tunnel if state is not None else None
         token: int | None
+        if tunnel is None and self._not_loaded_yet(request, headers):
+            # A launcher's readiness probe, before this proxy has read the store's change
+            # that made its token: answered without looking at the credentials, so it is
+            # neither a denial nor an oracle for guessing tokens, and not audited.
+            self.trail.forget(flow)
+            flow.response = http.Response.make(
+                503, b"", {"retry-after": "1", "x-credproxy-reason": LOADING}
+            )
+            return
         if tunnel is None:
             principal, token = self._authenticate(flow, headers.get_all(b"proxy-authorization"))
             # One client connection, one principal: its upstream connections are shared.
@@ -101,6 +114,18 @@ class Auth:
         if state is not None and state.broken:
             raise Denied(Reason.INTERNAL_ERROR, "internal error")
         STEPS[flow] = Step(headers, principal, tunnel, policy, token=token)
+
+    def _not_loaded_yet(self, request: http.Request, headers: HeaderScan) -> bool:
+        """`GET http://credproxy.internal/...?loaded=N` while the policy is older than the
+        store's change N."""
+        if request.host != INTERNAL_HOST or request.data.method != b"GET":
+            return False
+        if b"content-length" in headers.index or b"transfer-encoding" in headers.index:
+            return False
+        found = _LOADED.search(request.data.path)
+        if found is None:
+            return False
+        return self._policy().counter < int(found.group(1))
 
     def _policy(self) -> Policy:
         if not audit.writable():

@@ -145,11 +145,16 @@ def placeholders(store: Store, principal: str) -> tuple[str, ...]:
     )
 
 
-def probe(host: str, port: int, principal: str, token: str) -> None:
-    """Return once the proxy accepts the token; ProxyUnavailable if it is down or never does."""
+def probe(host: str, port: int, principal: str, token: str, counter: int) -> None:
+    """Return once the proxy accepts the token; ProxyUnavailable if it is down or never does.
+
+    Until the proxy has loaded the store's change `counter` (the token's), it answers 503
+    without reading the credentials: no denial is written for a token it has not seen yet.
+    """
     auth = base64.b64encode(f"{principal}:{token}".encode()).decode()
     request = (
-        f"GET http://credproxy.internal{PROBE_PATH} HTTP/1.1\r\nHost: credproxy.internal\r\n"
+        f"GET http://credproxy.internal{PROBE_PATH}?loaded={counter} HTTP/1.1\r\n"
+        "Host: credproxy.internal\r\n"
         f"Proxy-Authorization: Basic {auth}\r\nConnection: close\r\n\r\n"
     ).encode()
     deadline = time.monotonic() + PROBE_TIMEOUT
@@ -170,7 +175,7 @@ def probe(host: str, port: int, principal: str, token: str) -> None:
         status = head.split(b" ", 2)[1:2]
         if not head.startswith(b"HTTP/1.") or not status:
             raise ProxyUnavailable(f"{host}:{port} does not answer as credproxy")
-        if status != [b"407"]:
+        if status not in ([b"407"], [b"503"]):
             return
         if time.monotonic() > deadline:
             raise ProxyUnavailable(
@@ -195,7 +200,7 @@ def session(
     names = placeholders(store, args.principal)
     token_id, token = store.add_token(args.principal, utcnow() + args.ttl, _note(command))
     try:
-        probe(host, port, args.principal, token)
+        probe(host, port, args.principal, token, store.change_counter())
         yield launchenv.Session(
             proxy_url=f"http://{args.principal}:{token}@{_bracketed(host)}:{port}",
             proxy_host=host,
@@ -279,7 +284,12 @@ def _exec(args: argparse.Namespace, settings: Settings) -> int:
     with held_signals() as previous, ExitStack() as stack:
         store = settings.store()
         with session(store, args, settings, command) as sess:
-            base, removed = envscrub.scrub(os.environ, set(args.keep_env))
+            base, scrubbed = envscrub.scrub(os.environ, set(args.keep_env))
+            # What exec sets itself is replaced, not withheld: only the rest is named.
+            removed = sorted(
+                [n for n in scrubbed if not launchenv.set_by_session(n)]
+                + [n for n in launchenv.SCRUBBED_TRUST if n in base]
+            )
             if removed:
                 # Names only, each printable: a name may not forge lines or escape sequences.
                 shown = " ".join(name.encode("unicode_escape").decode("ascii") for name in removed)

@@ -17,7 +17,8 @@ from addon.truststore import PASSWORD as TRUSTSTORE_PASSWORD
 PLACEHOLDER = "credproxy-placeholder"
 PROXY_VARS = ("HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY", "https_proxy", "http_proxy", "all_proxy")
 NO_PROXY_VARS = ("NO_PROXY", "no_proxy")
-# Each client's own variable for the CA (README, "Trust the CA").
+# Each client's own variable for the CA: the one list behind exec, `credproxy env`,
+# docker-compose.yml's x-trust-ca and README's "Trust the CA" (each checked by a test).
 CA_VARS = (
     "CURL_CA_BUNDLE",  # curl
     "REQUESTS_CA_BUNDLE",  # requests
@@ -29,7 +30,13 @@ CA_VARS = (
     "AWS_CA_BUNDLE",  # AWS SDKs and the CLI
     "CARGO_HTTP_CAINFO",  # Cargo
     "DENO_CERT",  # Deno
+    "CLOUDSDK_CORE_CUSTOM_CA_CERTS_FILE",  # gcloud
+    "HTTPLIB2_CA_CERTS",  # httplib2 (older Google client libraries)
+    "GRPC_DEFAULT_SSL_ROOTS_FILE_PATH",  # gRPC's C core (Python, Ruby, PHP, C++)
+    "NIX_SSL_CERT_FILE",  # Nix
 )
+# Trust settings that would add roots beside the CA, or point a client elsewhere: removed.
+SCRUBBED_TRUST = ("SSL_CERT_DIR",)
 FORMATS = ("sh", "dotenv", "json")
 _BARE = re.compile(r"[A-Za-z0-9_./:@%+,=-]*")
 
@@ -81,7 +88,7 @@ def java_options(session: Session, existing: str | None) -> str:
 
 def contained(base: Mapping[str, str], session: Session) -> dict[str, str]:
     """The (already scrubbed) environment with the session's variables set over it."""
-    env = dict(base)
+    env = {name: value for name, value in base.items() if name not in SCRUBBED_TRUST}
     env.update(variables(session))
     env["JAVA_TOOL_OPTIONS"] = java_options(session, base.get("JAVA_TOOL_OPTIONS"))
     return env
@@ -99,6 +106,11 @@ def render(env: Mapping[str, str], fmt: str) -> str:
 def _dotenv(value: str) -> str:
     # Bare where every dotenv reader agrees on what it means; else double-quoted.
     return value if _BARE.fullmatch(value) else json.dumps(value)
+
+
+def set_by_session(name: str) -> bool:
+    """Whether exec sets `name` itself (so the caller's value is replaced, not withheld)."""
+    return name in PROXY_VARS or name in NO_PROXY_VARS or name in CA_VARS
 
 
 def placeholder_names(names: Iterable[str]) -> tuple[str, ...]:

@@ -15,6 +15,8 @@ from typing import Any
 import pytest
 from ruamel.yaml import YAML
 
+from addon.launchenv import CA_VARS
+
 ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = ROOT / "Dockerfile"
 
@@ -22,14 +24,7 @@ TOKEN = "tok-test"
 MASTER_KEY = base64.b64encode(bytes(range(32))).decode()
 PROXIES = ["credproxy", "credproxy-a", "credproxy-b"]
 AGENT_CA = "/ca/credproxy-ca.pem"
-TRUST_VARIABLES = [
-    "SSL_CERT_FILE",
-    "REQUESTS_CA_BUNDLE",
-    "CURL_CA_BUNDLE",
-    "NODE_EXTRA_CA_CERTS",
-    "PIP_CERT",
-    "GIT_SSL_CAINFO",
-]
+TRUST_VARIABLES = list(CA_VARS)  # one list: exec's, `credproxy env`'s and compose's
 PROXY_VARIABLES = ["HTTPS_PROXY", "HTTP_PROXY", "https_proxy", "http_proxy"]
 
 

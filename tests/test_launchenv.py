@@ -77,3 +77,24 @@ def test_dotenv_and_json_outputs() -> None:
     env = {"HTTPS_PROXY": "http://a:t-_@h:1", "NO_PROXY": "", "J": "-Da=1 -Db=2"}
     assert render(env, "dotenv") == 'HTTPS_PROXY=http://a:t-_@h:1\nNO_PROXY=\nJ="-Da=1 -Db=2"\n'
     assert json.loads(render(env, "json")) == env
+
+
+def test_the_readme_names_every_ca_variable_exec_sets() -> None:
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    table = readme[readme.index("**Trust the CA.**") : readme.index("| Java | a trust store")]
+    assert [n for n in CA_VARS if f"`{n}`" not in table] == []
+
+
+def test_a_system_ca_folder_is_removed_and_the_new_clients_get_the_ca() -> None:
+    env = contained({"SSL_CERT_DIR": "/etc/ssl/certs", "KEEP": "1"}, SESSION)
+    assert "SSL_CERT_DIR" not in env and env["KEEP"] == "1"
+    for name in (
+        "CLOUDSDK_CORE_CUSTOM_CA_CERTS_FILE",
+        "HTTPLIB2_CA_CERTS",
+        "GRPC_DEFAULT_SSL_ROOTS_FILE_PATH",
+        "NIX_SSL_CERT_FILE",
+        "NPM_CONFIG_CAFILE",
+    ):
+        assert env[name] == "/etc/credproxy/ca.pem"

@@ -10,6 +10,7 @@ import os
 import pty
 import shutil
 import signal
+import socket
 import ssl
 import subprocess
 import sys
@@ -25,7 +26,7 @@ import pytest
 
 from store.crypto import Secret
 from tests.e2e.conftest import CREDPROXY, Proxy
-from tests.e2e.raw import get
+from tests.e2e.raw import Reply, exchange, get, proxy_auth
 from tests.e2e.upstream import Upstream
 
 pytestmark = pytest.mark.e2e
@@ -623,3 +624,50 @@ def test_keep_env_never_passes_credproxys_own_settings(proxy: Proxy, agent: Agen
     assert done.returncode == 2
     assert done.stderr.count("\n") == 1 and "CREDPROXY_MASTER_KEY" in done.stderr
     assert tokens(proxy, agent) == []
+
+
+def test_what_exec_sets_itself_is_not_reported_as_withheld(proxy: Proxy, agent: Agent):
+    caller = {"AWS_CA_BUNDLE": "/etc/ssl/aws.pem", "SSL_CERT_DIR": "/etc/ssl/certs"}
+    done = credproxy(
+        proxy, "exec", "--unsafe-state-access", "--principal", agent.name,
+        "--proxy", f"127.0.0.1:{proxy.port}", "--", "env", env=caller,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    (said,) = [line for line in done.stderr.splitlines() if "not passed" in line]
+    assert "SSL_CERT_DIR" in said.split() and "AWS_CA_BUNDLE" not in said.split()
+    inside = dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
+    assert "SSL_CERT_DIR" not in inside
+    assert inside["AWS_CA_BUNDLE"] == inside["GRPC_DEFAULT_SSL_ROOTS_FILE_PATH"]
+    assert inside["AWS_CA_BUNDLE"].endswith("credproxy-ca.pem")
+
+
+def test_execs_readiness_probe_writes_no_denial(proxy: Proxy, agent: Agent):
+    """Each run: one `internal` line for the principal, and no 407 `auth-required` deny with
+    no principal (what token guessing looks like) from the probe."""
+    runs = 4
+    for _ in range(runs):
+        assert exec_(proxy, agent, "true").returncode == 0
+    lines = [line for line in proxy.audit() if line.get("host") == "credproxy.internal"]
+    assert [line for line in lines if line.get("decision") == "deny"] == []
+    mine = [line for line in lines if line.get("principal") == agent.name]
+    assert [line["decision"] for line in mine] == ["internal"] * runs
+
+
+def test_a_not_loaded_answer_reads_no_credentials(proxy: Proxy, agent: Agent):
+    """`?loaded=N` past the proxy's counter is answered 503 whatever the token: no oracle.
+    Once loaded, a wrong token is the usual denial."""
+
+    def probe(loaded: int) -> Reply:
+        with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as sock:
+            return exchange(
+                sock,
+                f"GET http://credproxy.internal/access-requests/0?loaded={loaded} HTTP/1.1\r\n"
+                f"Host: credproxy.internal\r\nProxy-Authorization: {proxy_auth(agent.name, 'x')}"
+                "\r\nConnection: close\r\n\r\n".encode(),
+            )
+
+    far = probe(10**17)
+    assert (far.status, far.reason) == (503, "policy-loading")
+    assert [line for line in proxy.audit() if "policy-loading" in json.dumps(line)] == []
+    now = probe(0)
+    assert (now.status, now.reason) == (407, "auth-required")
