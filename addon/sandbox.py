@@ -153,20 +153,28 @@ def view(
 def arguments(v: View) -> list[str]:
     """bubblewrap's arguments for the view; later mounts cover earlier ones."""
     args: list[str] = []
+    listings: list[Path] = []
     # /proc and /dev get the sandbox's own; masked folders an empty tmpfs, just after.
-    _show(Path("/"), v.hidden | {Path("/proc"), Path("/dev"), *v.masked}, args, bind="--ro-bind")
+    _show(
+        Path("/"), v.hidden | {Path("/proc"), Path("/dev"), *v.masked}, args, listings, "--ro-bind"
+    )
     for path in v.masked:
         args += ["--tmpfs", str(path)]
     for path in v.shown:  # the CA inside its hidden folder: shown by itself
         if path not in v.hidden:
-            _show(path, v.hidden, args, bind="--ro-bind")
+            _show(path, v.hidden, args, listings, "--ro-bind")
     for path in v.writable:
-        _show(path, v.hidden, args, bind="--bind")
+        _show(path, v.hidden, args, listings, "--bind")
+    # Last, once everything shown inside them is mounted: a listing takes no new entries.
+    for path in listings:
+        args += ["--remount-ro", str(path)]
     args += ["--dev", "/dev", "--proc", "/proc", "--chdir", str(v.writable[0])]
     return args
 
 
-def _show(path: Path, hidden: frozenset[Path], args: list[str], *, bind: str) -> None:
+def _show(
+    path: Path, hidden: frozenset[Path], args: list[str], listings: list[Path], bind: str
+) -> None:
     """Mount `path` as it is, or, when a hidden path lies beneath, each entry but that one."""
     if path in hidden:
         return
@@ -175,6 +183,7 @@ def _show(path: Path, hidden: frozenset[Path], args: list[str], *, bind: str) ->
         return
     if path != Path("/"):
         args += ["--tmpfs", str(path)]
+        listings.append(path)
     try:
         entries = sorted(os.scandir(path), key=lambda e: e.name)
     except OSError:
@@ -188,9 +197,7 @@ def _show(path: Path, hidden: frozenset[Path], args: list[str], *, bind: str) ->
         if stat.S_ISLNK(mode):
             args += ["--symlink", os.readlink(child), str(child)]
         elif child not in hidden:
-            _show(child, hidden, args, bind=bind)
-    if path != Path("/"):
-        args += ["--remount-ro", str(path)]  # the listing itself takes no new entries
+            _show(child, hidden, args, listings, bind)
 
 
 def shown(v: View, files: Iterable[Path]) -> View:

@@ -10,12 +10,13 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.conftest import CREDPROXY, Proxy
+from tests.e2e.conftest import CREDPROXY, NAMES, Proxy, start_proxy, stop_proxy
 from tests.e2e.test_exec import SECRET, Agent, make_agent, stamped, tokens
 from tests.e2e.upstream import Upstream
 
@@ -200,8 +201,13 @@ def read(path):
 
 for name in ("credproxy.key", "credproxy.db", "credproxy.db-wal", "certs/mitmproxy-ca.pem"):
     attempt("read " + name, lambda name=name: read(os.path.join(home, name)))
-with open(os.path.join(home, "credproxy.db-journal"), "wb") as f:  # a hot journal, if it lands
-    f.write(b"\xd9\xd5\x05\xf9\x20\xa1\x63\xd7" + bytes(504))
+def journal():  # a hot journal next to the store, if it lands on the host
+    with open(os.path.join(home, "credproxy.db-journal"), "wb") as f:
+        f.write(b"\xd9\xd5\x05\xf9\x20\xa1\x63\xd7" + bytes(504))
+try:  # under /tmp it lands in the sandbox's own tmpfs: the host's folder is checked after
+    journal()
+except OSError:
+    pass
 tried["certs"] = sorted(n for n in os.listdir(os.path.join(home, "certs")) if "p12" not in n)
 def grant_add():
     done = subprocess.run(
@@ -236,10 +242,28 @@ print(json.dumps(tried))
 """
 
 
+@pytest.fixture(scope="module")
+def proxy_off_tmp(shared_upstream: Upstream, upstream_ca, initialised_home: Path):
+    """A proxy whose state lies outside /tmp (which the sandbox masks anyway), so that what
+    hides it is the hidden set itself."""
+    with tempfile.TemporaryDirectory(dir="/var/tmp") as tmp:  # noqa: S108
+        home = Path(tmp) / "home"
+        resolve = [f"{n}=127.0.0.1:{shared_upstream.port}" for n in NAMES if n != "localhost"]
+        running = start_proxy(home, upstream_ca, resolve, template=initialised_home)
+        try:
+            yield running
+        finally:
+            stop_proxy(running)
+
+
 @needs_namespaces
+@pytest.mark.parametrize("where", ["/tmp", "/var/tmp"])
 def test_the_sandbox_can_neither_read_nor_change_credproxy_state(
-    proxy: Proxy, agent: Agent, tmp_path: Path
+    request: pytest.FixtureRequest, names, tmp_path: Path, where: str
 ):
+    proxy = request.getfixturevalue("proxy" if where == "/tmp" else "proxy_off_tmp")
+    agent = make_agent(proxy, names)
+    assert str(proxy.home).startswith(where)
     script = tmp_path / "attacks.py"
     script.write_text(ATTACKS)
     grants_before = proxy.store.list_grants()
@@ -260,7 +284,7 @@ def test_the_sandbox_can_neither_read_nor_change_credproxy_state(
     assert tried["NoNewPrivs"] == "1"
     assert tried["CapEff"] == tried["CapBnd"] == "0000000000000000"
     assert proxy.store.list_grants() == grants_before
-    assert not (proxy.home / "credproxy.db-journal").exists()  # it stayed in the sandbox's /tmp
+    assert not (proxy.home / "credproxy.db-journal").exists()
     # The same reads from outside work: the sandbox is what stopped them.
     assert (proxy.home / "credproxy.key").read_bytes()
 
