@@ -7,6 +7,7 @@ import asyncio
 import errno
 import gc
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -14,8 +15,6 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-import certifi
 
 from addon import audit
 from addon.admin import AdminServer
@@ -25,6 +24,7 @@ from addon.guard import DestinationGuard
 from addon.hosts import ResolveMap
 from addon.limits import LimitSettings, add_limit_flags
 from addon.notify import Webhook
+from addon.upstreamca import UpstreamCA
 from store.errors import CredproxyError, InvalidInput
 from store.repository import Store
 from store.settings import Settings
@@ -47,7 +47,7 @@ class RunConfig:
     settings: Settings
     listen_host: str
     listen_port: int
-    upstream_ca: Path | None
+    upstream_ca: UpstreamCA | None
     resolve: ResolveMap
     guard: DestinationGuard
     max_stale: float
@@ -66,9 +66,7 @@ class RunConfig:
     @classmethod
     def from_args(cls, args: argparse.Namespace, settings: Settings) -> RunConfig:
         host, port = _parse_listen(args.listen, "--listen")
-        upstream_ca = Path(args.upstream_ca) if args.upstream_ca else None
-        if upstream_ca is not None and not upstream_ca.is_file():
-            raise InvalidInput(f"--upstream-ca {upstream_ca} is not a readable file")
+        upstream_ca = UpstreamCA.read(Path(args.upstream_ca)) if args.upstream_ca else None
         try:
             resolve = ResolveMap.parse(args.resolve)
         except ValueError as e:
@@ -246,13 +244,6 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     return code
 
 
-def _trust_bundle(extra: Path, directory: Path) -> Path:
-    """certifi's roots plus the operator's CAs: mitmproxy's option replaces, we add."""
-    bundle = directory / "upstream-ca-bundle.pem"
-    bundle.write_bytes(Path(certifi.where()).read_bytes() + b"\n" + extra.read_bytes())
-    return bundle
-
-
 def build_chain(
     live: LivePolicy,
     resolve: ResolveMap,
@@ -351,17 +342,14 @@ def build_chain(
 async def serve(config: RunConfig, started: asyncio.Event | None = None) -> int:
     # Heavy imports here, so that the store commands of the same CLI start quickly.
     from addon import bounds, connects, framing, hop, refusals, reuse, signing, wire, wsredact
-    from addon.chain import REQUIRED_OPTIONS
-    from addon.forward import Forward
     from addon.live import LivePolicy
-    from addon.master import build as build_master
-    from addon.trail import Trail
+    from store.ca import check_ca
 
-    log = audit.logger()
     settings = config.settings
     store = Store(settings.db, settings.key())
     try:
         store.check_ready()
+        check_ca(settings.certs)
         live = LivePolicy(store, max_stale=config.max_stale, reload_key=settings.key)
         policy = live.load()
     except CredproxyError:
@@ -387,7 +375,30 @@ async def serve(config: RunConfig, started: asyncio.Event | None = None) -> int:
     bounds.install()
     wsredact.install()
     signing.install()
+    # However start-up or serving ends (an --admin address taken, say), the folder goes.
     runtime = Path(tempfile.mkdtemp(prefix="credproxy-"))
+    try:
+        return await _serve(config, store, live, policy, runtime, started)
+    finally:
+        shutil.rmtree(runtime, ignore_errors=True)
+
+
+async def _serve(
+    config: RunConfig,
+    store: Store,
+    live: LivePolicy,
+    policy: Any,
+    runtime: Path,
+    started: asyncio.Event | None,
+) -> int:
+    from addon import reuse
+    from addon.chain import REQUIRED_OPTIONS
+    from addon.forward import Forward
+    from addon.master import build as build_master
+    from addon.trail import Trail
+
+    log = audit.logger()
+    settings = config.settings
     master = build_master()
     _quiet_errorcheck(master)
     update: dict[str, Any] = {
@@ -403,7 +414,7 @@ async def serve(config: RunConfig, started: asyncio.Event | None = None) -> int:
         **{k: v for k, v in REQUIRED_OPTIONS.items() if k not in ("onboarding", "proxyauth")},
     }
     if config.upstream_ca is not None:
-        update["ssl_verify_upstream_trusted_ca"] = str(_trust_bundle(config.upstream_ca, runtime))
+        update["ssl_verify_upstream_trusted_ca"] = str(config.upstream_ca.bundle(runtime))
         from addon.assume import SESSIONS
 
         SESSIONS.cafile = update["ssl_verify_upstream_trusted_ca"]
@@ -503,9 +514,6 @@ async def serve(config: RunConfig, started: asyncio.Event | None = None) -> int:
         if admin is not None:
             await admin.close()
         live.close()
-        for child in runtime.iterdir():
-            child.unlink()
-        runtime.rmdir()
         log.info("proxy.stopped", cut=stopping.cut)
     return 0
 

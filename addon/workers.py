@@ -30,6 +30,7 @@ from addon import audit
 from addon.admin import AdminServer
 from addon.mergemetrics import merge
 from addon.workerrole import WORKER_ENV, Role
+from store.ca import check_ca
 from store.errors import InvalidInput
 
 if TYPE_CHECKING:
@@ -59,6 +60,7 @@ def supervise(config: RunConfig, argv: list[str]) -> int:
         shown_db = store.display_url
     finally:
         store.close()
+    check_ca(config.settings.certs)
     from addon.runner import _check_listen
 
     _check_listen(config.listen_host, config.listen_port)
@@ -266,7 +268,8 @@ class Supervisor:
             w.process.kill()
 
     async def spawn(self, w: Worker) -> None:
-        env = {**os.environ, WORKER_ENV: w.role.to_env()}
+        # A worker killed before it could remove its temporary folder leaves it in ours.
+        env = {**os.environ, WORKER_ENV: w.role.to_env(), "TMPDIR": str(self.runtime)}
         w.started = False
         w.process = await asyncio.create_subprocess_exec(
             sys.executable,

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from addon.chain import REQUIRED_OPTIONS
-from addon.runner import _trust_bundle
+from addon.upstreamca import UpstreamCA
 
 ROOT = Path(__file__).resolve().parent.parent
 CREDPROXY = [sys.executable, "-m", "addon.cli"]
@@ -180,7 +180,7 @@ def start_bare_mitmproxy(
 
     `mitmproxy-lean` is credproxy's own master without credproxy's addons."""
     # Built here, so that the bare process imports neither credproxy nor its store.
-    bundle = _trust_bundle(upstream_ca, workdir)
+    bundle = UpstreamCA.read(upstream_ca).bundle(workdir)
     options = json.dumps({**REQUIRED_OPTIONS, "stream_large_bodies": stream})
     args = [sys.executable, "-m", "bench.bare_mitmproxy", str(certs), str(bundle), options]
     if name == "mitmproxy-lean":

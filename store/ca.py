@@ -9,7 +9,10 @@ from pathlib import Path
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.hazmat.primitives.serialization import load_pem_private_key
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from store.errors import InvalidInput
 
 # What sandboxes trust.
 PUBLIC_CERT = "credproxy-ca.pem"
@@ -70,6 +73,71 @@ def ensure_ca(certs: Path) -> bool:
     _write(bundle, key_pem + cert_pem, 0o600)
     _write(certs / PUBLIC_CERT, cert_pem, 0o644)
     return True
+
+
+def check_ca(certs: Path) -> None:
+    """The CA files mitmproxy loads and sandboxes trust, checked before either is used.
+
+    Raises: InvalidInput, naming the file and what is wrong with it.
+    """
+    bundle = certs / PRIVATE_BUNDLE
+    # Left to mitmproxy, a missing bundle becomes a new CA that no sandbox trusts, and a
+    # broken one an error that `run` could only report as the listener's.
+    raw = read_file(bundle, f"CA file {bundle}", "run credproxy init")
+    if b"PRIVATE KEY-----" not in raw:
+        raise InvalidInput(f"CA file {bundle} holds no PEM private key")
+    try:
+        key = load_pem_private_key(raw, password=None)
+    except TypeError as e:
+        raise InvalidInput(f"CA file {bundle}: its private key is encrypted") from e
+    except ValueError as e:
+        raise InvalidInput(
+            f"CA file {bundle}: its private key cannot be read (truncated or corrupt PEM)"
+        ) from e
+    cert = read_certificates(raw, f"CA file {bundle}")[0]
+    if key.public_key() != cert.public_key():
+        raise InvalidInput(f"CA file {bundle}: its private key does not match its certificate")
+    expiry = cert.not_valid_after_utc
+    if expiry <= datetime.datetime.now(datetime.UTC):
+        raise InvalidInput(f"CA file {bundle}: its certificate expired on {expiry:%Y-%m-%d}")
+    public = certs / PUBLIC_CERT
+    what = f"CA file {public}"
+    if read_certificates(read_file(public, what, "run credproxy init"), what)[0] != cert:
+        raise InvalidInput(
+            f"{what} is not the certificate in {bundle}, so clients would not trust the "
+            f"proxy: remove it and run credproxy init to write it again"
+        )
+
+
+def read_certificates(raw: bytes, what: str) -> list[x509.Certificate]:
+    """The PEM certificates in `raw`, at least one.
+
+    Raises: InvalidInput, beginning with `what`.
+    """
+    if b"-----BEGIN CERTIFICATE-----" not in raw:
+        raise InvalidInput(f"{what} holds no PEM certificate")
+    try:
+        return x509.load_pem_x509_certificates(raw)
+    except ValueError as e:
+        raise InvalidInput(
+            f"{what}: a certificate in it cannot be read (truncated or corrupt PEM)"
+        ) from e
+
+
+def read_file(path: Path, what: str, advice: str | None = None) -> bytes:
+    """The bytes of a file that must hold something; `advice` follows "does not exist".
+
+    Raises: InvalidInput, beginning with `what`.
+    """
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError as e:
+        raise InvalidInput(f"{what} does not exist{f': {advice}' if advice else ''}") from e
+    except OSError as e:
+        raise InvalidInput(f"{what} cannot be read: {e.strerror}") from e
+    if not raw.strip():
+        raise InvalidInput(f"{what} is empty")
+    return raw
 
 
 def _write(path: Path, data: bytes, mode: int) -> None:
