@@ -56,6 +56,11 @@ def parse(argv: Sequence[str] | None) -> Settings:
         help="a new CONNECT + TLS connection per request instead of keep-alive",
     )
     p.add_argument(
+        "--connection-close",
+        action="store_true",
+        help="every request says Connection: close (one-shot clients that send it)",
+    )
+    p.add_argument(
         "--download",
         type=parse_sizes,
         help="download mode: GET bodies of these sizes (e.g. 1m,16m) through a redacted grant "
@@ -84,7 +89,7 @@ def parse(argv: Sequence[str] | None) -> Settings:
         help="do not give the proxy a CPU of its own (default: pinned with 2+ CPUs)",
     )
     args = p.parse_args(argv)
-    if args.client == "httpx" and args.new_connection:
+    if args.client == "httpx" and (args.new_connection or args.connection_close):
         p.error("--client httpx measures keep-alive only")
     if args.download and (args.client == "httpx" or args.new_connection or args.duration):
         p.error("--download runs keep-alive cells of a request count with the raw client")
@@ -114,6 +119,7 @@ def parse(argv: Sequence[str] | None) -> Settings:
         download=download,
         body=args.body,
         download_bytes=DOWNLOAD_BYTES,
+        connection_close=args.connection_close,
     )
     if settings.repeat < 1 or (settings.requests or settings.repeat) < settings.repeat:
         p.error("--requests must be at least --repeat, and --repeat at least 1")

@@ -29,6 +29,7 @@ class Target:
     proxy: tuple[str, int] | None = None
     # One (principal, token) per connection slot, round-robin; empty for no proxy auth.
     credentials: tuple[tuple[str, str], ...] = ()
+    close: bool = False  # every request says `Connection: close`
 
     @property
     def authority(self) -> str:
@@ -128,9 +129,10 @@ class _Connection:
 
 
 def request_bytes(target: Target) -> bytes:
+    close = "Connection: close\r\n" if target.close else ""
     return (
         f"GET {target.path} HTTP/1.1\r\nHost: {target.authority}\r\n"
-        "User-Agent: credproxy-bench\r\nAccept: */*\r\n\r\n"
+        f"User-Agent: credproxy-bench\r\nAccept: */*\r\n{close}\r\n"
     ).encode()
 
 

@@ -112,6 +112,7 @@ class Settings:
     download: tuple[int, ...] = ()
     body: str = "binary"
     download_bytes: int = DOWNLOAD_BYTES
+    connection_close: bool = False  # the client's requests say `Connection: close`
 
     @classmethod
     def one_cell(
@@ -262,7 +263,7 @@ class Bench:
         per_connection: int | None = None,
         size: int | None = None,
     ) -> Outcome:
-        target = self.targets[config]
+        target = replace(self.targets[config], close=self.settings.connection_close)
         if size is not None:
             target = replace(target, path=f"{BLOB.decode()}{self.settings.body}/{size}")
         running = self.processes.get(config)
@@ -401,6 +402,7 @@ def run(settings: Settings) -> str:
             "started": started,
             "mode": _mode(settings),
             "client": settings.client,
+            "connection_close": settings.connection_close,
             "repeat": settings.repeat,
             "requests_per_cell": None if settings.duration else settings.requests,
             "duration_per_cell_s": settings.duration,
