@@ -24,6 +24,7 @@ from botocore.credentials import Credentials
 
 from addon import audit
 from addon.mint import https_call
+from addon.redactset import ROLE, SETS
 
 STS_HOST = "sts.amazonaws.com"
 DURATION = 3600
@@ -110,7 +111,7 @@ class RoleSession:
         loop = asyncio.get_running_loop()
         try:
             address = await self._dial(STS_HOST, 443)
-            fresh = await asyncio.to_thread(self._assume, address)
+            fresh = await asyncio.to_thread(self._fetch, address)
         except Exception as e:  # noqa: BLE001 - the old keys serve until they expire, then deny
             audit.logger().warning(
                 "credentials.renewal_failed",
@@ -131,6 +132,12 @@ class RoleSession:
             self._timer = None
         if time.monotonic() - self._used < IDLE:
             self._timer = loop.call_later(delay, self._renewal)
+
+    def _fetch(self, address: tuple[str, int]) -> Temporary:
+        """In a thread: new keys, in the redaction set (compiled here) before they sign."""
+        fresh = self._assume(address)
+        SETS.hold(self.name, ROLE, fresh.secrets, build=True)
+        return fresh
 
     def _assume(self, address: tuple[str, int]) -> Temporary:
         """One AssumeRole call (in a thread). Raises on any failure."""
@@ -197,6 +204,7 @@ class Sessions:
             return found[1]
         if found is not None:
             found[1].close()  # rotated or changed: its keys must not sign any more
+            SETS.hold(name, ROLE, ())  # retired: redacted for the grace period
         session = RoleSession(name, base, options, self.dial, self.cafile)
         self._sessions[name] = (key, session)
         return session

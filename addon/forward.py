@@ -24,7 +24,7 @@ from addon.live import LivePolicy
 from addon.metrics import Metrics
 from addon.policy import Reason, Rule
 from addon.ratelimit import Limit, Limiter, grant_limit
-from addon.redact import Redactor
+from addon.redactset import SETS
 from addon.signing import Signing, role_unavailable
 from addon.sigv4 import MINTING_SERVICES, Plan, signed_query
 from addon.stamping import Stamp, slot, stamp_query
@@ -240,7 +240,9 @@ class Forward:
                 secrets = stamp.minted.minter.secrets() + (token.value,)
                 rec.token_fp = token.fingerprint
                 STAMPED[flow] = (stamp.minted, token)
-            wsredact.REDACTORS[flow] = Redactor(secrets)
+            # The credential's whole redaction set: every value the store or this process
+            # gave it, the replaced ones for the grace period too (another replica's).
+            wsredact.REDACTORS[flow] = SETS.redactor(credential.name, secrets)
             if stamp.param is not None:
                 query = stamp_query(query, stamp.param, stamp.secret)
             elif isinstance(plan, str):

@@ -9,19 +9,18 @@ safety net: that read runs beside the incremental updates, which it then catches
 from __future__ import annotations
 
 import asyncio
-import gc
-import sys
-import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from addon import audit
 from addon.mint import TOKENS
 from addon.policy import Policy
+from addon.redactset import SETS
+from addon.responsive import responsive
+from addon.stamping import redacted
 from store.crypto import MasterKey
 from store.errors import CredproxyError, StoreUnavailable
 from store.repository import Store
@@ -239,7 +238,8 @@ class LivePolicy:
             self._log.warning("store.unavailable", error=str(error), max_stale_s=self.max_stale)
 
     def _build(self) -> Policy:
-        with _responsive():
+        # A million objects in a second or two (the records hold no cycles).
+        with responsive():
             return self._build_policy()
 
     def _build_policy(self) -> Policy:
@@ -280,6 +280,16 @@ class LivePolicy:
         self.policy = policy
         # Tokens minted with a credential since rotated, removed or changed are dropped now.
         TOKENS.retain(policy.token_versions)
+        # The redaction sets follow the store: what another replica sealed (a rotated refresh
+        # token, its access token) or an operator rotated is redacted from now on.
+        changed = SETS.follow(policy.credentials, redacted)
+        if changed:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # the first load, before the proxy listens
+                SETS.prepare(changed)
+            else:  # off the event loop; a request meanwhile compiles its own
+                loop.run_in_executor(None, SETS.prepare, changed)
         self.last_ok = time.monotonic()
         if full_counter is not None:
             self._full_at, self._full_counter = self.last_ok, full_counter
@@ -317,36 +327,6 @@ class LivePolicy:
 
 
 _abandoned = 0
-# A full read makes a million objects in a second or two, in a thread. Meanwhile the event
-# loop waits for the GIL at every socket call, up to the switch interval (5 ms) each time,
-# and the cyclic collector, set off by the allocations, walks the whole heap with the GIL
-# held: requests then wait hundreds of ms (bench/README.md, the full reload). So while one
-# runs, a shorter switch interval and no cyclic collection (the records hold no cycles).
-FULL_READ_SWITCH_INTERVAL = 0.0005
-_readers = 0
-_readers_lock = threading.Lock()
-_interval = sys.getswitchinterval()
-_collecting = True
-
-
-@contextmanager
-def _responsive() -> Iterator[None]:
-    global _readers, _interval, _collecting
-    with _readers_lock:
-        if _readers == 0:
-            _interval, _collecting = sys.getswitchinterval(), gc.isenabled()
-            sys.setswitchinterval(FULL_READ_SWITCH_INTERVAL)
-            gc.disable()
-        _readers += 1
-    try:
-        yield
-    finally:
-        with _readers_lock:
-            _readers -= 1
-            if _readers == 0:
-                sys.setswitchinterval(_interval)
-                if _collecting:
-                    gc.enable()
 
 
 def abandoned() -> int:

@@ -31,6 +31,7 @@ import urllib3
 import urllib3.connection
 
 from addon import audit
+from addon.redactset import MINTED, SETS
 from store.mintspec import token_version
 
 if TYPE_CHECKING:
@@ -317,7 +318,7 @@ class TokenSession:
                     address, minter.host, minter.port, cafile, "POST", target, body, headers
                 )
 
-            fresh = await asyncio.to_thread(minter.mint, post)
+            fresh = await asyncio.to_thread(self._mint, post)
         except Exception as e:  # noqa: BLE001 - the old token serves until its margin, then deny
             self._failed(loop, e)
             return
@@ -333,6 +334,12 @@ class TokenSession:
             expires_in_s=round(fresh.lifetime, 1),
         )
         self._schedule(loop, max(fresh.refresh_at - time.monotonic(), 0.0))
+
+    def _mint(self, post: Post) -> Token:
+        """In a thread: the token, in the redaction set (compiled here) before it is stamped."""
+        fresh = self.minter.mint(post)
+        SETS.hold(self.name, MINTED, (*self.minter.secrets(), fresh.value), build=True)
+        return fresh
 
     def _failed(self, loop: asyncio.AbstractEventLoop, e: Exception) -> None:
         self._failures += 1
@@ -395,6 +402,7 @@ class Tokens:
             return found[1]
         if found is not None:
             found[1].close()  # rotated or changed: its token must not be stamped any more
+            SETS.hold(credential.name, MINTED, ())  # retired: redacted for the grace period
         session = TokenSession(credential.name, minter_for(credential, self), self)
         self._sessions[credential.name] = (key, session)
         return session
@@ -409,6 +417,7 @@ class Tokens:
                 held = session.current
                 session.close()
                 del self._sessions[name]
+                SETS.hold(name, MINTED, ())
                 if held is not None:
                     audit.logger().info(
                         "token.dropped",

@@ -314,6 +314,11 @@ class Policy:
         return tuple(sorted(self._unreadable))
 
     @property
+    def credentials(self) -> Mapping[str, CredentialRecord]:
+        """The readable credentials, by name."""
+        return self._credentials
+
+    @property
     def token_versions(self) -> Mapping[str, str]:
         """Each readable minted credential's token_version (secret fingerprint, scheme,
         settings): tokens minted for another are dropped. Kept as credentials change, so that

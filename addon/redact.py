@@ -198,6 +198,12 @@ def _escapes(needles: list[bytes]) -> tuple[tuple[bytes, re.Pattern[bytes]], ...
 @functools.lru_cache(maxsize=4096)
 def _compile(secrets: tuple[bytes, ...]) -> _Compiled | None:
     """Built once per secret, not per request: the hot path only scans."""
+    return prepare(secrets)
+
+
+def prepare(secrets: Sequence[bytes]) -> _Compiled | None:
+    """The compiled search for `secrets`, not cached: for a caller that keeps its own and
+    builds it off the event loop (addon/redactset.py). None when no form is long enough."""
     needles = sorted({f for s in secrets for f in forms(s)}, key=len, reverse=True)
     if not needles:
         return None
@@ -373,8 +379,9 @@ class Redactor:
     not delayed when nothing in it resembles one.
     """
 
-    def __init__(self, secrets: Sequence[bytes]) -> None:
-        self._c = _compile(tuple(secrets))
+    def __init__(self, secrets: Sequence[bytes], prepared: _Compiled | None = None) -> None:
+        """`prepared`: what prepare(secrets) returned, if the caller has it."""
+        self._c = prepared if prepared is not None else _compile(tuple(secrets))
         self._tail = b""
         self._dense, self._pieces = False, 0
         # The end of a stream as flushed: it may begin a form that its trailers finish.

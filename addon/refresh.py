@@ -30,6 +30,14 @@ _REFRESH = re.compile(r"[\x21-\x7e]{1,4096}")
 SHARED = ("access_token", "access_issued", "access_expires", "access_for")
 
 
+def sealed(credential: CredentialRecord) -> tuple[bytes, ...]:
+    """The secret's parts as the store holds them: the client secret, the refresh token, and
+    the access token a replica sealed beside it (stamped by the others)."""
+    keys = json.loads(credential.secret.reveal())
+    found = (keys.get("client_secret"), keys["refresh_token"], keys.get("access_token"))
+    return tuple(value.encode() for value in found if value)
+
+
 class OAuth2Refresh:
     def __init__(self, credential: CredentialRecord, tokens: Tokens) -> None:
         keys = json.loads(credential.secret.reveal())

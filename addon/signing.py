@@ -19,7 +19,7 @@ from mitmproxy import http
 from addon import audit
 from addon.failclosed import Denied, deny_on_error
 from addon.policy import Reason
-from addon.redact import Redactor
+from addon.redactset import SETS
 from addon.sigv4 import DEFAULT_BODY_LIMIT, HELD, Plan, Signer, Unsignable, too_large
 from addon.state import record
 from addon.trail import Trail
@@ -133,7 +133,7 @@ def sign(flow: http.HTTPFlow, signer: Signer, plan: Plan, body: bytes | None) ->
         credentials = temporary.credentials
         # The keys may have been renewed since the redactor was made (a body arriving
         # slowly): it must look for the ones that sign, before anything is sent.
-        REDACTORS[flow] = Redactor((*signer.secrets, *temporary.secrets))
+        REDACTORS[flow] = SETS.redactor(plan.role.name, (*signer.secrets, *temporary.secrets))
     fields = request.headers.fields
     method = request.data.method.decode("ascii")
     added = signer.sign(method, url, fields, body, plan, credentials)

@@ -89,6 +89,13 @@ class _S3Unsigned:
     s3 = {"payload_signing_enabled": False}
 
 
+def key_secrets(credential: CredentialRecord) -> tuple[bytes, ...]:
+    """Redacted from responses: the secret key, the token, and the key id AWS errors echo."""
+    keys = json.loads(credential.secret.reveal())
+    found = (keys["secret_access_key"], keys.get("session_token"), keys["access_key_id"])
+    return tuple(value.encode() for value in found if value)
+
+
 class Signer:
     """One sigv4 credential, opened once per policy. Its repr never shows a key."""
 
@@ -98,12 +105,7 @@ class Signer:
         keys = json.loads(credential.secret.reveal())
         token = keys.get("session_token")
         self._credentials = Credentials(keys["access_key_id"], keys["secret_access_key"], token)
-        # Redacted from responses: the secret key, the token, and the key id AWS errors echo.
-        self.secrets = tuple(
-            value.encode()
-            for value in (keys["secret_access_key"], token, keys["access_key_id"])
-            if value
-        )
+        self.secrets = key_secrets(credential)
         self.service: str | None = credential.options.get("service")
         self.region: str | None = credential.options.get("region")
         self._scopes: dict[str, aws.Scope | None] = {}

@@ -27,6 +27,29 @@ def header_for(credential: CredentialRecord) -> tuple[str, str] | None:
     return None
 
 
+def redacted(credential: CredentialRecord) -> tuple[bytes, ...]:
+    """What redaction looks for of a credential as the store holds it now: its secret, or
+    the parts of one (a sigv4 key pair; a minted scheme's client secret, private key, refresh
+    token, and the access token sealed beside it for the replicas)."""
+    try:
+        if credential.scheme == "oauth2-refresh":
+            from addon.refresh import sealed
+
+            return sealed(credential)
+        if credential.scheme in MINTED:
+            from addon.mint import TOKENS
+            from addon.minters import minter_for
+
+            return minter_for(credential, TOKENS).secrets()
+        if credential.scheme == "sigv4":
+            from addon.sigv4 import key_secrets
+
+            return key_secrets(credential)
+    except (ValueError, KeyError, TypeError):  # no scheme could stamp it: looked for whole
+        return (credential.secret.reveal(),)
+    return (credential.secret.reveal(),)
+
+
 def slot(name: bytes) -> bytes:
     """The header a field name lands in at the upstream: case and `_` / `-` ignored."""
     return name.lower().replace(b"_", b"-")

@@ -148,29 +148,6 @@ def test_a_slow_poll_never_takes_the_policy_back_over_a_later_one(
         live.close()
 
 
-def test_a_full_read_pauses_the_cyclic_collector_and_restores_it() -> None:
-    import gc
-    import sys
-
-    from addon import live
-
-    interval, collecting = sys.getswitchinterval(), gc.isenabled()
-    gc.enable()
-    try:
-        with live._responsive():
-            with live._responsive():  # the periodic read and a forced one, overlapping
-                assert not gc.isenabled()
-            assert not gc.isenabled()
-            assert sys.getswitchinterval() == pytest.approx(live.FULL_READ_SWITCH_INTERVAL)
-        assert gc.isenabled() and sys.getswitchinterval() == pytest.approx(interval)
-        gc.disable()  # start-up: the runner turns it on once it listens
-        with live._responsive():
-            pass
-        assert not gc.isenabled()
-    finally:
-        gc.enable() if collecting else gc.disable()
-
-
 def test_a_failed_periodic_full_read_keeps_the_incremental_policy(
     store: Store, key: MasterKey, open_store: Callable[[MasterKey | None], Store]
 ) -> None:
