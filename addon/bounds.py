@@ -1,13 +1,18 @@
-"""Bounds where mitmproxy has no hook: a head still arriving, a stream's error, an h2 queue.
+"""Bounds where mitmproxy has no hook: a head still arriving, a stream's error, an h2 queue,
+a response body's reads.
 
 `install()` patches mitmproxy's HTTP layers once per process: a request or response head
 longer than HEAD_LIMIT is refused, a stream the sweeper (addon/limits.py) cut off answers
 504 with a fixed message, an HTTP/2 client that stops reading has its stream reset once too
-much is held for it. It checks h2's own limits and raises at start if they changed.
+much is held for it, and each piece of a response body that arrives, held whole or streamed,
+is reported (`HttpStream`'s two body states; mitmproxy calls no hook for a body held whole),
+so that a response still flowing is not cut as a stall. It checks h2's own limits and raises
+at start if they changed.
 """
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -38,6 +43,8 @@ timed_out_flows: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary
 timed_out_servers: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
 # Called with the client connection when an HTTP/1 request head starts arriving.
 on_head_started: list[Callable[[Any], None]] = []
+# Called with the flow when a piece of its response body arrives (HTTP/1 and HTTP/2).
+on_response_data: list[Callable[[Any], None]] = []
 _installed = False
 
 
@@ -63,6 +70,12 @@ def install() -> None:
     _http2.Http2Server._handle_event = _bounded_h2_buffer(_http2.Http2Server._handle_event)  # type: ignore[method-assign]
     tls_layer.ServerTLSLayer._handshake_finished = _timeout_handshake(  # type: ignore[method-assign]
         tls_layer.ServerTLSLayer._handshake_finished
+    )
+    HttpStream.state_consume_response_body = _reporting_body(  # type: ignore[method-assign]
+        HttpStream.state_consume_response_body
+    )
+    HttpStream.state_stream_response_body = _reporting_body(  # type: ignore[method-assign]
+        HttpStream.state_stream_response_body
     )
     _installed = True
 
@@ -147,6 +160,20 @@ def _timeout_answer(handle: Any) -> Any:
                 code = STATUS[Reason.UPSTREAM_TIMEOUT]
                 event = ResponseProtocolError(self.stream_id, message, code)
         yield from handle(self, event)
+
+    return wrapper
+
+
+def _reporting_body(state: Any) -> Any:
+    """One of `HttpStream`'s response body states, reporting each piece that arrives."""
+    from mitmproxy.proxy.layers.http._events import ResponseData
+
+    @functools.wraps(state)
+    def wrapper(self: Any, event: Any) -> Iterator[Any]:
+        if isinstance(event, ResponseData):
+            for arrived in on_response_data:
+                arrived(self.flow)
+        yield from state(self, event)
 
     return wrapper
 

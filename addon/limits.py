@@ -1,15 +1,20 @@
 """Limits a sandbox can push against: deadlines, connection caps, upstream timeouts.
 
 The `Limits` addon counts connections and tunnels, keeps the deadlines of connections, flows
-and upstream connections, and closes what is overdue from one sweeper task. What no hook can
-see (head sizes, h2 queues, the answer of a stream cut off) is bounded in addon/bounds.py.
+and upstream connections, and closes what is overdue from one sweeper task. Which connection
+may wait to authenticate is addon/admission.py's decision. What no hook can see (head sizes,
+h2 queues, the answer of a stream cut off, a response body's reads) is bounded in
+addon/bounds.py.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import fcntl
 import math
+import sys
+import termios
 import time
 import weakref
 from collections.abc import Callable
@@ -17,12 +22,14 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from addon import audit
+from addon import audit, reading
+from addon.admission import DISPLACED, MAX_CONNECTIONS, REFUSED, Admission, Refused, peer_key
 from addon.argtypes import count, seconds
 from addon.bounds import (
     TIMEOUT_PREFIX,
     audit_refusal,
     on_head_started,
+    on_response_data,
     timed_out_flows,
     timed_out_servers,
 )
@@ -51,6 +58,14 @@ class LimitSettings:
     max_tunnels: int = 256  # per principal
     max_holds: int = 256  # requests held for approval at once
     max_held: int = 8  # of them per principal
+    max_unauthenticated: int | None = None  # None: a quarter of max_connections
+    max_unauthenticated_per_address: int = 256
+
+    @cached_property
+    def unauthenticated_cap(self) -> int:
+        if self.max_unauthenticated is not None:
+            return self.max_unauthenticated
+        return max(1, self.max_connections // 4)
 
     # The timers' messages, made once: a float formatted per request is not free.
     @cached_property
@@ -75,13 +90,22 @@ class LimitSettings:
         values: dict[str, Any] = {}
         for dest, (flag, _, default, _) in LIMIT_FLAGS.items():
             value = getattr(args, dest, default)
+            if value is None:
+                continue
             if not math.isfinite(value) or value <= 0:
                 raise InvalidInput(f"{flag} must be a positive number, not {value}")
             values[dest] = value
-        return cls(**values)
+        settings = cls(**values)
+        if settings.max_unauthenticated is not None:
+            if settings.max_unauthenticated >= settings.max_connections:
+                raise InvalidInput(
+                    "--max-unauthenticated must be below --max-connections: the rest is "
+                    "kept for authenticated connections"
+                )
+        return settings
 
 
-LIMIT_FLAGS: dict[str, tuple[str, str, float, str]] = {  # dest: flag, metavar, default, help
+LIMIT_FLAGS: dict[str, tuple[str, str, float | None, str]] = {  # dest: flag, metavar, default, help
     "head_timeout": ("--head-timeout", "S", 10.0, "seconds to send a complete request head"),
     "idle_timeout": ("--idle-timeout", "S", 60.0, "seconds a connection may sit idle"),
     "connect_timeout": ("--connect-timeout", "S", 10.0, "seconds for upstream TCP and TLS"),
@@ -95,6 +119,19 @@ LIMIT_FLAGS: dict[str, tuple[str, str, float, str]] = {  # dest: flag, metavar, 
     "max_tunnels": ("--max-tunnels", "N", 256, "open CONNECT tunnels per principal"),
     "max_holds": ("--max-holds", "N", 256, "requests held for approval at once"),
     "max_held": ("--max-held", "N", 8, "requests held for approval at once, per principal"),
+    "max_unauthenticated": (
+        "--max-unauthenticated",
+        "N",
+        None,
+        "client connections not authenticated yet, in total (default: a quarter of "
+        "--max-connections)",
+    ),
+    "max_unauthenticated_per_address": (
+        "--max-unauthenticated-per-address",
+        "N",
+        256,
+        "of them from one source address (IPv6: one /64)",
+    ),
 }
 
 
@@ -103,10 +140,10 @@ def add_limit_flags(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(
             flag,
             dest=dest,
-            type=count(1) if isinstance(default, int) else seconds(),
+            type=count(1) if metavar == "N" else seconds(),
             default=default,
             metavar=metavar,
-            help=f"{text} (default {default:g})",
+            help=text if default is None else f"{text} (default {default:g})",
         )
 
 
@@ -121,6 +158,7 @@ class _Conn:
     head: bool  # the deadline is for a request head (else: idle)
     flows: set[str] = field(default_factory=set)
     principal: str | None = None  # whose tunnel this connection carries
+    source: str = ""  # the peer's address it counts against until it authenticates
 
 
 @dataclass(slots=True)
@@ -147,12 +185,21 @@ class Limits:
         self.upstream: weakref.WeakKeyDictionary[connection.Connection, _Timer] = (
             weakref.WeakKeyDictionary()
         )
+        self.admission = Admission(
+            settings.unauthenticated_cap,
+            settings.max_unauthenticated_per_address,
+            self._authenticated,
+            _unread,
+        )
+        if trail is not None:
+            trail.metrics.connections = self.admission
         self._sweeper: asyncio.Task[None] | None = None
 
     # -- lifecycle -------------------------------------------------------------------
 
     def running(self) -> None:
         on_head_started[:] = [self.head_started]
+        on_response_data[:] = [self.response_data]
         self._sweeper = asyncio.get_running_loop().create_task(self._sweep_forever())
 
     def done(self) -> None:
@@ -160,14 +207,56 @@ class Limits:
             self._sweeper.cancel()
 
     def client_connected(self, client: connection.Client) -> None:
-        if len(self.conns) >= self.settings.max_connections:
+        try:
+            self._admit(client)
+        except Exception as e:  # noqa: BLE001 - fail closed: an unaccounted connection is refused
+            self.log.error(
+                "hook.failed", hook="limits.client_connected", error_type=type(e).__name__
+            )
+            client.error = "internal error"
+
+    def _admit(self, client: connection.Client) -> None:
+        source = peer_key(client)
+        try:
+            room = self.admission.make_room(source)
+            if room is None and len(self.conns) >= self.settings.max_connections:
+                raise Refused(MAX_CONNECTIONS)
+        except Refused as e:
+            self.admission.refused[e.bound] += 1
             client.error = "too many connections"  # mitmproxy closes it before reading
-            audit_refusal(client, Reason.TOO_MANY_CONNECTIONS, "the proxy is at its connection cap")
+            audit_refusal(client, Reason.TOO_MANY_CONNECTIONS, REFUSED[e.bound])
             return
-        self.conns[client] = _Conn(time.monotonic() + self.settings.head_timeout, head=True)
+        if room is not None:
+            self._displace(*room)
+        self.conns[client] = _Conn(
+            time.monotonic() + self.settings.head_timeout, head=True, source=source
+        )
+        self.admission.add(client, source)
+
+    def _displace(self, client: connection.Client, bound: str) -> None:
+        """Close an unauthenticated connection to make room for a newer one."""
+        conn = self.conns.get(client)
+        self.admission.remove(client, conn.source if conn is not None else peer_key(client))
+        self.admission.displaced[bound] += 1
+        detail = DISPLACED[bound]
+        audit_refusal(client, Reason.TOO_MANY_CONNECTIONS, detail)
+        # Closed at the socket, not by cancelling mitmproxy's task as the sweeper does: a
+        # task cancelled before it first ran never closes its socket.
+        found = reading.transport(client)
+        if found is not None:
+            found.close()
+        else:  # not set up yet: mitmproxy closes it before reading
+            client.error = detail
+
+    def _authenticated(self, client: connection.Client) -> bool:
+        """Has a CONNECT or a proxy request on this connection named a valid token?"""
+        state = self.clients.get(client)
+        return state is not None and (state.tunnel is not None or state.principal is not None)
 
     def client_disconnected(self, client: connection.Client) -> None:
         conn = self.conns.pop(client, None)
+        if conn is not None:
+            self.admission.remove(client, conn.source)
         principal = conn.principal if conn is not None else None
         held = self.tunnels.get(principal) if principal is not None else None
         if principal is not None and held is not None:
@@ -219,9 +308,14 @@ class Limits:
         held.add(client)
         if conn is not None:
             conn.principal = tunnel.principal
+            self.admission.remove(client, conn.source)
 
     def requestheaders(self, flow: http.HTTPFlow) -> None:
-        self._busy(flow.client_conn, flow.id)
+        client = flow.client_conn
+        self._busy(client, flow.id)
+        conn = self.conns.get(client)
+        if conn is not None and self.admission.is_pending(client) and self._authenticated(client):
+            self.admission.remove(client, conn.source)
         request = flow.request
         if flow.response is not None:
             return  # refused: its body is dropped, and the idle deadline ends a silent one
@@ -246,12 +340,14 @@ class Limits:
         response = flow.response
         if timer is None or response is None:
             return
-        wait = self.settings.upstream_timeout
-        timer.deadline = time.monotonic() + wait
+        timer.deadline = time.monotonic() + self.settings.upstream_timeout
         timer.message = self.settings.response_stalled
-        stream = response.stream
-        if callable(stream):
-            response.stream = _touching(stream, timer, wait)
+
+    def response_data(self, flow: http.HTTPFlow) -> None:
+        """A piece of the response body arrived, held whole or streamed: no stall yet."""
+        timer = self.flows.get(flow)
+        if timer is not None:
+            timer.deadline = time.monotonic() + self.settings.upstream_timeout
 
     def response(self, flow: http.HTTPFlow) -> None:
         self.flows.pop(flow, None)
@@ -282,7 +378,10 @@ class Limits:
         if conn is not None and key in conn.flows:
             conn.flows.discard(key)
             if not conn.flows:
-                conn.deadline = time.monotonic() + self.settings.idle_timeout
+                wait = self.settings.idle_timeout
+                if self.admission.is_pending(client):  # answered, never authenticated
+                    wait = min(wait, self.settings.head_timeout)
+                conn.deadline = time.monotonic() + wait
 
     # -- upstream connections --------------------------------------------------------
 
@@ -320,6 +419,10 @@ class Limits:
         """Close every connection and flow past its deadline."""
         for client, conn in list(self.conns.items()):
             if conn.deadline <= now:
+                if reading.paused(client):
+                    # Not read while one of its requests waits on credproxy (a token mint, a
+                    # lookup, a rate bucket, an approval): that wait's own bound ends it.
+                    continue
                 conn.deadline = math.inf  # once
                 if conn.head:
                     detail = "no complete request head in time"
@@ -367,6 +470,26 @@ def _handler(client_id: str) -> Any:
 
     proxyserver = ctx.master.addons.get("proxyserver")
     return proxyserver.connections.get(client_id) if proxyserver is not None else None
+
+
+def _unread(client: connection.Client) -> bool:
+    """Do bytes wait on this connection that the proxy has not read yet (in the socket, or
+    read by asyncio and not yet by mitmproxy)? False without a proxy server."""
+    handler = _handler(client.id)
+    io = handler.transports.get(client) if handler is not None else None
+    if io is None:
+        return False
+    if getattr(io.reader, "_buffer", None):  # asyncio.StreamReader's, read ahead
+        return True
+    found = reading.transport(client)
+    sock = found.get_extra_info("socket") if found is not None else None
+    if sock is None:
+        return False
+    try:
+        waiting = fcntl.ioctl(sock.fileno(), termios.FIONREAD, bytes(4))
+    except OSError:
+        return False
+    return int.from_bytes(waiting, sys.byteorder) > 0
 
 
 def _close(client_id: str, conn: connection.Connection, why: str) -> bool:

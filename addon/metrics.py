@@ -9,7 +9,12 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.utils import floatToGoString
 
 from addon import audit
@@ -38,6 +43,7 @@ class Metrics:
         self._duration_sum = 0.0
         self._redactions = 0
         self.dns: Any = None  # addon.dns.Stats, set by the forwarder
+        self.connections: Any = None  # addon.admission.Admission, set by the limits addon
         self.registry.register(self)  # collect() below
         self.reloads = Counter(
             "credproxy_policy_reloads", "Policy reloads from the store", registry=self.registry
@@ -170,10 +176,35 @@ class Metrics:
                     value=dns.lookup_seconds,
                 ),
             ]
+        if self.connections is not None:
+            families += _connection_families(self.connections)
         return iter(families)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def _connection_families(admission: Any) -> list[Metric]:
+    refused = CounterMetricFamily(
+        "credproxy_connections_refused",
+        "Client connections closed at accept, by the bound that was full",
+        labels=["reason"],
+    )
+    for reason, n in list(admission.refused.items()):
+        refused.add_metric([reason], n)
+    displaced = CounterMetricFamily(
+        "credproxy_connections_displaced",
+        "Unauthenticated client connections closed to make room for a newer one, by bound",
+        labels=["reason"],
+    )
+    for reason, n in list(admission.displaced.items()):
+        displaced.add_metric([reason], n)
+    pending = GaugeMetricFamily(
+        "credproxy_unauthenticated_connections",
+        "Client connections open now that have not authenticated yet",
+        value=len(admission.pending),
+    )
+    return [refused, displaced, pending]
 
 
 class StreakAlerts:

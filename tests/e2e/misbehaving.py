@@ -16,7 +16,8 @@ from tests.e2e.servers import TlsServer, server_context
 
 # The answer's bytes, or pieces of it sent one by one (a generator may sleep between them).
 Script = Callable[[bytes], bytes | Iterable[bytes]]
-H2Script = Callable[[Any, int, bytes], None]  # (h2 connection, stream id, secret)
+# (h2 connection, stream id, secret); a generator's frames are sent at each step (it may sleep)
+H2Script = Callable[[Any, int, bytes], Iterable[None] | None]
 
 
 def head(*lines: bytes) -> bytes:
@@ -75,7 +76,8 @@ class RawUpstream(TlsServer):
 
 
 class H2Upstream(TlsServer):
-    """HTTP/2: for each request, `scripts[path](conn, stream_id, secret)` sends the answer."""
+    """HTTP/2: for each request, `scripts[path](conn, stream_id, secret)` sends the answer;
+    a script that is a generator has what it queued sent at each step."""
 
     def __init__(self, ca: Any, names: list[str], scripts: dict[str, H2Script]) -> None:
         self.scripts = scripts
@@ -100,5 +102,9 @@ class H2Upstream(TlsServer):
                 if isinstance(event, h2.events.RequestReceived):
                     headers = dict(event.headers)
                     script = self.scripts[headers[b":path"].decode()]
-                    script(conn, event.stream_id, _secret(headers.get(b"authorization", b"")))
+                    steps = script(
+                        conn, event.stream_id, _secret(headers.get(b"authorization", b""))
+                    )
+                    for _ in steps or ():
+                        tls.sendall(conn.data_to_send())
             tls.sendall(conn.data_to_send())

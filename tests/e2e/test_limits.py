@@ -8,6 +8,7 @@ import socket
 import ssl
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -229,22 +230,184 @@ def capped(
 
 
 def test_connections_over_the_total_cap_are_closed_at_accept(capped: Proxy):
-    held = [socket.create_connection(("127.0.0.1", capped.port)) for _ in range(10)]
-    try:
-        time.sleep(0.3)
-        with socket.create_connection(("127.0.0.1", capped.port)) as extra:
-            assert closed_by_peer(extra, within=2)
-        lines = [r for r in capped.requests() if r.get("reason") == "too-many-connections"]
-        assert lines
-    finally:
-        for sock in held:
-            sock.close()
-    time.sleep(0.3)
+    """Ten tunnels fill the cap of ten: the eleventh connection is closed at accept. (Silent
+    connections cannot fill it: they have a pool of their own, see below.)"""
     name = "capped-" + os.urandom(3).hex()
     token = capped.store.add_principal(name)
     capped.store.add_grant(name, ["GET"], hosts=["api.test"])
     capped.wait_reload()
+    held = []
+    try:
+        for _ in range(10):
+            sock, reply = connect(capped.port, "api.test:443", proxy_auth(name, token))
+            held.append(sock)
+            assert reply.status == 200
+        with socket.create_connection(("127.0.0.1", capped.port)) as extra:
+            assert closed_by_peer(extra, within=2)
+        lines = [r for r in capped.requests() if r.get("reason") == "too-many-connections"]
+        assert lines[-1]["detail"] == "the proxy is at its connection cap"
+    finally:
+        for sock in held:
+            sock.close()
+    time.sleep(0.3)
     assert get(capped, (name, token)).status == 200
+
+
+SOURCES = [f"127.0.0.{n}" for n in range(2, 10)]  # the silent peers' addresses
+
+
+@pytest.fixture(scope="module")
+def crowded(
+    tmp_path_factory: pytest.TempPathFactory,
+    shared_upstream: Upstream,
+    upstream_ca: trustme.CA,
+    initialised_home: Path,
+) -> Iterator[Proxy]:
+    """Room for 64 connections, 32 of them unauthenticated, 8 per address; silent connections
+    are not closed by the head deadline while the test runs."""
+    resolve = [f"api.test=127.0.0.1:{shared_upstream.port}"]
+    home = tmp_path_factory.mktemp("crowded")
+    extra = ["--max-connections", "64", "--max-unauthenticated", "32"]
+    extra += ["--max-unauthenticated-per-address", "8", "--head-timeout", "30"]
+    extra += ["--admin", "127.0.0.1:0"]
+    running = start_proxy(home, upstream_ca, resolve, extra=extra, template=initialised_home)
+    yield running
+    stop_proxy(running)
+
+
+def _silent(port: int, source: str) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), source_address=(source, 0))
+    sock.setblocking(False)
+    return sock
+
+
+def _gone(sock: socket.socket) -> bool:
+    try:
+        return sock.recv(1) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+
+
+def _connection_metrics(proxy: Proxy) -> dict[str, float]:
+    started = next(line for line in proxy.audit() if line["event"] == "proxy.started")
+    with urllib.request.urlopen(f"http://{started['admin'][0]}/metrics", timeout=5) as reply:
+        text = reply.read().decode()
+    return {
+        name: float(value)
+        for name, _, value in (line.rpartition(" ") for line in text.splitlines())
+        if "connections" in name and not name.startswith("#")
+    }
+
+
+def test_an_address_holds_at_most_its_cap_of_silent_connections(crowded: Proxy):
+    """20 silent connections from one address: the proxy keeps the newest 8."""
+    key = 'credproxy_connections_displaced_total{reason="max-unauthenticated-per-address"}'
+    before = _connection_metrics(crowded).get(key, 0.0)
+    silent = [_silent(crowded.port, "127.0.0.10") for _ in range(20)]
+    try:
+        deadline = time.monotonic() + 5
+        while sum(map(_gone, silent)) < 12 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)
+        gone = [_gone(sock) for sock in silent]
+        after = _connection_metrics(crowded)[key]
+    finally:
+        for sock in silent:
+            sock.close()
+    assert gone == [True] * 12 + [False] * 8
+    assert after - before == 12
+
+
+def test_a_burst_of_connects_from_one_address_past_its_caps_is_served(
+    crowded: Proxy, names: Callable[[str], str]
+):
+    """40 tunnels opened at once from one address, each CONNECT sent as soon as its
+    connection is: more than the address's 8 and the pool's 32 unauthenticated places, but a
+    connection whose bytes wait unread is never closed to make room."""
+    name = names("burst")
+    token = crowded.store.add_principal(name)
+    crowded.store.add_grant(name, ["GET"], hosts=["api.test"])
+    crowded.wait_reload()
+    head = "CONNECT api.test:443 HTTP/1.1\r\nHost: api.test:443\r\n"
+    head += f"Proxy-Authorization: {proxy_auth(name, token)}\r\n\r\n"
+    burst = []
+    try:
+        for _ in range(40):
+            sock = socket.create_connection(("127.0.0.1", crowded.port), timeout=10)
+            sock.sendall(head.encode())
+            burst.append(sock)
+        statuses = [read_reply(sock).status for sock in burst]
+    finally:
+        for sock in burst:
+            sock.close()
+    assert statuses == [200] * 40
+
+
+def test_two_hundred_silent_connections_leave_two_principals_served(
+    crowded: Proxy, names: Callable[[str], str]
+):
+    """Issue 46: 200 connections that never send a byte, 25 from each of eight addresses (an
+    address fills its own cap first, then the pool fills), each reopened
+    as soon as the proxy closes it, for as long as two principals make requests (on new
+    connections and on a kept tunnel). Every request is answered, the silent ones hold at
+    most their pool, and the proxy grows less than 32 MiB."""
+    who = []
+    for n in range(2):
+        name = names(f"crowd{n}")
+        token = crowded.store.add_principal(name)
+        crowded.store.add_grant(name, ["GET"], hosts=["api.test"])
+        who.append((name, token))
+    crowded.wait_reload()
+    assert [get(crowded, w).status for w in who] == [200, 200]  # warm
+    statuses: list[int] = []
+    stop = threading.Event()
+    reopened = [0]
+
+    def silent_peer(silent: list[socket.socket]) -> None:
+        while not stop.is_set():
+            for i, sock in enumerate(silent):
+                if _gone(sock):
+                    sock.close()
+                    silent[i] = _silent(crowded.port, SOURCES[i // 25])
+                    reopened[0] += 1
+            time.sleep(0.01)
+
+    def principal(w: tuple[str, str]) -> None:
+        sock, reply = connect(crowded.port, "api.test:443", proxy_auth(*w))
+        context = ssl.create_default_context(cafile=str(crowded.ca_file))
+        with context.wrap_socket(sock, server_hostname="api.test") as kept:
+            kept.settimeout(10)
+            for _ in range(15):
+                statuses.append(get(crowded, w).status)  # a new connection each time
+                kept.sendall(b"GET /v1/x HTTP/1.1\r\nHost: api.test\r\n\r\n")
+                statuses.append(read_reply(kept).status)
+
+    with Peak(crowded.process.pid) as peak:
+        silent = [_silent(crowded.port, SOURCES[i // 25]) for i in range(200)]
+        peer = threading.Thread(target=silent_peer, args=(silent,))
+        peer.start()
+        try:
+            time.sleep(0.5)
+            workers = [threading.Thread(target=principal, args=(w,)) for w in who]
+            for thread in workers:
+                thread.start()
+            for thread in workers:
+                thread.join(120)
+            during = _connection_metrics(crowded)
+        finally:
+            stop.set()
+            peer.join(10)
+            for sock in silent:
+                sock.close()
+    assert statuses == [200] * 60
+    assert reopened[0] > 168  # the proxy kept closing them, and they kept coming back
+    assert during["credproxy_unauthenticated_connections"] <= 32
+    displaced = 'credproxy_connections_displaced_total{reason="max-unauthenticated"}'
+    per_address = 'credproxy_connections_displaced_total{reason="max-unauthenticated-per-address"}'
+    assert during[displaced] > 0 and during[per_address] > 0
+    assert peak.growth < MEMORY_BOUND, f"grew {peak.growth / 2**20:.1f} MiB"
 
 
 def open_h2_streams(proxy: Proxy, who: tuple[str, str], count: int) -> bool:

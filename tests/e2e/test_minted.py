@@ -34,7 +34,7 @@ from tests.e2e.fakeoauth import (
     rsa_pem,
 )
 from tests.e2e.memory import BIG, MEMORY_BOUND, MIB, Peak
-from tests.e2e.raw import connect, proxy_auth, push
+from tests.e2e.raw import connect, proxy_auth, push, read_reply
 from tests.e2e.upstream import Upstream
 
 pytestmark = pytest.mark.e2e
@@ -250,6 +250,45 @@ def test_a_token_whose_refresh_fails_serves_until_its_margin_then_denies(
     assert provider.expired_uses == 0 and provider.count("expiring") == 1
 
 
+@pytest.mark.parametrize(
+    ("delay", "status"),
+    [
+        pytest.param(8.5, 200, id="the token comes after the head deadline: 200"),
+        pytest.param(12.0, 502, id="the token endpoint takes too long: 502"),
+    ],
+)
+def test_a_request_waiting_for_its_token_is_not_cut_by_the_head_deadline(
+    sandbox: Sandbox, provider: Provider, delay: float, status: int
+):
+    """Issue 34, item 6: a CONNECT, then a complete GET head 2 s later, for a token that
+    takes `delay` s to mint. The head deadline (10 s from the CONNECT) passes while the
+    request waits on credproxy, not on the client: it ends in its answer, never a close."""
+    name = f"slow-mint-{int(delay)}"
+    token = sandbox.client_credential(name)
+    provider.delay = delay
+    sock, reply = connect(sandbox.proxy.port, f"{API}:443", proxy_auth(name, token))
+    assert reply.status == 200
+    client = f"127.0.0.1:{sock.getsockname()[1]}"
+    context = ssl.create_default_context(cafile=str(sandbox.proxy.ca_file))
+    with context.wrap_socket(sock, server_hostname=API) as tls:
+        time.sleep(2)
+        tls.settimeout(30)
+        tls.sendall(f"GET /v1/x HTTP/1.1\r\nHost: {API}\r\n\r\n".encode())
+        answer = read_reply(tls)
+    assert answer.status == status
+    line = sandbox.proxy.requests(name)[-1]
+    if status == 200:
+        assert line["decision"] == "allow" and line["token_ms"] > 8000
+    else:
+        assert (answer.reason, line["error"]) == ("credentials-unavailable", "token-unavailable")
+        assert json.loads(answer.body)["detail"] == "the token endpoint did not answer in time"
+    timeouts = [r for r in sandbox.proxy.requests() if r.get("reason") == "request-timeout"]
+    assert client not in [r["client"] for r in timeouts]
+    # Its session would keep minting in the background, into the next tests' provider settings.
+    sandbox.cli("credential", "remove", name)
+    sandbox.proxy.wait_reload()
+
+
 def test_a_hundred_parallel_first_requests_share_one_mint(sandbox: Sandbox, provider: Provider):
     provider.delay = 1.0  # a slow endpoint: every request arrives while the mint runs
     token = sandbox.client_credential("parallel")
@@ -439,7 +478,7 @@ def test_bad_input_is_one_line_exit_2_nothing_stored(
     )  # fmt: skip
     err = done.stderr.decode()
     assert done.returncode == 2 and err.count("\n") == 1 and message in err, err
-    assert "Traceback" not in err and "b\"" not in err
+    assert "Traceback" not in err and 'b"' not in err
     assert "bad" not in [c.name for c in sandbox.proxy.store.list_credentials()]
 
 
@@ -581,8 +620,7 @@ def test_a_narrowed_scope_is_never_served_the_wider_token_kept_in_the_store(
         sandbox.proxy.wait_reload()
         assert client.get(f"https://{API}/v1/narrow").status_code == 200
     by_fp = {
-        "tok-" + hashlib.sha256(v.encode()).hexdigest()[:12]: i
-        for v, i in provider.issued.items()
+        "tok-" + hashlib.sha256(v.encode()).hexdigest()[:12]: i for v, i in provider.issued.items()
     }
     lines = [r for r in sandbox.proxy.requests("narrowed") if r["path"].startswith("/v1/")]
     scopes = [by_fp[line["token_fp"]].scope for line in lines]
@@ -758,9 +796,7 @@ def test_an_app_the_api_does_not_know_is_refused_502(sandbox: Sandbox, provider:
                      "the --api-url must be an https:// URL", id="an API URL that is not https"),
     ],
 )  # fmt: skip
-def test_bad_github_app_input_is_one_line_exit_2(
-    sandbox: Sandbox, args: list[str], message: str
-):
+def test_bad_github_app_input_is_one_line_exit_2(sandbox: Sandbox, args: list[str], message: str):
     pem, _ = rsa_pem()
     done = subprocess.run(
         [*CREDPROXY, "credential", "add", "badgh", "--scheme", "github-app", "--host", API,

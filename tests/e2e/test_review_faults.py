@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trustme
@@ -25,12 +26,13 @@ from wsproto.extensions import PerMessageDeflate
 from addon.live import DB_TIMEOUT
 from tests.e2e.conftest import CREDPROXY, NAMES, Proxy, _env, start_proxy, stop_proxy
 from tests.e2e.memory import MEMORY_BOUND, MIB, Peak
-from tests.e2e.misbehaving import RawUpstream, head
+from tests.e2e.misbehaving import H2Upstream, RawUpstream, head
 from tests.e2e.raw import (
     Reply,
     closed_by_peer,
     connect,
     get,
+    h2_get,
     h2_streams,
     h2_tunnel,
     proxy_auth,
@@ -87,10 +89,27 @@ def _drip(secret: bytes) -> Iterator[bytes]:
         yield b"d"
 
 
+def _h2_drip(conn: Any, stream_id: int, secret: bytes) -> Iterator[None]:
+    """_drip over HTTP/2: one DATA frame of one byte every 0.25 s."""
+    conn.send_headers(stream_id, [(":status", "200"), ("content-length", "40")])
+    for n in range(40):
+        yield
+        time.sleep(0.25)
+        conn.send_data(stream_id, b"d", end_stream=n == 39)
+    yield
+
+
 @pytest.fixture(scope="module")
 def drip(upstream_ca: trustme.CA) -> Iterator[RawUpstream]:
     """drip.test: see _drip."""
     with RawUpstream(upstream_ca, ["drip.test"], {"/v1/x": _drip}, linger=1) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def h2_drip(upstream_ca: trustme.CA) -> Iterator[H2Upstream]:
+    """drip2.test: see _h2_drip."""
+    with H2Upstream(upstream_ca, ["drip2.test"], {"/v1/x": _h2_drip}) as server:
         yield server
 
 
@@ -126,11 +145,13 @@ def proxy_b(
     big_pit: Tarpit,
     bomb: RawUpstream,
     drip: RawUpstream,
+    h2_drip: H2Upstream,
 ) -> Iterator[Proxy]:
     """One proxy with second-long deadlines for the attacks that need nothing else."""
     resolve = [f"{name}=127.0.0.1:{shared_upstream.port}" for name in NAMES if name != "localhost"]
     resolve += [f"ws.test=127.0.0.1:{ws_upstream.port}", f"big.test=127.0.0.1:{big_pit.port}"]
     resolve += [f"bomb.test=127.0.0.1:{bomb.port}", f"drip.test=127.0.0.1:{drip.port}"]
+    resolve += [f"drip2.test=127.0.0.1:{h2_drip.port}"]
     home = tmp_path_factory.mktemp("review-b")
     running = start_proxy(home, upstream_ca, resolve, extra=SHORT, template=initialised_home)
     yield running
@@ -969,11 +990,11 @@ def capped_proxy(
     stop_proxy(running)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="--max-connections is one pool for everyone: a client without a token that "
-    "keeps it full shuts every principal out",
-)
+# Was broken: --max-connections was one pool for everyone, so a client without a token that
+# kept it full shut every principal out. Now connections that have not authenticated have a
+# pool of their own (here a quarter of 8) and a newcomer displaces the oldest of the address
+# holding the most. The hog is a neighbour on another address (127.0.0.2), as a sandbox on a
+# shared network is; one on the principal's own address is in tests/e2e/test_limits.py.
 def test_an_unauthenticated_client_cannot_shut_every_principal_out(capped_proxy: Proxy):
     name = "capv-" + os.urandom(3).hex()
     token = capped_proxy.store.add_principal(name)
@@ -985,7 +1006,9 @@ def test_an_unauthenticated_client_cannot_shut_every_principal_out(capped_proxy:
     def hog() -> None:  # no token, never a byte: each connection lives for the head deadline
         while time.monotonic() < stop:
             try:
-                with socket.create_connection(("127.0.0.1", capped_proxy.port), timeout=3) as s:
+                with socket.create_connection(
+                    ("127.0.0.1", capped_proxy.port), timeout=3, source_address=("127.0.0.2", 0)
+                ) as s:
                     s.settimeout(max(0.01, stop - time.monotonic()))
                     s.recv(1)
             except OSError:
@@ -1065,17 +1088,34 @@ def test_a_brotli_bomb_to_credproxy_internal_stays_within_the_memory_bound(
     assert peak.growth < MEMORY_BOUND, f"grew {peak.growth / MIB:.1f} MiB"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a small response of known length is cut by --upstream-timeout while its bytes "
-    "still flow: the stall timer is only touched for streamed bodies",
-)
-def test_a_small_response_that_keeps_flowing_is_not_cut_as_a_stall(proxy_b: Proxy, names):
+# Was broken: a small response of known length was cut by --upstream-timeout while its bytes
+# still flowed (the stall timer was only touched for streamed bodies).
+@pytest.mark.parametrize("http2", [False, True], ids=["HTTP/1", "HTTP/2"])
+def test_a_small_response_that_keeps_flowing_is_not_cut_as_a_stall(
+    proxy_b: Proxy, names, http2: bool
+):
     """README: 'Upstream stall mid-response (no data for) 30 s'. Here --upstream-timeout is
-    2 s and a byte arrives every 0.25 s, for 10 s."""
+    2 s and a byte arrives every 0.25 s, for 10 s; held whole, it reaches the client at the
+    end, so the client waits longer than `get`'s 10 s."""
+    host = "drip2.test" if http2 else "drip.test"
     name = names("drip")
     token = proxy_b.store.add_principal(name)
-    proxy_b.store.add_grant(name, ["GET"], hosts=["drip.test"])
+    proxy_b.store.add_grant(name, ["GET"], hosts=[host])
     proxy_b.wait_reload()
-    reply = get(proxy_b, (name, token), host="drip.test")
-    assert (reply.status, reply.body) == (200, b"d" * 40)
+    if http2:
+        with h2_tunnel(proxy_b, proxy_auth(name, token), host) as tls:
+            tls.settimeout(20)
+            answer = h2_get(tls, host, "/v1/x")
+        status, body = answer.status, answer.body
+    else:
+        sock, connected = connect(proxy_b.port, f"{host}:443", proxy_auth(name, token))
+        assert connected.status == 200
+        context = ssl.create_default_context(cafile=str(proxy_b.ca_file))
+        with context.wrap_socket(sock, server_hostname=host) as tls:
+            tls.settimeout(20)
+            tls.sendall(f"GET /v1/x HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+            reply = read_reply(tls)
+        status, body = reply.status, reply.body
+    assert (status, body) == (200, b"d" * 40)
+    line = [r for r in proxy_b.requests(name) if r.get("host") == host][-1]
+    assert (line["decision"], line.get("error")) == ("allow", None)
