@@ -283,7 +283,8 @@ def test_the_build_context_is_an_allow_list() -> None:
 def test_the_docs_and_the_compose_comments_spell_the_command_one_way() -> None:
     """The tests run `docker-compose`; a reader must not meet the other spelling as a command."""
     other = re.compile(r"docker compose (?:-|up|exec|run|stop|restart|logs|down|config|ps|build)")
-    for path in (ROOT / "README.md", ROOT / "docs" / "deployment.md", ROOT / "docker-compose.yml"):
+    pages = sorted((ROOT / "docs").glob("*.md"))
+    for path in (ROOT / "README.md", *pages, ROOT / "docker-compose.yml"):
         found = other.search(path.read_text())
         assert found is None, f"{path.name}: {found and found.group()}"
 

@@ -79,11 +79,11 @@ def test_dotenv_and_json_outputs() -> None:
     assert json.loads(render(env, "json")) == env
 
 
-def test_the_readme_names_every_ca_variable_exec_sets() -> None:
+def test_the_client_recipes_name_every_ca_variable_exec_sets() -> None:
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    table = readme[readme.index("**Trust the CA.**") : readme.index("| Java | a trust store")]
+    page = (Path(__file__).resolve().parent.parent / "docs" / "clients.md").read_text()
+    table = page[page.index("**Trust the CA.**") : page.index("| Java | a trust store")]
     assert [n for n in CA_VARS if f"`{n}`" not in table] == []
 
 

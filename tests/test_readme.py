@@ -1,11 +1,12 @@
-"""The README's five-minute walkthrough, run as written against a real proxy and upstream.
+"""The tutorial's five-minute walkthrough (docs/tutorial.md), run as written against a real proxy
+and upstream.
 
 Each `$ command` of the walkthrough's console blocks runs in bash, in a directory of its own,
 with only the token and the proxy's port substituted; its output is compared with the lines
-the README shows under it, and the proxy's audit lines with the README's JSON blocks. What
+the page shows under it, and the proxy's audit lines with the page's JSON blocks. What
 varies from run to run (tokens, key ids, fingerprints, ports, request ids, times, sizes) is
 masked on both sides; JSON is compared by its keys and its fixed values. So a change of any
-output (a deny body, an audit field, a table column) fails here until the README shows it.
+output (a deny body, an audit field, a table column) fails here until the tutorial shows it.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from tests.e2e.upstream import Upstream
 pytestmark = pytest.mark.e2e
 
 ROOT = Path(__file__).parents[1]
-README = ROOT / "README.md"
+TUTORIAL = ROOT / "docs" / "tutorial.md"
 UPSTREAM_HOST = "api.github.com"  # the walkthrough's; --resolve takes it to a local upstream
 FAKE_TOKEN = "ghp_readme_fake_0123456789abcdef"
 
@@ -79,12 +80,12 @@ def same_json(expected: Any, actual: Any, where: str) -> None:
         assert actual == expected, f"{where}: {actual!r} != {expected!r}"
 
 
-# -- the README, read --------------------------------------------------------------------
+# -- the tutorial, read ------------------------------------------------------------------
 
 
 @dataclass
 class Step:
-    command: str  # as the README writes it, continuation lines joined
+    command: str  # as the tutorial writes it, continuation lines joined
     expected: list[str] = field(default_factory=list)
 
 
@@ -95,7 +96,7 @@ class Walkthrough:
 
 
 def read_walkthrough(text: str) -> Walkthrough:
-    section = text.split("## Five-minute walkthrough", 1)[1].split("\n## ", 1)[0]
+    section = text.split("# Five-minute walkthrough", 1)[1].split("\n## ", 1)[0]
     steps: list[Step] = []
     audit: list[dict[str, Any]] = []
     for kind, body in re.findall(r"^```(console|json)\n(.*?)^```", section, re.M | re.S):
@@ -119,7 +120,7 @@ def read_walkthrough(text: str) -> Walkthrough:
 
 
 def test_the_walkthrough_is_read_as_expected() -> None:
-    walkthrough = read_walkthrough(README.read_text())
+    walkthrough = read_walkthrough(TUTORIAL.read_text())
     commands = [step.command.split()[:3] for step in walkthrough.steps]
     assert commands[:3] == [
         ["make", "run"],
@@ -232,7 +233,7 @@ def walked(terminal: Terminal) -> Iterator[Outputs]:
     ca = trustme.CA()
     with Upstream(ca, [UPSTREAM_HOST]) as upstream:
         ca.cert_pem.write_to_path(str(terminal.home / "upstream-ca.pem"))
-        walkthrough = read_walkthrough(README.read_text())
+        walkthrough = read_walkthrough(TUTORIAL.read_text())
         outputs = [(step, run_step(terminal, step, upstream.port)) for step in walkthrough.steps]
         terminal.wait(lambda: len(requests(terminal.audit)) >= 3, "audit lines")
         saw = [f"{r.method} {r.target} {r.header('authorization')}" for r in upstream.log.requests]
@@ -246,7 +247,7 @@ def requests(audit: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def run_step(term: Terminal, step: Step, upstream_port: int) -> str:
     command = step.command.replace("127.0.0.1:8080", f"127.0.0.1:{term.port}")
     if term.token is not None:
-        command = command.replace(README_TOKEN, term.token)
+        command = command.replace(SAMPLE_TOKEN, term.token)
     if command == "make run":
         return ""  # its two commands are the next steps
     if command.startswith("credproxy run "):
@@ -282,13 +283,13 @@ def run_step(term: Terminal, step: Step, upstream_port: int) -> str:
     return output
 
 
-README_TOKEN = re.search(  # type: ignore[union-attr]
-    r"^token +(\S+)$", README.read_text(), re.M
+SAMPLE_TOKEN = re.search(  # type: ignore[union-attr]
+    r"^token +(\S+)$", TUTORIAL.read_text(), re.M
 ).group(1)
 
 
 def _steps() -> list[Any]:
-    steps = read_walkthrough(README.read_text()).steps
+    steps = read_walkthrough(TUTORIAL.read_text()).steps
     return [pytest.param(i, id=f"{i}: $ {s.command[:60]}") for i, s in enumerate(steps)]
 
 
@@ -310,7 +311,7 @@ def test_each_command_prints_what_the_walkthrough_shows(walked: Outputs, index: 
         same_json(json.loads("{" + expected_body), json.loads("{" + actual_body), step.command)
     # Line by line, trailing blanks aside (curl ends a status line with one, editors trim it).
     actual_lines = [line.rstrip() for line in mask(actual_head, walked_token(walked)).split("\n")]
-    expected_lines = [line.rstrip() for line in mask(expected_head, README_TOKEN).split("\n")]
+    expected_lines = [line.rstrip() for line in mask(expected_head, SAMPLE_TOKEN).split("\n")]
     assert actual_lines == expected_lines
 
 
@@ -322,7 +323,7 @@ def walked_token(walked: Outputs) -> str:
 
 
 def test_the_audit_lines_are_the_walkthroughs(walked: Outputs) -> None:
-    expected = read_walkthrough(README.read_text()).audit
+    expected = read_walkthrough(TUTORIAL.read_text()).audit
     actual = requests(walked.audit)
     assert len(actual) == len(expected)
     for i, (want, got) in enumerate(zip(expected, actual, strict=True)):
