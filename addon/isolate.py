@@ -17,20 +17,20 @@ import base64
 import os
 import signal
 import socket
-import struct
 import sys
 import threading
 from collections.abc import Sequence
 from dataclasses import replace
+from pathlib import Path
 from urllib.parse import urlsplit
 
-from addon import launchenv, sandbox
+from addon import launchenv, sandbox, sandboxhelper
+from addon.sandboxhelper import CRED
 
 MAX_HEAD = 64 * 1024  # a proxy request's head, as read by the forwarder
 MAX_CONNECTIONS = 256  # open through the forwarder at once; more are answered 503
 HEAD_TIMEOUT = 30.0  # seconds for a proxy request's head to arrive
 HANDOVER_TIMEOUT = 30.0  # seconds for the helper to hand its listening socket out
-_CRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 
 # -- outside: the forwarder in exec ----------------------------------------------------
@@ -145,7 +145,7 @@ def _handover(control: socket.socket) -> tuple[socket.socket, int] | None:
     control.settimeout(HANDOVER_TIMEOUT)
     try:
         _, ancillary, _, _ = control.recvmsg(
-            1, socket.CMSG_SPACE(4) + socket.CMSG_SPACE(_CRED.size)
+            1, socket.CMSG_SPACE(4) + socket.CMSG_SPACE(CRED.size)
         )
     except OSError:
         return None
@@ -155,7 +155,7 @@ def _handover(control: socket.socket) -> tuple[socket.socket, int] | None:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
             fds += array.array("i", data[: len(data) - len(data) % 4])
         elif level == socket.SOL_SOCKET and kind == socket.SCM_CREDENTIALS:
-            pid = _CRED.unpack(data[: _CRED.size])[0]
+            pid = CRED.unpack(data[: CRED.size])[0]
     if len(fds) != 1 or pid is None:
         for fd in fds:
             os.close(fd)
@@ -169,6 +169,7 @@ def run(
     session: launchenv.Session,
     mask: set[int | signal.Signals],
     view: sandbox.View,
+    python: str,
     prefix: Sequence[str] = (),
 ) -> int:
     """Run CMD isolated (the sandbox started through `prefix`, which may switch the user);
@@ -186,8 +187,10 @@ def run(
     with ours:
         ours.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
         with theirs:
-            os.set_inheritable(theirs.fileno(), True)
-            helper = [sys.executable, "-m", "addon.isolate", str(theirs.fileno())]
+            for fd in (theirs.fileno(), *view.fds()):
+                os.set_inheritable(fd, True)
+            source = Path(sandboxhelper.__file__).read_text()
+            helper = [python, "-I", "-c", source, str(theirs.fileno())]
             pid = spawn(
                 [
                     *prefix,
@@ -217,36 +220,3 @@ def run(
         ).start()
         # CMD has a session of its own: a terminal's ^C reaches exec alone, so it is passed on.
         return wait_forwarding(pid, target=command_pid, every_signal=True)
-
-
-# -- inside: the helper, in the sandbox ------------------------------------------------
-
-
-def main(argv: Sequence[str]) -> int:
-    """Listen on the proxy's port, hand the socket out, become CMD."""
-    fd, port, _, *command = argv
-    with socket.socket(fileno=int(fd)) as control:
-        listener = socket.create_server(("127.0.0.1", int(port)), backlog=64)
-        credentials = _CRED.pack(os.getpid(), os.getuid(), os.getgid())
-        control.sendmsg(
-            [b"x"],
-            [
-                (socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [listener.fileno()])),
-                (socket.SOL_SOCKET, socket.SCM_CREDENTIALS, credentials),
-            ],
-        )
-    listener.close()
-    for number in (signal.SIGPIPE, signal.SIGXFSZ):  # as exec's own spawn resets them
-        signal.signal(number, signal.SIG_DFL)
-    try:
-        os.execvp(command[0], command)  # noqa: S606 - CMD as given, no shell
-    except FileNotFoundError:
-        print(f"credproxy: error: cannot run {command[0]!r}: command not found", file=sys.stderr)
-        return 127
-    except OSError as e:
-        print(f"credproxy: error: cannot run {command[0]!r}: {e.strerror}", file=sys.stderr)
-        return 126
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -259,16 +259,25 @@ def _exec(args: argparse.Namespace, settings: Settings) -> int:
         raise InvalidInput("--ro, --rw and --hide shape the sandbox of --isolate")
     user = runas.named(args.user) if args.user else None
     view = None
+    python = sys.executable
     if args.isolate:
+        if user is None and os.geteuid() == 0:
+            # Root inside a user namespace is still root to the kernel's permission checks:
+            # it could change kernel settings through /proc/sys and read root's files.
+            raise InvalidInput(
+                "exec runs as root: give --isolate a --user NAME to run the sandbox as"
+            )
         sandbox.check()
+        python = _python_for(user) if user is not None else sys.executable
         view = sandbox.view(
             settings,
             Path.cwd(),
             read_write=args.rw,
             read_only=args.ro,
             hide=args.hide,
-            exposed=_helper_paths(),
+            exposed=_helper_paths() if user is None else [],
         )
+        stack_fds = view.fds()
     elif not args.unsafe_state_access:
         exposed = runas.exposed_state(settings, user or runas.current())
         if exposed is not None:
@@ -282,6 +291,8 @@ def _exec(args: argparse.Namespace, settings: Settings) -> int:
     # this process (/proc/PID/environ, its memory).
     undumpable()
     with held_signals() as previous, ExitStack() as stack:
+        if view is not None:
+            stack.callback(sandbox.release_fds, stack_fds)
         store = settings.store()
         with session(store, args, settings, command) as sess:
             base, scrubbed = envscrub.scrub(os.environ, set(args.keep_env))
@@ -305,8 +316,17 @@ def _exec(args: argparse.Namespace, settings: Settings) -> int:
 
                 public = (sess.ca_file, *([sess.truststore] if sess.truststore else []))
                 view = sandbox.shown(view, public)
-                return isolate.run(command, base, sess, previous, view, prefix)
+                return isolate.run(command, base, sess, previous, view, python, prefix)
             return supervise([*prefix, *command], launchenv.contained(base, sess), previous)
+
+
+def _python_for(user: runas.User) -> str:
+    """A Python `user` can run, for the sandbox's helper (exec's own may be in a folder
+    closed to it)."""
+    for candidate in (sys.executable, "/usr/bin/python3", "/usr/local/bin/python3"):
+        if Path(candidate).exists() and runas.may_run(Path(candidate), user):
+            return candidate
+    raise InvalidInput(f"--isolate --user {user.name}: no python3 that {user.name} can run")
 
 
 def _helper_paths() -> list[Path]:

@@ -102,6 +102,12 @@ def exposed_state(settings: Settings, user: User) -> str | None:
     return None
 
 
+def may_run(path: Path, user: User) -> bool:
+    """Whether `user` may execute `path` (resolved, by mode bits) and read its folder."""
+    real = Path(os.path.realpath(path))
+    return _may(real, user, os.X_OK) and _may(real.parent, user, os.R_OK)
+
+
 def _may(path: Path, user: User, want: int) -> bool:
     """Whether `user` may open `path` for `want`, by its mode bits and its folders'."""
     if user.uid == 0:

@@ -35,13 +35,30 @@ class IsolationUnavailable(CredproxyError):
 
 
 @dataclass(frozen=True)
+class Pinned:
+    """A path the operator named, held open from the check to the mount: bubblewrap mounts
+    this very folder (/proc/self/fd/N), whatever its name points at by then."""
+
+    fd: int
+    real: Path
+    writable: bool
+
+
+@dataclass(frozen=True)
 class View:
     """The sandbox's file system, resolved: what is hidden, masked, writable, shown again."""
 
     hidden: frozenset[Path]
     masked: tuple[Path, ...]  # each an empty tmpfs
-    writable: tuple[Path, ...]
+    pinned: tuple[Pinned, ...]  # the working directory first, then --rw and --ro
     shown: tuple[Path, ...]  # read-only, also where masked (the CA, the helper's Python)
+
+    @property
+    def workdir(self) -> Path:
+        return self.pinned[0].real
+
+    def fds(self) -> list[int]:
+        return [p.fd for p in self.pinned]
 
 
 def bwrap() -> str:
@@ -127,27 +144,64 @@ def view(
     exposed: Iterable[Path] = (),
 ) -> View:
     """The sandbox for CMD; InvalidInput when a writable path would hold credproxy's state
-    or a path to show would expose it."""
+    or a path to show would expose it. The named paths are held open (close them with
+    `release`)."""
     hidden = frozenset(state_paths(settings) | {_real(p) for p in hide})
-    writable = tuple(_real(p) for p in (workdir, *read_write))
-    for path, what in [(writable[0], "the working directory")] + [
-        (p, f"--rw {p}") for p in writable[1:]
-    ]:
-        inside = sorted(
-            h for h in hidden if (_within(h, path) and os.path.lexists(h)) or _within(path, h)
-        )
-        if inside:
+    for path in (settings.key_file, *_sqlite_files(settings)):
+        if path.is_file() and path.stat().st_nlink > 1:
             raise InvalidInput(
-                f"--isolate: {what} holds credproxy's state ({inside[0]}), which the command "
-                "could then read or change: run it from another directory"
+                f"--isolate: {path} has another name (a hard link) that the sandbox would show"
             )
-    for path in read_only:
-        real = _real(path)
-        covered = sorted(h for h in hidden if _within(h, real) or _within(real, h))
-        if covered:
-            raise InvalidInput(f"--isolate: --ro {path} would show {covered[0]}, which is hidden")
-    shown = tuple(_real(p) for p in (*read_only, *exposed))
-    return View(hidden, tuple(_real(p) for p in MASKED), writable, shown)
+    pinned: list[Pinned] = []
+    try:
+        named = [(workdir, "the working directory", True)]
+        named += [(p, f"--rw {p}", True) for p in read_write]
+        named += [(p, f"--ro {p}", False) for p in read_only]
+        for path, what, writable in named:
+            pin = _pin(path, what, writable)
+            pinned.append(pin)
+            real = pin.real
+            if writable:
+                inside = sorted(
+                    h
+                    for h in hidden
+                    if (_within(h, real) and os.path.lexists(h)) or _within(real, h)
+                )
+                if inside:
+                    raise InvalidInput(
+                        f"--isolate: {what} holds credproxy's state ({inside[0]}), which the "
+                        "command could then read or change: run it from another directory"
+                    )
+            else:
+                covered = sorted(h for h in hidden if _within(h, real) or _within(real, h))
+                if covered:
+                    raise InvalidInput(
+                        f"--isolate: {what} would show {covered[0]}, which is hidden"
+                    )
+    except BaseException:
+        release_fds([p.fd for p in pinned])
+        raise
+    shown = tuple(_real(p) for p in exposed)
+    return View(hidden, tuple(_real(p) for p in MASKED), tuple(pinned), shown)
+
+
+def _pin(path: Path, what: str, writable: bool) -> Pinned:
+    try:
+        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+    except OSError as e:
+        raise InvalidInput(f"--isolate: {what}: {e.strerror}") from e
+    # The folder itself, as the kernel names it now: what the checks and the mount both see.
+    return Pinned(fd, Path(os.readlink(f"/proc/self/fd/{fd}")), writable)
+
+
+def release_fds(fds: Iterable[int]) -> None:
+    for fd in fds:
+        os.close(fd)
+
+
+def _sqlite_files(settings: Settings) -> list[Path]:
+    database = _sqlite_database(settings.db)
+    return [] if database is None else [database]
 
 
 def arguments(v: View) -> list[str]:
@@ -163,12 +217,13 @@ def arguments(v: View) -> list[str]:
     for path in v.shown:  # the CA inside its hidden folder: shown by itself
         if path not in v.hidden:
             _show(path, v.hidden, args, listings, "--ro-bind")
-    for path in v.writable:
-        _show(path, v.hidden, args, listings, "--bind")
+    for pin in v.pinned:  # checked above: none holds, or lies inside, a hidden path
+        bind = "--bind" if pin.writable else "--ro-bind"
+        args += [bind, f"/proc/self/fd/{pin.fd}", str(pin.real)]
     # Last, once everything shown inside them is mounted: a listing takes no new entries.
     for path in listings:
         args += ["--remount-ro", str(path)]
-    args += ["--dev", "/dev", "--proc", "/proc", "--chdir", str(v.writable[0])]
+    args += ["--dev", "/dev", "--proc", "/proc", "--chdir", str(v.workdir)]
     return args
 
 
@@ -206,4 +261,4 @@ def shown(v: View, files: Iterable[Path]) -> View:
     for path in added:
         if b"PRIVATE KEY" in path.read_bytes():
             raise InvalidInput(f"--isolate: {path} holds a private key and is not shown")
-    return View(v.hidden, v.masked, v.writable, v.shown + added)
+    return View(v.hidden, v.masked, v.pinned, v.shown + added)

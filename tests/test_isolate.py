@@ -143,7 +143,15 @@ def test_the_helper_hands_out_its_listener_and_its_pid() -> None:
     free = port.getsockname()[1]
     port.close()
     process = subprocess.Popen(
-        [sys.executable, "-m", "addon.isolate", str(theirs.fileno()), str(free), "--", "true"],
+        [
+            sys.executable,
+            "-m",
+            "addon.sandboxhelper",
+            str(theirs.fileno()),
+            str(free),
+            "--",
+            "true",
+        ],
         pass_fds=[theirs.fileno()],
     )
     theirs.close()

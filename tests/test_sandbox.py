@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -113,3 +115,36 @@ def test_a_missing_bwrap_is_one_clear_error(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setenv("PATH", os.devnull)
     with pytest.raises(sandbox.IsolationUnavailable, match="bubblewrap"):
         sandbox.bwrap()
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
+def test_the_checked_folder_is_the_one_mounted_even_if_its_name_is_swapped(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A second sandbox that can write the working directory's parent swaps it for a
+    symlink to the state between the check and the mount: the mount is still the folder
+    that was checked, held open since (/proc/self/fd/N)."""
+    monkeypatch.setattr(sandbox, "MASKED", ())
+    work = home.parent / "other" / "work"
+    work.mkdir(parents=True)
+    (work / "mine").write_text("checked")
+    view = sandbox.view(_settings(home), work)
+    try:
+        work.rename(work.parent / "moved")
+        work.symlink_to("../home")
+        args = [*sandbox.arguments(view), "--unshare-all", "sh", "-c", "cat mine; ls"]
+        done = subprocess.run(
+            ["bwrap", *args], pass_fds=view.fds(), capture_output=True, text=True, timeout=30
+        )
+    finally:
+        sandbox.release_fds(view.fds())
+    # The swapped name is a symlink where the folder was: bubblewrap either mounts the
+    # checked folder or refuses to start. Never the state.
+    assert "credproxy.key" not in done.stdout
+    assert done.stdout.startswith("checked") or done.returncode != 0, done.stderr
+
+
+def test_a_key_with_a_second_name_is_refused(home: Path) -> None:
+    (home.parent / "elsewhere.key").hardlink_to(home / "credproxy.key")
+    with pytest.raises(InvalidInput, match="hard link"):
+        sandbox.view(_settings(home), home.parent / "work")
