@@ -4,6 +4,7 @@ or kills the flow, never lets it through (mitmproxy would log it and carry on)."
 from __future__ import annotations
 
 import base64
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -90,7 +91,8 @@ async def test_gate_requestheaders(chain: Chain, monkeypatch: pytest.MonkeyPatch
 
 
 async def test_forward_requestheaders(chain: Chain, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(forward, "Redactor", boom)
+    # The last step after stamping: the credential's redaction set for the response.
+    monkeypatch.setattr(forward, "SETS", SimpleNamespace(redactor=boom))
     with taddons.context(chain):
         flow = https_flow(chain)
         await chain.requestheaders(flow)
