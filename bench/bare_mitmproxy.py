@@ -22,7 +22,7 @@ from typing import Any
 async def main(confdir: str, trust_bundle: str, required: dict[str, Any], lean: bool) -> None:
     master: Any
     if lean:
-        from addon.master import build
+        from addon.runtime.master import build
 
         master = build()
         required = {name: value for name, value in required.items() if name in master.options}

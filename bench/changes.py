@@ -54,9 +54,7 @@ def _log(message: str) -> None:
 
 
 def _request(path: str) -> bytes:
-    return (
-        f"GET {path} HTTP/1.1\r\nHost: {HOST}\r\nUser-Agent: credproxy-bench\r\n\r\n"
-    ).encode()
+    return (f"GET {path} HTTP/1.1\r\nHost: {HOST}\r\nUser-Agent: credproxy-bench\r\n\r\n").encode()
 
 
 class Prober:
@@ -284,7 +282,8 @@ def _measure(
         "quiet_max_over_quiet_p99": round(max(still, default=0) / _p(still, 0.99), 2),
         "lag_s": {"median": round(statistics.median(lags), 2), "max": round(max(lags), 2)},
         "full_reload": [
-            {**f, "worst_ms": _ms(f["worst_ms"])} for f in full  # type: ignore[arg-type]
+            {**f, "worst_ms": _ms(f["worst_ms"])}
+            for f in full  # type: ignore[arg-type]
         ],
         "prober_errors": quiet.errors + busy.errors + reload_probe.errors,
     }

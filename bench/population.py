@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from sqlalchemy import insert, update
 
 from store.crypto import MasterKey, Secret, hash_token, new_token
-from store.grammar import parse_host, validate_method, validate_name, validate_path_pattern
-from store.keys import seal
-from store.models import Credential, Grant, Principal, StoreState, utcnow
+from store.db.models import Credential, Grant, Principal, StoreState, utcnow
 from store.repository import Store
+from store.rules.grammar import parse_host, validate_method, validate_name, validate_path_pattern
+from store.tables.keys import seal
 
 HOST = "bench.test"
 PATH = "/bench/item"

@@ -11,11 +11,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from addon.chain import REQUIRED_OPTIONS
-from addon.upstreamca import UpstreamCA
+from addon.proxy.chain import REQUIRED_OPTIONS
+from addon.runtime.upstreamca import UpstreamCA
 
 ROOT = Path(__file__).resolve().parent.parent
-CREDPROXY = [sys.executable, "-m", "addon.cli"]
+CREDPROXY = [sys.executable, "-m", "addon.cli.cli"]
 START_TIMEOUT = 60.0
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 

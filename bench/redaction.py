@@ -15,7 +15,7 @@ import sys
 import time
 from typing import Any
 
-from addon.redact import Redactor
+from addon.redaction.redact import Redactor
 from bench.bodies import KINDS, body
 
 SIZE = 4 * 1024 * 1024

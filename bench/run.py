@@ -49,7 +49,7 @@ POPULATIONS = {
     # The same with `--dns-ttl 0`: every request misses the cache and waits for a lookup.
     "credproxy-10-dns-miss": Population(principals=10, credentials=10, grants_per_principal=1),
     # The same with `--upstream-idle 0`: no upstream connection outlives its client connection
-    # (what one-shot clients paid before addon/reuse.py).
+    # (what one-shot clients paid before addon/mitm/reuse.py).
     "credproxy-10-nokeep": Population(principals=10, credentials=10, grants_per_principal=1),
     # Every request signed with AWS SigV4 (botocore) at the edge.
     "credproxy-sigv4": Population(

@@ -14,10 +14,10 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
-from addon.ratelimit import Buckets, principal_limit
-from store.grammar import parse_rate
-from store.rates import Bucket
+from addon.proxy.ratelimit import Buckets, principal_limit
 from store.repository import Store
+from store.rules.grammar import parse_rate
+from store.tables.rates import Bucket
 
 PG_ADMIN = "postgresql://postgres@127.0.0.1:5432/postgres"
 

@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from store.crypto import Secret
-from store.grammar import HostPattern, Rate
+from store.rules.grammar import HostPattern, Rate
 
 # An expired grant stays in the snapshot this long, so that it answers grant-expired rather
 # than reading as never granted; then every replica forgets it alike.

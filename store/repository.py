@@ -8,21 +8,10 @@ from typing import Any, TypeVar
 
 from sqlalchemy import Engine
 
-from store import (
-    access_requests,
-    approvals,
-    credentials,
-    delta,
-    grants,
-    keys,
-    principals,
-    rates,
-    schema,
-    snapshot,
-    tokens,
-)
+from store import snapshot
 from store.crypto import MasterKey, Secret
-from store.engine import Database
+from store.db import delta, schema
+from store.db.engine import Database
 from store.records import (
     AccessRequestEntry,
     CredentialEntry,
@@ -32,7 +21,17 @@ from store.records import (
     Snapshot,
     TokenEntry,
 )
-from store.validation import NO_LIMITS, Limits
+from store.rules.validation import NO_LIMITS, Limits
+from store.tables import (
+    access_requests,
+    approvals,
+    credentials,
+    grants,
+    keys,
+    principals,
+    rates,
+    tokens,
+)
 
 T = TypeVar("T")
 
@@ -270,9 +269,7 @@ class Store:
     def use_approval(self, request_id: int) -> bool:
         return approvals.use_cover(self.db, request_id)
 
-    def take_rates(
-        self, buckets: Sequence[rates.Bucket], now: float
-    ) -> tuple[int, float] | None:
+    def take_rates(self, buckets: Sequence[rates.Bucket], now: float) -> tuple[int, float] | None:
         return rates.take(self.db, buckets, now)
 
     def deny_access_request(self, request_id: int, reason: str | None = None) -> None:

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from store import lite
 from store.crypto import MasterKey, load_master_key
+from store.db import lite
 from store.errors import InvalidInput
 
 if TYPE_CHECKING:
@@ -37,7 +37,7 @@ class Settings:
         db = args.db or env.get("CREDPROXY_DB") or DEFAULT_DB
         try:
             if lite.sqlite_file(db) is None:
-                from store.engine import parse_url  # SQLAlchemy: only for the URLs it serves
+                from store.db.engine import parse_url  # SQLAlchemy: only for the URLs it serves
 
                 parse_url(db)
         except InvalidInput as e:
@@ -72,7 +72,7 @@ class Settings:
     def quick(self, *, key: bool = True) -> lite.Store | Store:
         """The store for `principal add`, `grant add` and `grant list`, checked as store()
         (or, without `key`, reader()) checks it: on a plain SQLite URL through sqlite3 alone
-        (store/lite.py), so that the call never imports SQLAlchemy; otherwise the full one."""
+        (store/db/lite.py), so that the call never imports SQLAlchemy; otherwise the full one."""
         path = lite.sqlite_file(self.db)
         if path is None:
             return self.store() if key else self.reader()

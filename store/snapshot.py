@@ -10,12 +10,9 @@ from typing import Any, TypeVar
 
 from sqlalchemy import Select, Text, cast, select
 
-from store import keys
 from store.crypto import MasterKey
-from store.engine import Database, mark_of
-from store.errors import SealError
-from store.grammar import parse_host, parse_rate
-from store.models import (
+from store.db.engine import Database, mark_of
+from store.db.models import (
     AccessRequest,
     Credential,
     Grant,
@@ -24,6 +21,7 @@ from store.models import (
     StoreState,
     utcnow,
 )
+from store.errors import SealError
 from store.records import (
     APPROVED,
     HOLD,
@@ -34,6 +32,8 @@ from store.records import (
     SessionToken,
     Snapshot,
 )
+from store.rules.grammar import parse_host, parse_rate
+from store.tables import keys
 
 T = TypeVar("T")
 
@@ -57,7 +57,7 @@ def read(db: Database, key: MasterKey) -> Snapshot:
 
 
 # The four queries below are the snapshot's definition of "live"; the full read and the
-# delta read (store/delta.py) both use them, so that both see the same records.
+# delta read (store/db/delta.py) both use them, so that both see the same records.
 
 
 def principals() -> Query:

@@ -1,5 +1,5 @@
 """Running `credproxy` (`addon.cli:main`) as a subprocess in a directory of its own: the CLI tests'
-helpers, shared by tests/test_cli.py and tests/test_access_requests.py."""
+helpers, shared by tests/cli/test_cli.py and tests/store/tables/test_access_requests.py."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from store.crypto import load_master_key
 from store.repository import Store
 
 # The installed console script may predate the checkout; `-m` runs the checkout's own main().
-COMMAND = [sys.executable, "-m", "addon.cli"]
+COMMAND = [sys.executable, "-m", "addon.cli.cli"]
 ADVERTISE = "10.0.0.5:3128"
 
 

@@ -1,6 +1,6 @@
 """Shared test fakes: a policy and its live stand-in, flows, and the addon chain.
 
-`Chain` builds the runner's chain (addon/runner.py `build_chain`), so that a test calls a
+`Chain` builds the runner's chain (addon/runtime/runner.py `build_chain`), so that a test calls a
 hook on every addon that has it, in the order mitmproxy would.
 """
 
@@ -17,20 +17,21 @@ from typing import Any
 from mitmproxy import hooks, http
 from mitmproxy.test import tflow
 
-from addon.access import AccessRequests
-from addon.guard import DestinationGuard
-from addon.hosts import ResolveMap
-from addon.limits import LimitSettings
-from addon.metrics import Metrics
-from addon.policy import STATUS, Policy, Reason
-from addon.runner import build_chain
-from addon.state import Clients
-from addon.trail import Trail
-from addon.verdict import Tunnel
+from addon.core.guard import DestinationGuard
+from addon.core.hosts import ResolveMap
+from addon.core.policy import Policy
+from addon.core.reasons import STATUS, Reason
+from addon.core.verdict import Tunnel
+from addon.observe.metrics import Metrics
+from addon.proxy.access import AccessRequests
+from addon.proxy.limits import LimitSettings
+from addon.proxy.state import Clients
+from addon.proxy.trail import Trail
+from addon.runtime.runner import build_chain
 from store.crypto import Secret, hash_token
 from store.errors import StoreUnavailable
-from store.grammar import parse_host
 from store.records import CredentialRecord, GrantRecord, Snapshot
+from store.rules.grammar import parse_host
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 CRED = CredentialRecord(

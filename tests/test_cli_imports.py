@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from addon.cli import _command, build_parser
+from addon.cli.cli import _command, build_parser
 
 PROBE = """
 import json, sys
-from addon import cli
+from addon.cli import cli
 status = cli.main(sys.argv[1:])
 HEAVY = ("mitmproxy", "alembic", "botocore", "sqlalchemy", "psycopg", "publicsuffix2")
 heavy = sorted({m.split(".")[0] for m in sys.modules if m.split(".")[0] in HEAVY})
@@ -33,7 +33,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
         "CREDPROXY_KEY_FILE": str(home / "credproxy.key"),
         "CREDPROXY_CERTS": str(home / "certs"),
     }
-    subprocess.run([sys.executable, "-m", "addon.cli", "init"], env=env, check=True)
+    subprocess.run([sys.executable, "-m", "addon.cli.cli", "init"], env=env, check=True)
     return env
 
 

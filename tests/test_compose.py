@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from ruamel.yaml import YAML
 
-from addon.launchenv import CA_VARS
+from addon.launcher.launchenv import CA_VARS
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = ROOT / "Dockerfile"
@@ -308,7 +308,7 @@ def test_the_proxy_starts_after_the_policy_is_applied_from_a_compose_secret(
 
 
 def test_the_example_policy_reads_its_secret_from_the_compose_secret() -> None:
-    from store.policyfile import SecretSource, load
+    from store.policyfile.parse import SecretSource, load
 
     policy = load(ROOT / "docs" / "policy.example.toml")
     assert policy.problems == ()

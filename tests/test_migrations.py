@@ -6,16 +6,23 @@ import sqlalchemy as sa
 from alembic.config import Config
 from alembic.script import ScriptDirectory
 
-from addon.policy import Policy, long_lived
+from addon.core.policy import Policy, long_lived
 from store.crypto import MasterKey, hash_token
+from store.db.models import UTCDateTime
+from store.db.revisions import MIGRATIONS, SCHEMA_HEAD
 from store.errors import StoreUnavailable
-from store.models import UTCDateTime
 from store.repository import Store
-from store.revisions import MIGRATIONS, SCHEMA_HEAD
 
 TABLES = {
-    "alembic_version", "store_state", "principals", "credentials", "grants", "access_requests",
-    "principal_tokens", "rate_buckets", "change_log",
+    "alembic_version",
+    "store_state",
+    "principals",
+    "credentials",
+    "grants",
+    "access_requests",
+    "principal_tokens",
+    "rate_buckets",
+    "change_log",
 }
 CREATED = datetime(2024, 1, 2, 3, 4, 5, tzinfo=UTC)
 
@@ -109,14 +116,26 @@ def test_upgrade_from_0001_keeps_the_data(bare: Store, key: MasterKey) -> None:
         )
         conn.execute(
             credentials.insert().values(
-                id=1, name="gh", scheme="bearer", hosts=["api.github.com"], key_id=key_id,
-                nonce=nonce, ciphertext=ciphertext, fingerprint="fp-x", created_at=CREATED,
+                id=1,
+                name="gh",
+                scheme="bearer",
+                hosts=["api.github.com"],
+                key_id=key_id,
+                nonce=nonce,
+                ciphertext=ciphertext,
+                fingerprint="fp-x",
+                created_at=CREATED,
             )
         )
         conn.execute(
             grants.insert().values(
-                id=1, principal_id=1, credential_id=1, methods=["GET"], paths=["/v1/"],
-                once=False, created_at=CREATED,
+                id=1,
+                principal_id=1,
+                credential_id=1,
+                methods=["GET"],
+                paths=["/v1/"],
+                once=False,
+                created_at=CREATED,
             )
         )
 
@@ -141,9 +160,7 @@ def test_upgrade_from_0001_keeps_the_data(bare: Store, key: MasterKey) -> None:
     assert snap.token_hashes == {"agent": hash_token("tok")}
 
 
-def test_upgrade_from_0006_keeps_each_principals_token_working(
-    bare: Store, key: MasterKey
-) -> None:
+def test_upgrade_from_0006_keeps_each_principals_token_working(bare: Store, key: MasterKey) -> None:
     bare.migrate("0006")
     assert "principal_tokens" not in sa.inspect(bare.engine).get_table_names()
     principals = sa.table(

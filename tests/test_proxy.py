@@ -18,10 +18,10 @@ from mitmproxy import connection
 from mitmproxy.proxy import context, server_hooks
 from mitmproxy.test import taddons, tflow
 
-from addon import responses
-from addon.hosts import ResolveMap
-from addon.verdict import Tunnel
-from store.grammar import BadPath, canonicalize, path_matches
+from addon.core.hosts import ResolveMap
+from addon.core.verdict import Tunnel
+from addon.proxy import responses
+from store.rules.grammar import BadPath, canonicalize, path_matches
 from tests.fakes import (
     Chain,
     SpyLive,

@@ -205,7 +205,7 @@ def terminal(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Terminal]:
     shim = home / ".venv" / "bin"
     shim.mkdir(parents=True)
     # `source .venv/bin/activate` puts a `credproxy` on PATH that runs this checkout.
-    (shim / "credproxy").write_text(f'#!/bin/sh\nexec {sys.executable} -m addon.cli "$@"\n')
+    (shim / "credproxy").write_text(f'#!/bin/sh\nexec {sys.executable} -m addon.cli.cli "$@"\n')
     (shim / "credproxy").chmod(stat.S_IRWXU)
     (shim / "activate").write_text(f'export PATH="{shim}:$PATH"\n')
     env = {k: v for k, v in os.environ.items() if not k.startswith("CREDPROXY_")}
@@ -258,7 +258,7 @@ def run_step(term: Terminal, step: Step, upstream_port: int) -> str:
         argv += ["--resolve", f"{UPSTREAM_HOST}=127.0.0.1:{upstream_port}"]
         with (term.home / "proxy.out").open("wb") as out:
             term.proxy = subprocess.Popen(
-                [sys.executable, "-m", "addon.cli", *argv],
+                [sys.executable, "-m", "addon.cli.cli", *argv],
                 cwd=term.home,
                 env=term.env,
                 stdout=out,

@@ -2,7 +2,7 @@
 
 from alembic import context
 
-from store.models import Base
+from store.db.models import Base
 
 connection = context.config.attributes["connection"]
 context.configure(

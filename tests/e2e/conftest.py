@@ -24,7 +24,7 @@ from store.repository import Store
 from tests.e2e.upstream import Upstream
 
 NAMES = ["api.test", "other.test", "x.wild.test", "evil.test", "localhost"]
-CREDPROXY = [sys.executable, "-m", "addon.cli"]
+CREDPROXY = [sys.executable, "-m", "addon.cli.cli"]
 
 
 @pytest.fixture(scope="session")

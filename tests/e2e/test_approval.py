@@ -21,8 +21,8 @@ import httpx
 import pytest
 import trustme
 
-from store import validation
 from store.crypto import Secret
+from store.rules import validation
 from tests.e2e import raw
 from tests.e2e.conftest import CREDPROXY, NAMES, Proxy, start_proxy, stop_proxy
 from tests.e2e.relay import pg_database

@@ -268,8 +268,6 @@ def test_git_ls_remote_and_clone_over_https(
     assert cloned.returncode == 0, cloned.stderr
     assert (tmp_path / "clone" / "README").read_text() == "hello from git.test\n"
     assert {r.method for r in upstream.log.requests} == {"GET", "POST"}
-    assert all(
-        r.header("authorization") == [basic(f"git:{SECRET}")] for r in upstream.log.requests
-    )
+    assert all(r.header("authorization") == [basic(f"git:{SECRET}")] for r in upstream.log.requests)
     assert all(line["decision"] == "allow" for line in proxy.requests(agent))
     assert len(proxy.requests(agent)) == len(upstream.log.requests)

@@ -478,7 +478,7 @@ def test_a_huge_upstream_response_head_is_cut_off(limited: Proxy, agent):
     assert reply.status == 502
     assert b"hhhh" not in reply.body
     line = [r for r in limited.requests(agent[0]) if r.get("host") == "hugehead.test"][-1]
-    # Our fixed phrase, or the error class addon/wire.py makes of it.
+    # Our fixed phrase, or the error class addon/mitm/wire.py makes of it.
     assert "head exceeds 64 KiB" in line["error"] or "bad-response-head" in line["error"]
 
 

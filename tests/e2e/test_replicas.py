@@ -21,8 +21,8 @@ import httpx
 import pytest
 import trustme
 
-from store import validation
 from store.crypto import MasterKey, Secret
+from store.rules import validation
 from tests.e2e.conftest import CREDPROXY, NAMES, Proxy, start_proxy, stop_proxy
 from tests.e2e.raw import connect, exchange, proxy_auth, tunnel
 from tests.e2e.relay import Relay, pg_database
@@ -158,6 +158,7 @@ def test_max_uses_is_exact_across_replicas(replicas, upstream: Upstream, grant):
     assert statuses.count(403) == 27
     (entry,) = [g for g in replicas[0].store.list_grants() if g.id == grant_id]
     assert (entry.uses, entry.state) == (5, "consumed")
+
 
 def test_changes_reach_every_replica_within_a_second(replicas, upstream: Upstream, grant, names):
     store = replicas[0].store

@@ -23,7 +23,7 @@ import wsproto.events as ev
 from wsproto import ConnectionType, WSConnection
 from wsproto.extensions import PerMessageDeflate
 
-from addon.live import DB_TIMEOUT
+from addon.proxy.live import DB_TIMEOUT
 from tests.e2e.conftest import CREDPROXY, NAMES, Proxy, _env, start_proxy, stop_proxy
 from tests.e2e.memory import MEMORY_BOUND, MIB, Peak
 from tests.e2e.misbehaving import H2Upstream, RawUpstream, head

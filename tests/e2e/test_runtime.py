@@ -273,15 +273,16 @@ def test_spent_grants_keep_their_reasons_across_a_restart(running: Running) -> N
 # fails inside mitmproxy, as when the port is taken between the probe and the listen.
 _PROBE_SKIPPED = """
 import sys
-from addon import cli, runner
-probe = runner._check_listen
+from addon.cli import cli
+from addon.runtime import runner
+probe = runner.check_listen
 skipped = []
 def once(host, port):
     if not skipped:
         skipped.append(port)
         return
     probe(host, port)
-runner._check_listen = once
+runner.check_listen = once
 sys.exit(cli.main(sys.argv[1:]))
 """
 

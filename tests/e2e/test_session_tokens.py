@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from store.crypto import Secret
-from store.models import utcnow
+from store.db.models import utcnow
 from tests.e2e.conftest import Proxy
 from tests.e2e.raw import exchange, get, proxy_auth, tunnel
 from tests.e2e.upstream import Upstream

@@ -92,9 +92,7 @@ class Sandbox:
         )
 
     def s3(self, style: str = "path", principal: str = "agent", **config: Any) -> Any:
-        return self.client(
-            "s3", "eu-west-1", principal, s3={"addressing_style": style}, **config
-        )
+        return self.client("s3", "eu-west-1", principal, s3={"addressing_style": style}, **config)
 
     def httpx(self, principal: str = "agent") -> httpx.Client:
         token = self.agent if principal == "agent" else self.narrow

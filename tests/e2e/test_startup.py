@@ -234,8 +234,7 @@ CASES = {
     "a truncated --upstream-ca": Case(
         _upstream(lambda h: (h / "certs" / PUBLIC).read_bytes()[:-100]),
         UPSTREAM,
-        "--upstream-ca upstream.pem: a certificate in it cannot be read "
-        "(truncated or corrupt PEM)",
+        "--upstream-ca upstream.pem: a certificate in it cannot be read (truncated or corrupt PEM)",
     ),
     "a missing --upstream-ca": Case(
         _nothing,

@@ -22,7 +22,7 @@ from urllib.parse import quote
 import pytest
 import trustme
 
-from addon.redact import forms
+from addon.redaction.redact import forms
 from store.crypto import Secret
 from tests.e2e.conftest import Proxy, start_proxy, stop_proxy
 from tests.e2e.misbehaving import H2Upstream, RawUpstream, chunked, head
@@ -375,7 +375,7 @@ def test_a_transfer_coding_other_than_chunked_is_refused(
 
 
 def test_the_agents_te_header_never_reaches_an_http1_upstream(wire_proxy: Proxy, agent, servers):
-    """Not even `trailers`: credproxy refuses trailers over HTTP/1 (addon/hop.py keeps it
+    """Not even `trailers`: credproxy refuses trailers over HTTP/1 (addon/mitm/hop.py keeps it
     from HTTP/2 agents for HTTP/2 upstreams only)."""
     sock = tunnel(wire_proxy.port, "h1.test:443", proxy_auth(*agent), "h1.test", wire_proxy.ca_file)
     with sock:

@@ -7,8 +7,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from store import validation
 from store.crypto import Secret
+from store.rules import validation
 from tests.e2e.conftest import Proxy
 from tests.e2e.upstream import Upstream
 

@@ -7,7 +7,7 @@ Revises:
 import sqlalchemy as sa
 from alembic import op
 
-from store.models import UTCDateTime
+from store.db.models import UTCDateTime
 
 revision = "0001"
 down_revision = None

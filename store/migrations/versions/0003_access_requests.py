@@ -7,7 +7,7 @@ Revises: 0002
 import sqlalchemy as sa
 from alembic import op
 
-from store.models import UTCDateTime
+from store.db.models import UTCDateTime
 
 revision = "0003"
 down_revision = "0002"

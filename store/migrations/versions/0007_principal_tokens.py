@@ -7,7 +7,7 @@ Revises: 0006
 import sqlalchemy as sa
 from alembic import op
 
-from store.models import UTCDateTime
+from store.db.models import UTCDateTime
 
 revision = "0007"
 down_revision = "0006"

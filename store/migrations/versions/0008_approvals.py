@@ -8,7 +8,7 @@ Revises: 0007
 import sqlalchemy as sa
 from alembic import op
 
-from store.models import UTCDateTime
+from store.db.models import UTCDateTime
 
 revision = "0008"
 down_revision = "0007"

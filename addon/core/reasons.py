@@ -1,0 +1,84 @@
+"""The fixed reason codes: every deny, challenge and upstream failure names one, and the HTTP
+status it is answered with. The same codes appear in responses, headers and audit lines."""
+
+from __future__ import annotations
+
+import enum
+
+
+class Reason(enum.StrEnum):
+    """Every deny reason; the same codes appear in responses, headers and audit lines."""
+
+    AUTH_REQUIRED = "auth-required"
+    NO_GRANT = "no-grant"
+    METHOD_NOT_ALLOWED = "method-not-allowed"
+    PATH_NOT_ALLOWED = "path-not-allowed"
+    HOST_MISMATCH = "host-mismatch"
+    INSECURE_SCHEME = "insecure-scheme"
+    GRANT_EXPIRED = "grant-expired"
+    GRANT_CONSUMED = "grant-consumed"
+    BAD_REQUEST = "bad-request"
+    DESTINATION_FORBIDDEN = "destination-forbidden"
+    UPGRADE_NOT_ALLOWED = "upgrade-not-allowed"
+    STORE_UNAVAILABLE = "store-unavailable"
+    INTERNAL_ERROR = "internal-error"
+    BODY_TOO_LARGE = "body-too-large"
+    RATE_LIMITED = "rate-limited"
+    # Upstream failures: the grant allowed the request, the upstream did not answer usably.
+    UPSTREAM_PROTOCOL_ERROR = "upstream-protocol-error"
+    UPSTREAM_UNREACHABLE = "upstream-unreachable"
+    UPSTREAM_UNRESOLVABLE = "upstream-unresolvable"
+    UPSTREAM_TLS_ERROR = "upstream-tls-error"
+    UPSTREAM_TIMEOUT = "upstream-timeout"
+    AUDIT_UNAVAILABLE = "audit-unavailable"
+    REQUEST_TOO_LARGE = "request-too-large"
+    REQUEST_TIMEOUT = "request-timeout"
+    TOO_MANY_CONNECTIONS = "too-many-connections"
+    # Answers of credproxy.internal, the access-request endpoint.
+    NOT_FOUND = "not-found"
+    TOO_MANY_ACCESS_REQUESTS = "too-many-access-requests"
+    SIGNING_UNSUPPORTED = "signing-unsupported"
+    CREDENTIALS_IN_RESPONSE = "credentials-in-response"
+    CREDENTIALS_UNAVAILABLE = "credentials-unavailable"
+    # Requests held for an owner's approval (grant add --approval).
+    APPROVAL_DENIED = "approval-denied"
+    APPROVAL_TIMEOUT = "approval-timeout"
+    TOO_MANY_HOLDS = "too-many-holds"
+    CLIENT_GONE = "client-gone"
+
+
+STATUS = {
+    Reason.AUTH_REQUIRED: 407,
+    Reason.BAD_REQUEST: 400,
+    Reason.STORE_UNAVAILABLE: 503,
+    Reason.INTERNAL_ERROR: 500,
+    Reason.BODY_TOO_LARGE: 413,
+    Reason.RATE_LIMITED: 429,
+    Reason.UPSTREAM_PROTOCOL_ERROR: 502,
+    Reason.UPSTREAM_UNREACHABLE: 502,
+    Reason.UPSTREAM_UNRESOLVABLE: 502,
+    Reason.UPSTREAM_TLS_ERROR: 502,
+    Reason.UPSTREAM_TIMEOUT: 504,
+    Reason.AUDIT_UNAVAILABLE: 503,
+    Reason.REQUEST_TOO_LARGE: 431,
+    Reason.REQUEST_TIMEOUT: 408,
+    Reason.TOO_MANY_CONNECTIONS: 429,
+    Reason.NOT_FOUND: 404,
+    Reason.TOO_MANY_ACCESS_REQUESTS: 429,
+    Reason.SIGNING_UNSUPPORTED: 400,
+    Reason.CREDENTIALS_IN_RESPONSE: 502,
+    Reason.CREDENTIALS_UNAVAILABLE: 502,
+    Reason.TOO_MANY_HOLDS: 429,
+    Reason.CLIENT_GONE: 499,  # nobody reads it: the agent closed its connection
+}
+# The grant allowed the request and the upstream failed it: never a denial.
+UPSTREAM_REASONS = frozenset(
+    {
+        Reason.UPSTREAM_PROTOCOL_ERROR,
+        Reason.UPSTREAM_UNREACHABLE,
+        Reason.UPSTREAM_UNRESOLVABLE,
+        Reason.UPSTREAM_TLS_ERROR,
+        Reason.UPSTREAM_TIMEOUT,
+        Reason.CREDENTIALS_UNAVAILABLE,
+    }
+)

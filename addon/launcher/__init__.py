@@ -1,0 +1,1 @@
+"""`credproxy exec` and `credproxy env`: sessions, the contained environment, the sandbox."""

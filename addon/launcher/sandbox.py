@@ -1,0 +1,264 @@
+"""What `exec --isolate` shows CMD of the file system: bubblewrap's arguments, and the refusals.
+
+The sandbox sees the host's tree read-only, minus the hidden set (credproxy's state: the
+store and its journals, the master key, the CA folder, a database's socket) and minus the
+masked folders (`/tmp`, `/run`, `--hide`), which are empty. A folder on the way to a hidden
+path is shown as its listing at launch with the hidden entry left out, so that a file the
+proxy writes there later (a journal, a rotated key) never appears inside. The working
+directory and `--rw` paths are writable; none of them may hold a hidden path.
+Pure but for reading listings and resolving paths.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import stat
+import subprocess
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from store.db import lite
+from store.errors import CredproxyError, InvalidInput
+from store.settings import Settings
+
+MASKED = (Path("/tmp"), Path("/run"))  # noqa: S108 - an empty tmpfs inside, not a file we use
+# Each with /var/run/... as the symlink to /run: the folders where local databases listen.
+SOCKET_DIRS = (Path("/run/postgresql"), Path("/run/mysqld"), Path("/var/lib/mysql"))
+SQLITE_SIBLINGS = ("", "-wal", "-shm", "-journal")
+UNSHARE = ("--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL")
+
+
+class IsolationUnavailable(CredproxyError):
+    pass
+
+
+@dataclass(frozen=True)
+class Pinned:
+    """A path the operator named, held open from the check to the mount: bubblewrap mounts
+    this very folder (/proc/self/fd/N), whatever its name points at by then."""
+
+    fd: int
+    real: Path
+    writable: bool
+
+
+@dataclass(frozen=True)
+class View:
+    """The sandbox's file system, resolved: what is hidden, masked, writable, shown again."""
+
+    hidden: frozenset[Path]
+    masked: tuple[Path, ...]  # each an empty tmpfs
+    pinned: tuple[Pinned, ...]  # the working directory first, then --rw and --ro
+    shown: tuple[Path, ...]  # read-only, also where masked (the CA, the helper's Python)
+
+    @property
+    def workdir(self) -> Path:
+        return self.pinned[0].real
+
+    def fds(self) -> list[int]:
+        return [p.fd for p in self.pinned]
+
+
+def bwrap() -> str:
+    tool = shutil.which("bwrap")
+    if tool is None:
+        raise IsolationUnavailable(
+            "--isolate needs bubblewrap (bwrap; Debian and Ubuntu: apt install bubblewrap), "
+            "which is not installed"
+        )
+    return tool
+
+
+def check() -> None:
+    """Raise IsolationUnavailable unless bubblewrap can make its namespaces here."""
+    done = subprocess.run(  # noqa: S603 - a fixed argument list, no shell
+        [bwrap(), "--ro-bind", "/", "/", *UNSHARE, "true"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    if done.returncode != 0:
+        why = (done.stderr.strip().splitlines() or ["unknown reason"])[-1]
+        raise IsolationUnavailable(
+            f"--isolate cannot create its sandbox here ({why}): unprivileged user namespaces "
+            "may be switched off (sysctl kernel.unprivileged_userns_clone, or AppArmor's "
+            "restriction on Ubuntu 24.04 and later)"
+        )
+
+
+def state_paths(settings: Settings) -> set[Path]:
+    """Everything of credproxy's that opens a secret or changes the policy, resolved."""
+    paths = {settings.key_file, settings.certs, *SOCKET_DIRS}
+    database = _sqlite_database(settings.db)
+    if database is not None:
+        paths |= {database.with_name(database.name + s) for s in SQLITE_SIBLINGS}
+    paths |= _socket_dirs(settings.db)
+    return {_real(p) for p in paths}
+
+
+def _sqlite_database(url: str) -> Path | None:
+    path = lite.sqlite_file(url)
+    if path is not None or not url.startswith("sqlite"):
+        return path
+    from sqlalchemy.engine import make_url
+
+    database = make_url(url).database
+    return Path(database) if database and database != ":memory:" else None
+
+
+def _socket_dirs(url: str) -> set[Path]:
+    """Unix socket folders a server store's URL names (`?host=/run/...`, `unix_socket=`)."""
+    if url.startswith("sqlite"):
+        return set()
+    from sqlalchemy.engine import make_url
+
+    found: set[Path] = set()
+    parsed = make_url(url)
+    for key in ("host", "unix_socket"):
+        values = parsed.query.get(key, ())
+        for value in (values,) if isinstance(values, str) else values:
+            if value.startswith("/"):
+                found.add(Path(value) if key == "host" else Path(value).parent)
+    if parsed.host and parsed.host.startswith("/"):
+        found.add(Path(parsed.host))
+    return found
+
+
+def _real(path: Path) -> Path:
+    return Path(os.path.realpath(path))
+
+
+def _within(path: Path, top: Path) -> bool:
+    return path == top or top in path.parents
+
+
+def view(
+    settings: Settings,
+    workdir: Path,
+    *,
+    read_write: Sequence[Path] = (),
+    read_only: Sequence[Path] = (),
+    hide: Sequence[Path] = (),
+    exposed: Iterable[Path] = (),
+) -> View:
+    """The sandbox for CMD; InvalidInput when a writable path would hold credproxy's state
+    or a path to show would expose it. The named paths are held open (close them with
+    `release`)."""
+    hidden = frozenset(state_paths(settings) | {_real(p) for p in hide})
+    for path in (settings.key_file, *_sqlite_files(settings)):
+        if path.is_file() and path.stat().st_nlink > 1:
+            raise InvalidInput(
+                f"--isolate: {path} has another name (a hard link) that the sandbox would show"
+            )
+    pinned: list[Pinned] = []
+    try:
+        named = [(workdir, "the working directory", True)]
+        named += [(p, f"--rw {p}", True) for p in read_write]
+        named += [(p, f"--ro {p}", False) for p in read_only]
+        for path, what, writable in named:
+            pin = _pin(path, what, writable)
+            pinned.append(pin)
+            real = pin.real
+            if writable:
+                inside = sorted(
+                    h
+                    for h in hidden
+                    if (_within(h, real) and os.path.lexists(h)) or _within(real, h)
+                )
+                if inside:
+                    raise InvalidInput(
+                        f"--isolate: {what} holds credproxy's state ({inside[0]}), which the "
+                        "command could then read or change: run it from another directory"
+                    )
+            else:
+                covered = sorted(h for h in hidden if _within(h, real) or _within(real, h))
+                if covered:
+                    raise InvalidInput(
+                        f"--isolate: {what} would show {covered[0]}, which is hidden"
+                    )
+    except BaseException:
+        release_fds([p.fd for p in pinned])
+        raise
+    shown = tuple(_real(p) for p in exposed)
+    return View(hidden, tuple(_real(p) for p in MASKED), tuple(pinned), shown)
+
+
+def _pin(path: Path, what: str, writable: bool) -> Pinned:
+    try:
+        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+    except OSError as e:
+        raise InvalidInput(f"--isolate: {what}: {e.strerror}") from e
+    # The folder itself, as the kernel names it now: what the checks and the mount both see.
+    return Pinned(fd, Path(os.readlink(f"/proc/self/fd/{fd}")), writable)
+
+
+def release_fds(fds: Iterable[int]) -> None:
+    for fd in fds:
+        os.close(fd)
+
+
+def _sqlite_files(settings: Settings) -> list[Path]:
+    database = _sqlite_database(settings.db)
+    return [] if database is None else [database]
+
+
+def arguments(v: View) -> list[str]:
+    """bubblewrap's arguments for the view; later mounts cover earlier ones."""
+    args: list[str] = []
+    listings: list[Path] = []
+    # /proc and /dev get the sandbox's own; masked folders an empty tmpfs, just after.
+    _show(
+        Path("/"), v.hidden | {Path("/proc"), Path("/dev"), *v.masked}, args, listings, "--ro-bind"
+    )
+    for path in v.masked:
+        args += ["--tmpfs", str(path)]
+    for path in v.shown:  # the CA inside its hidden folder: shown by itself
+        if path not in v.hidden:
+            _show(path, v.hidden, args, listings, "--ro-bind")
+    for pin in v.pinned:  # checked above: none holds, or lies inside, a hidden path
+        bind = "--bind" if pin.writable else "--ro-bind"
+        args += [bind, f"/proc/self/fd/{pin.fd}", str(pin.real)]
+    # Last, once everything shown inside them is mounted: a listing takes no new entries.
+    for path in listings:
+        args += ["--remount-ro", str(path)]
+    args += ["--dev", "/dev", "--proc", "/proc", "--chdir", str(v.workdir)]
+    return args
+
+
+def _show(
+    path: Path, hidden: frozenset[Path], args: list[str], listings: list[Path], bind: str
+) -> None:
+    """Mount `path` as it is, or, when a hidden path lies beneath, each entry but that one."""
+    if path in hidden:
+        return
+    if not any(path in h.parents for h in hidden):
+        args += [bind + "-try", str(path), str(path)]
+        return
+    if path != Path("/"):
+        args += ["--tmpfs", str(path)]
+        listings.append(path)
+    try:
+        entries = sorted(os.scandir(path), key=lambda e: e.name)
+    except OSError:
+        entries = []
+    for entry in entries:
+        child = Path(entry.path)
+        try:
+            mode = os.lstat(child).st_mode
+        except OSError:
+            continue
+        if stat.S_ISLNK(mode):
+            args += ["--symlink", os.readlink(child), str(child)]
+        elif child not in hidden:
+            _show(child, hidden, args, listings, bind)
+
+
+def shown(v: View, files: Iterable[Path]) -> View:
+    """The view with these files (the CA, its truststore) shown as well, private keys never."""
+    added = tuple(_real(p) for p in files)
+    for path in added:
+        if b"PRIVATE KEY" in path.read_bytes():
+            raise InvalidInput(f"--isolate: {path} holds a private key and is not shown")
+    return View(v.hidden, v.masked, v.pinned, v.shown + added)

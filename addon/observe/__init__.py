@@ -1,0 +1,2 @@
+"""What credproxy says about what it does: the audit stream, metrics, the admin listener,
+problem documents."""

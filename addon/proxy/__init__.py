@@ -1,0 +1,1 @@
+"""The mitmproxy addons in chain order, and the per-flow state they share."""

@@ -1,0 +1,1 @@
+"""The redactor and its uses: secrets echoed by an upstream reach the agent as [REDACTED]."""

@@ -1,0 +1,1 @@
+"""The `credproxy run` process: configuration, wiring, serving, workers."""

@@ -1,0 +1,114 @@
+"""`credproxy run`'s configuration: its options parsed and checked once, frozen."""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from addon.core.guard import DestinationGuard
+from addon.core.hosts import ResolveMap
+from addon.proxy.dns import DEFAULT_TTL
+from addon.proxy.limits import LimitSettings
+from addon.proxy.notify import Webhook
+from addon.runtime.upstreamca import UpstreamCA
+from store.errors import InvalidInput
+from store.settings import Settings
+
+if TYPE_CHECKING:
+    from addon.runtime.workerrole import Role
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """`credproxy run`'s options, parsed and checked once at start."""
+
+    settings: Settings
+    listen_host: str
+    listen_port: int
+    upstream_ca: UpstreamCA | None
+    resolve: ResolveMap
+    guard: DestinationGuard
+    max_stale: float
+    admin: tuple[str, int] | None
+    alert_streak: int
+    drain_timeout: float = 10.0
+    limits: LimitSettings = LimitSettings()
+    dns_ttl: float = DEFAULT_TTL
+    max_signed_body: int = 8 * 1024 * 1024
+    notify: Webhook | None = None
+    shared_rates: bool = False
+    workers: int = 1
+    upstream_idle: float = 4.0  # addon/mitm/reuse.py: seconds an idle upstream connection is kept
+    worker: Role | None = None  # set in a worker process of `--workers N`
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, settings: Settings) -> RunConfig:
+        host, port = parse_listen(args.listen, "--listen")
+        upstream_ca = UpstreamCA.read(Path(args.upstream_ca)) if args.upstream_ca else None
+        try:
+            resolve = ResolveMap.parse(args.resolve)
+        except ValueError as e:
+            raise InvalidInput(str(e)) from e
+        try:
+            guard = DestinationGuard.parse(args.allow_private)
+        except ValueError as e:
+            raise InvalidInput(str(e)) from e
+        admin = parse_listen(args.admin, "--admin") if args.admin else None
+        return cls(
+            settings,
+            host,
+            port,
+            upstream_ca,
+            resolve,
+            guard,
+            args.max_stale,
+            admin,
+            args.alert_streak,
+            args.drain_timeout,
+            LimitSettings.from_args(args),
+            args.dns_ttl,
+            args.max_signed_body if args.max_signed_body is not None else cls.max_signed_body,
+            Webhook.parse(args.notify) if args.notify else None,
+            args.shared_rates,
+            args.workers,
+            args.upstream_idle,
+        )
+
+
+def parse_listen(text: str, flag: str) -> tuple[str, int]:
+    host, sep, port_text = text.rpartition(":")
+    host = host.strip("[]")
+    digits = port_text.isascii() and port_text.isdigit()
+    if not sep or not host or not digits or not 0 <= int(port_text) < 65536:
+        raise InvalidInput(f"invalid {flag} {text!r}: use HOST:PORT")
+    return host, int(port_text)
+
+
+def check_listen(host: str, port: int) -> None:
+    """One line and status 2 for an address mitmproxy could not listen on, not its exit 1.
+
+    Every address the host stands for is tried, as mitmproxy listens on each of them.
+    """
+    where = f"--listen {host}:{port}"
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except OSError as e:
+        raise InvalidInput(f"cannot listen on {where}: {e.strerror}") from e
+    for family, kind, proto, _, address in dict.fromkeys(infos):
+        try:
+            with socket.socket(family, kind, proto) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                if family == socket.AF_INET6:
+                    probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+                probe.bind(address)
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                shown = f"[{address[0]}]" if family == socket.AF_INET6 else address[0]
+                raise InvalidInput(
+                    f"cannot listen on {where}: {shown}:{port} is already in use"
+                ) from e
+            raise InvalidInput(f"cannot listen on {where}: {e.strerror}") from e

@@ -1,0 +1,217 @@
+"""AssumeRole for sigv4 credentials: temporary keys from STS, renewed before they expire.
+
+The stored keys sign only the AssumeRole call (botocore's SigV4Auth, to the global endpoint
+sts.amazonaws.com, dialled like any upstream: --resolve or the vetted resolver, verified
+TLS). Requests are signed with the temporary keys it returns. A session renews itself in the
+background once two thirds of its life have passed, and retries every RETRY seconds while STS
+fails; keys within MARGIN of their expiry are never used: the request is refused 502
+`credentials-unavailable` instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import xml.etree.ElementTree as ET  # noqa: S405 - STS's answer over verified TLS, size-bounded
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from typing import Any, NamedTuple
+from urllib.parse import urlencode
+
+from botocore.auth import SigV4Auth
+from botocore.awsrequest import AWSRequest
+from botocore.credentials import Credentials
+
+from addon.observe import audit
+from addon.redaction.redactset import ROLE, SETS
+from addon.schemes.https import https_call
+
+STS_HOST = "sts.amazonaws.com"
+DURATION = 3600
+MARGIN = 1.0
+RETRY = 2.0
+# A session nobody signed with for this long stops renewing (a removed credential, a quiet
+# agent): the next request fetches keys first.
+IDLE = 900.0
+_NS = "{https://sts.amazonaws.com/doc/2011-06-15/}"
+
+Dial = Callable[[str, int], Awaitable[tuple[str, int]]]
+
+
+class Unavailable(Exception):
+    """No temporary keys that are still valid."""
+
+
+class Temporary(NamedTuple):
+    credentials: Credentials
+    expires: float  # time.time()
+    secrets: tuple[bytes, ...]
+
+
+class RoleSession:
+    """One role of one credential: its current temporary keys, and the task renewing them."""
+
+    def __init__(
+        self, name: str, base: Credentials, options: dict[str, Any], dial: Dial, cafile: str | None
+    ) -> None:
+        self.name = name
+        self._base = base
+        self.arn: str = options["assume_role"]
+        self._external_id: str | None = options.get("external_id")
+        self._policy: str | None = options.get("session_policy")
+        self._dial = dial
+        self._cafile = cafile
+        self.current: Temporary | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._used = time.monotonic()
+
+    def __repr__(self) -> str:
+        return f"RoleSession({self.name!r})"
+
+    def now(self) -> Temporary | None:
+        """The keys to sign with, if they are valid for a while yet (a request is using them)."""
+        self._used = time.monotonic()
+        return self._valid()
+
+    def _valid(self) -> Temporary | None:
+        current = self.current
+        if current is None or time.time() >= current.expires - MARGIN:
+            return None
+        return current
+
+    async def ensure(self) -> Temporary:
+        """Valid keys, fetched first if there are none. Raises: Unavailable."""
+        if self.now() is None:
+            task = self._renewal()
+            try:
+                await asyncio.shield(task)
+            except asyncio.CancelledError:
+                if not task.cancelled():
+                    raise  # this request itself was cancelled
+                # The credential was rotated or removed while its keys were fetched.
+                raise Unavailable(self.name) from None
+        found = self.now()
+        if found is None:
+            raise Unavailable(self.name)
+        return found
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        if self._task is not None:
+            self._task.cancel()
+
+    def _renewal(self) -> asyncio.Task[None]:
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._renew())
+        return self._task
+
+    async def _renew(self) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            address = await self._dial(STS_HOST, 443)
+            fresh = await asyncio.to_thread(self._fetch, address)
+        except Exception as e:  # noqa: BLE001 - the old keys serve until they expire, then deny
+            audit.logger().warning(
+                "credentials.renewal_failed",
+                credential=self.name,
+                error_type=type(e).__name__,
+                valid=self._valid() is not None,
+            )
+            self._schedule(loop, RETRY)
+            return
+        self.current = fresh
+        left = fresh.expires - time.time()
+        audit.logger().info("credentials.renewed", credential=self.name, expires_in_s=round(left))
+        self._schedule(loop, max(left * 2 / 3, MARGIN))
+
+    def _schedule(self, loop: asyncio.AbstractEventLoop, delay: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if time.monotonic() - self._used < IDLE:
+            self._timer = loop.call_later(delay, self._renewal)
+
+    def _fetch(self, address: tuple[str, int]) -> Temporary:
+        """In a thread: new keys, in the redaction set (compiled here) before they sign."""
+        fresh = self._assume(address)
+        SETS.hold(self.name, ROLE, fresh.secrets, build=True)
+        return fresh
+
+    def _assume(self, address: tuple[str, int]) -> Temporary:
+        """One AssumeRole call (in a thread). Raises on any failure."""
+        form = {
+            "Action": "AssumeRole",
+            "Version": "2011-06-15",
+            "RoleArn": self.arn,
+            "RoleSessionName": f"credproxy-{self.name}"[:64],
+            "DurationSeconds": str(DURATION),
+        }
+        if self._external_id is not None:
+            form["ExternalId"] = self._external_id
+        if self._policy is not None:
+            form["Policy"] = self._policy
+        request = AWSRequest(method="POST", url=f"https://{STS_HOST}/", data=urlencode(form))
+        request.headers["Host"] = STS_HOST
+        request.headers["Content-Type"] = "application/x-www-form-urlencoded; charset=utf-8"
+        SigV4Auth(self._base, "sts", "us-east-1").add_auth(request)
+        headers = {k: v for k, v in request.headers.items() if k.lower() != "host"}
+        answer = https_call(
+            address, STS_HOST, 443, self._cafile, "POST", "/", request.body, headers
+        )
+        if answer.status != 200:
+            raise RuntimeError(f"STS answered {answer.status}")
+        data = answer.data
+        found = ET.fromstring(data).find(f"{_NS}AssumeRoleResult/{_NS}Credentials")  # noqa: S314
+        if found is None:
+            raise RuntimeError("no credentials in STS's answer")
+
+        def text(tag: str) -> str:
+            value = found.findtext(f"{_NS}{tag}")
+            if not value:
+                raise RuntimeError(f"no {tag} in STS's answer")
+            return value
+
+        key_id, secret, token = text("AccessKeyId"), text("SecretAccessKey"), text("SessionToken")
+        expires = datetime.fromisoformat(text("Expiration")).timestamp()
+        return Temporary(
+            Credentials(key_id, secret, token),
+            expires,
+            (secret.encode(), token.encode(), key_id.encode()),
+        )
+
+
+class Sessions:
+    """Every credential's role session, kept across policy reloads (keyed by what defines it)."""
+
+    def __init__(self) -> None:
+        self.dial: Dial = _no_network
+        self.cafile: str | None = None
+        self._sessions: dict[str, tuple[tuple[Any, ...], RoleSession]] = {}
+
+    def get(
+        self, name: str, fingerprint: str, base: Credentials, options: dict[str, Any]
+    ) -> RoleSession:
+        key = (
+            fingerprint,
+            options.get("assume_role"),
+            options.get("external_id"),
+            options.get("session_policy"),
+        )
+        found = self._sessions.get(name)
+        if found is not None and found[0] == key:
+            return found[1]
+        if found is not None:
+            found[1].close()  # rotated or changed: its keys must not sign any more
+            SETS.hold(name, ROLE, ())  # retired: redacted for the grace period
+        session = RoleSession(name, base, options, self.dial, self.cafile)
+        self._sessions[name] = (key, session)
+        return session
+
+
+async def _no_network(host: str, port: int) -> tuple[str, int]:
+    raise Unavailable("no proxy is running to reach STS")
+
+
+SESSIONS = Sessions()

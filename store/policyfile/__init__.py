@@ -1,0 +1,1 @@
+"""Policy files: parsed, and reconciled against the store."""
