@@ -45,6 +45,9 @@ if TYPE_CHECKING:
     from addon.proxy.trail import Trail
 
 SWEEP_INTERVAL = 0.5
+# Seconds a connection whose head began to arrive is not displaced for a newer one: the head
+# may still be on its way through the hooks, under load, before it authenticates.
+READ_GRACE = 1.0
 
 
 @dataclass(frozen=True)
@@ -160,6 +163,7 @@ class _Conn:
     flows: set[str] = field(default_factory=set)
     principal: str | None = None  # whose tunnel this connection carries
     source: str = ""  # the peer's address it counts against until it authenticates
+    read_at: float = -READ_GRACE  # when its last head began to arrive (time.monotonic())
 
 
 @dataclass(slots=True)
@@ -190,7 +194,7 @@ class Limits:
             settings.unauthenticated_cap,
             settings.max_unauthenticated_per_address,
             self._authenticated,
-            _unread,
+            self._taking,
         )
         if trail is not None:
             trail.metrics.connections = self.admission
@@ -249,6 +253,13 @@ class Limits:
         else:  # not set up yet: mitmproxy closes it before reading
             client.error = detail
 
+    def _taking(self, client: connection.Client) -> bool:
+        """Bytes of this connection wait unread, or were read just now and their head may still
+        be on its way through the hooks (a burst accepted together): not to be displaced."""
+        conn = self.conns.get(client)
+        recent = conn is not None and time.monotonic() - conn.read_at < READ_GRACE
+        return recent or _unread(client)
+
     def _authenticated(self, client: connection.Client) -> bool:
         """Has a CONNECT or a proxy request on this connection named a valid token?"""
         state = self.clients.get(client)
@@ -267,6 +278,8 @@ class Limits:
 
     def head_started(self, client: connection.Client) -> None:
         conn = self.conns.get(client)
+        if conn is not None:
+            conn.read_at = time.monotonic()
         if conn is not None and not conn.head:
             conn.deadline = min(conn.deadline, time.monotonic() + self.settings.head_timeout)
             conn.head = True

@@ -370,3 +370,22 @@ def test_a_closed_tunnel_frees_its_place_under_the_principals_cap():
         assert "p" not in addon.tunnels
         addon.http_connect(second)
         assert second.response is None and len(addon.tunnels["p"]) == 1
+
+
+def test_a_head_read_just_now_is_not_displaced_while_it_goes_through_the_hooks(
+    closed, monkeypatch: pytest.MonkeyPatch
+):
+    """Read already (nothing waits in the socket), not yet authenticated: a CONNECT of a
+    burst, under load. It keeps its place for READ_GRACE, then may go like any silent one."""
+    with taddons.context():
+        addon = _limits(max_unauthenticated_per_address=1)
+        now = [100.0]
+        monkeypatch.setattr(limits.time, "monotonic", lambda: now[0])
+        first = _from("10.0.0.1")
+        addon.client_connected(first)
+        addon.head_started(first)
+        addon.client_connected(_from("10.0.0.1"))
+        assert closed == []
+        now[0] += limits.READ_GRACE
+        addon.client_connected(_from("10.0.0.1"))
+        assert closed == [first]
