@@ -7,6 +7,7 @@ import gc
 import getpass
 import json
 import os
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
@@ -375,7 +376,11 @@ def run(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> i
     try:
         settings = Settings.resolve(args)
         handler: Handler = args.func
-        return handler(args, settings)
+        status = handler(args, settings)
+        sys.stdout.flush()  # a closed pipe shows here, not at exit where it cannot be caught
+        return status
+    except BrokenPipeError:
+        return _reader_gone()
     except CredproxyError as e:
         print(f"credproxy: error: {worded(e)}", file=sys.stderr)
         return 2
@@ -384,6 +389,15 @@ def run(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> i
     except Exception as e:  # noqa: BLE001 - a traceback is a bug; its text may hold a secret
         print(f"credproxy: error: unexpected {type(e).__name__} (a bug)", file=sys.stderr)
         return 2
+
+
+def _reader_gone() -> int:
+    """The reader of stdout has gone (`| head`): stop quietly, as a command killed by SIGPIPE."""
+    # Python would flush stdout again at exit and complain: point it at /dev/null first.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 128 + signal.SIGPIPE  # what a shell reports for `yes | head -1`
 
 
 def worded(error: CredproxyError) -> str:

@@ -1,0 +1,58 @@
+"""What a new user trips over first (issue 36): each answer's exact line and status."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+
+from tests.clihelp import COMMAND, Call, Cli
+
+
+@pytest.fixture(scope="module")
+def cli(tmp_path_factory: pytest.TempPathFactory) -> Cli:
+    """A store with a principal, a credential and one grant."""
+    cli = Cli(tmp_path_factory.mktemp("first-minutes"))
+    cli.ok(Call(("init",)))
+    cli.ok(
+        Call(("principal", "add", "agent")),
+        Call(
+            ("credential", "add", "gh", "--scheme", "bearer", "--host", "api.github.com"),
+            b"sk-live-123\n",
+        ),
+    )
+    cli.ok(Call(("grant", "add", "agent", "--credential", "gh", "--method", "GET")))
+    return cli
+
+
+def _into_a_closed_pipe(cli: Cli, *args: str) -> subprocess.CompletedProcess[bytes]:
+    """Run with stdout a pipe whose reader has gone, as `| head -c 600` leaves it."""
+    read, write = os.pipe()
+    os.close(read)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CREDPROXY_")}
+    env["CREDPROXY_DB"] = f"sqlite:///{cli.db_file}"
+    try:
+        return subprocess.run(
+            [*COMMAND, *args],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            cwd=cli.root,
+            env=env,
+            timeout=60,
+        )
+    finally:
+        os.close(write)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        pytest.param(("--json", "grant", "list"), id="grant list --json"),
+        pytest.param(("request", "list"), id="request list"),
+        pytest.param(("export",), id="export"),
+    ],
+)
+def test_a_closed_pipe_ends_the_command_quietly(cli: Cli, args: tuple[str, ...]) -> None:
+    result = _into_a_closed_pipe(cli, *args)
+    assert (result.returncode, result.stderr) == (141, b"")
