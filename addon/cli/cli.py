@@ -260,7 +260,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     )
     p.add_argument("--placeholder-env", help="a variable `credproxy exec` sets to a placeholder")
     _mint_flags(p)
-    p.set_defaults(func=cmd_credential_add)
+    p.set_defaults(func=cmd_credential_add, reads_secret=True)
     p = credential.add_parser("list", parents=[common], help="credentials (never secrets)")
     p.set_defaults(func=cmd_credential_list)
     p = credential.add_parser("remove", parents=[common], help="destroy; revokes its grants")
@@ -268,7 +268,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_credential_remove)
     p = credential.add_parser("rotate", parents=[common], help="new secret from stdin")
     p.add_argument("name", help="the credential")
-    p.set_defaults(func=cmd_credential_rotate)
+    p.set_defaults(func=cmd_credential_rotate, reads_secret=True)
 
     grant = sub.add_parser("grant", help="who may send what, where").add_subparsers(
         dest="action", required=True, parser_class=_Parser, metavar="ACTION", help="one of:"
@@ -372,7 +372,9 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
 
 
 def run(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> int:
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        parser.error(_unrecognized(args, extra))
     try:
         settings = Settings.resolve(args)
         handler: Handler = args.func
@@ -389,6 +391,17 @@ def run(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> i
     except Exception as e:  # noqa: BLE001 - a traceback is a bug; its text may hold a secret
         print(f"credproxy: error: unexpected {type(e).__name__} (a bug)", file=sys.stderr)
         return 2
+
+
+def _unrecognized(args: argparse.Namespace, extra: Sequence[str]) -> str:
+    """argparse's complaint, except that a command reading a secret never echoes its arguments."""
+    if not getattr(args, "reads_secret", False):
+        return f"unrecognized arguments: {' '.join(extra)}"
+    command = f"{args.command} {args.action}"
+    return (
+        "unrecognized arguments (not shown: they may hold a secret); "
+        f'{command} reads the secret from stdin: printf %s "$SECRET" | credproxy {command} ...'
+    )
 
 
 def _reader_gone() -> int:

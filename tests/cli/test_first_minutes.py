@@ -56,3 +56,37 @@ def _into_a_closed_pipe(cli: Cli, *args: str) -> subprocess.CompletedProcess[byt
 def test_a_closed_pipe_ends_the_command_quietly(cli: Cli, args: tuple[str, ...]) -> None:
     result = _into_a_closed_pipe(cli, *args)
     assert (result.returncode, result.stderr) == (141, b"")
+
+
+SECRET_FROM_STDIN = (
+    "credproxy: error: unrecognized arguments (not shown: they may hold a secret); "
+    '{command} reads the secret from stdin: printf %s "$SECRET" | credproxy {command} ... '
+    "(see --help)"
+)
+
+
+@pytest.mark.parametrize(
+    ("args", "command"),
+    [
+        pytest.param(
+            ("credential", "add", "x2", "--scheme", "bearer", "--host", "a.example.com"),
+            "credential add",
+            id="credential add",
+        ),
+        pytest.param(("credential", "rotate", "gh"), "credential rotate", id="credential rotate"),
+    ],
+)
+def test_a_secret_on_the_command_line_is_never_echoed(
+    cli: Cli, args: tuple[str, ...], command: str
+) -> None:
+    result = cli.run(Call((*args, "sk-live-123"), b"sk-live-456"))
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == SECRET_FROM_STDIN.format(command=command) + "\n"
+
+
+def test_other_commands_still_name_what_they_did_not_recognise(cli: Cli) -> None:
+    result = cli.run(Call(("principal", "add", "eve", "--colour", "red")))
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == (
+        "credproxy: error: unrecognized arguments: --colour red (see --help)\n"
+    )
