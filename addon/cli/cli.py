@@ -12,6 +12,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
+from addon.cli import report
 from addon.core.argtypes import count
 from store.crypto import KEY_ENV, MasterKey, Secret, write_key_file
 from store.errors import CredproxyError, InvalidInput, MasterKeyError
@@ -77,7 +78,7 @@ identifier = count(1)
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+        raise report.UsageError(message, self.prog)
 
 
 def _global_options(parser: argparse.ArgumentParser, default: Any) -> None:
@@ -372,10 +373,11 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
 
 
 def run(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> int:
-    args, extra = parser.parse_known_args(argv)
-    if extra:
-        parser.error(_unrecognized(args, extra))
+    as_json = report.wants_json(list(sys.argv[1:] if argv is None else argv))
     try:
+        args, extra = parser.parse_known_args(argv)
+        if extra:
+            parser.error(_unrecognized(args, extra))
         settings = Settings.resolve(args)
         handler: Handler = args.func
         status = handler(args, settings)
@@ -383,13 +385,16 @@ def run(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> i
         return status
     except BrokenPipeError:
         return _reader_gone()
+    except report.UsageError as e:
+        report.usage(e, as_json)
+        return 2
     except CredproxyError as e:
-        print(f"credproxy: error: {worded(e)}", file=sys.stderr)
+        report.error(worded(e), report.code_of(e), as_json)
         return 2
     except KeyboardInterrupt:
         return 130
     except Exception as e:  # noqa: BLE001 - a traceback is a bug; its text may hold a secret
-        print(f"credproxy: error: unexpected {type(e).__name__} (a bug)", file=sys.stderr)
+        report.error(f"unexpected {type(e).__name__} (a bug)", report.BUG, as_json)
         return 2
 
 

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from addon.cli import report
 from store.errors import InvalidInput
 from store.policyfile import reconcile
 from store.policyfile.parse import PolicyFile, PolicyFileError, load
@@ -60,9 +61,9 @@ def _plan_json(plan: reconcile.Plan) -> dict[str, Any]:
     }
 
 
-def _problems(e: PolicyFileError) -> int:
+def _problems(e: PolicyFileError, as_json: bool) -> int:
     for problem in e.problems:
-        print(f"credproxy: error: {problem}", file=sys.stderr)
+        report.error(problem, report.code_of(e), as_json)
     return 2
 
 
@@ -92,7 +93,7 @@ def cmd_plan(args: argparse.Namespace, settings: Settings) -> int:
         store = settings.store()
         plan = reconcile.plan(store.db, settings.key(), policy, prune=args.prune)
     except PolicyFileError as e:
-        return _problems(e)
+        return _problems(e, args.json)
     if args.json:
         print(json.dumps(_plan_json(plan)))
     else:
@@ -125,7 +126,7 @@ def cmd_apply(args: argparse.Namespace, settings: Settings) -> int:
             store.db, key, policy, prune=args.prune, expected=expected, write_tokens=writer
         )
     except PolicyFileError as e:
-        return _problems(e)
+        return _problems(e, args.json)
     out: dict[str, Any] = {"applied": _plan_json(applied.plan)}
     lines = ["applied:", *("  " + line for line in _plan_lines(applied.plan))]
     if applied.plan.empty:

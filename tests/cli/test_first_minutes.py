@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 
@@ -90,3 +91,36 @@ def test_other_commands_still_name_what_they_did_not_recognise(cli: Cli) -> None
     assert result.stderr == (
         "credproxy: error: unrecognized arguments: --colour red (see --help)\n"
     )
+
+
+@pytest.mark.parametrize(
+    ("args", "error", "code"),
+    [
+        pytest.param(
+            ("--json", "grant", "revoke", "99"),
+            "no grant with id 99",
+            "not_found",
+            id="a domain error, --json before the command",
+        ),
+        pytest.param(
+            ("principal", "add", "agent", "--json"),
+            "principal 'agent' already exists",
+            "conflict",
+            id="a domain error, --json after the command",
+        ),
+        pytest.param(
+            ("--json", "grant", "add"),
+            "the following arguments are required: principal, --method "
+            "(see credproxy grant add --help)",
+            "usage",
+            id="a usage error",
+        ),
+    ],
+)
+def test_json_errors_are_one_json_object_on_stderr(
+    cli: Cli, args: tuple[str, ...], error: str, code: str
+) -> None:
+    result = cli.run(Call(args))
+    assert (result.returncode, result.stdout) == (2, "")
+    assert json.loads(result.stderr) == {"error": error, "code": code}
+    assert result.stderr.count("\n") == 1
