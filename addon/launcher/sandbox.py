@@ -21,7 +21,7 @@ from pathlib import Path
 
 from store.db import lite
 from store.errors import CredproxyError, InvalidInput
-from store.settings import Settings
+from store.settings import DEFAULT_KEY_FILE, Settings
 
 MASKED = (Path("/tmp"), Path("/run"))  # noqa: S108 - an empty tmpfs inside, not a file we use
 # Each with /var/run/... as the symlink to /run: the folders where local databases listen.
@@ -94,6 +94,8 @@ def state_paths(settings: Settings) -> set[Path]:
     database = _sqlite_database(settings.db)
     if database is not None:
         paths |= {database.with_name(database.name + s) for s in SQLITE_SIBLINGS}
+        # `init`'s key beside the store, also when the key now comes from the environment.
+        paths.add(database.with_name(DEFAULT_KEY_FILE))
     paths |= _socket_dirs(settings.db)
     return {_real(p) for p in paths}
 
@@ -147,7 +149,7 @@ def view(
     or a path to show would expose it. The named paths are held open (close them with
     `release`)."""
     hidden = frozenset(state_paths(settings) | {_real(p) for p in hide})
-    for path in (settings.key_file, *_sqlite_files(settings)):
+    for path in _secret_files(settings):
         if path.is_file() and path.stat().st_nlink > 1:
             raise InvalidInput(
                 f"--isolate: {path} has another name (a hard link) that the sandbox would show"
@@ -199,9 +201,15 @@ def release_fds(fds: Iterable[int]) -> None:
         os.close(fd)
 
 
-def _sqlite_files(settings: Settings) -> list[Path]:
+def _secret_files(settings: Settings) -> list[Path]:
+    """The key, the SQLite store and every file of the CA folder (its private key)."""
+    found = [settings.key_file]
     database = _sqlite_database(settings.db)
-    return [] if database is None else [database]
+    if database is not None:
+        found.append(database)
+    if settings.certs.is_dir():
+        found += [p for p in settings.certs.iterdir() if p.is_file()]
+    return found
 
 
 def arguments(v: View) -> list[str]:
@@ -218,8 +226,10 @@ def arguments(v: View) -> list[str]:
         if path not in v.hidden:
             _show(path, v.hidden, args, listings, "--ro-bind")
     for pin in v.pinned:  # checked above: none holds, or lies inside, a hidden path
-        bind = "--bind" if pin.writable else "--ro-bind"
-        args += [bind, f"/proc/self/fd/{pin.fd}", str(pin.real)]
+        # bubblewrap mounts the open folder itself and closes the descriptor: it never
+        # reaches CMD, where `..` from it would climb the host's tree past every mount.
+        bind = "--bind-fd" if pin.writable else "--ro-bind-fd"
+        args += [bind, str(pin.fd), str(pin.real)]
     # Last, once everything shown inside them is mounted: a listing takes no new entries.
     for path in listings:
         args += ["--remount-ro", str(path)]

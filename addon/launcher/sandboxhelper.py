@@ -32,6 +32,9 @@ def main(argv: Sequence[str]) -> int:
             ],
         )
     listener.close()
+    # Nothing but stdin, stdout and stderr reaches CMD: a descriptor exec or its caller
+    # passed down (a folder's, above all) would lead out of the sandbox's mounts.
+    os.closerange(3, os.sysconf("SC_OPEN_MAX"))
     for number in (signal.SIGPIPE, signal.SIGXFSZ):  # as exec's own spawn resets them
         signal.signal(number, signal.SIG_DFL)
     try:

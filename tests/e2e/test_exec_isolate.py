@@ -61,7 +61,12 @@ def agent(proxy: Proxy, names) -> Agent:
 
 
 def isolated(
-    proxy: Proxy, agent: Agent, *command: str, flags: tuple[str, ...] = (), cwd: Path | None = None
+    proxy: Proxy,
+    agent: Agent,
+    *command: str,
+    flags: tuple[str, ...] = (),
+    cwd: Path | None = None,
+    pass_fds: tuple[int, ...] = (),
 ) -> subprocess.CompletedProcess[str]:
     """exec --isolate from a working directory of its own (the proxy's home holds the state)."""
     work = cwd or Path("/var/tmp") / f"credproxy-test-work-{os.getpid()}"  # noqa: S108
@@ -86,6 +91,7 @@ def isolated(
         capture_output=True,
         text=True,
         timeout=300,
+        pass_fds=pass_fds,
     )
 
 
@@ -258,6 +264,23 @@ def umount():
     if libc.umount2(home.encode(), 2) != 0:  # MNT_DETACH
         raise OSError(ctypes.get_errno(), "umount")
 attempt("unmount the hiding", umount)
+# A folder descriptor leads out of every mount (`..` climbs the host's tree): none may be open.
+folders = []
+for fd in os.listdir("/proc/self/fd"):
+    target = os.readlink(f"/proc/self/fd/{fd}") if os.path.exists(f"/proc/self/fd/{fd}") else ""
+    if target.startswith("/") and not target.startswith("/proc") and os.path.isdir(target):
+        folders.append(target)
+tried["folder descriptors"] = folders
+def through_descriptors():
+    for fd in range(3, 256):
+        for up in (".", "..", "../..", "../../.."):
+            try:
+                read(f"/proc/self/fd/{fd}/{up}/credproxy.key")
+                return
+            except OSError:
+                pass
+    raise FileNotFoundError("no descriptor leads to the key")
+attempt("read the key through a descriptor", through_descriptors)
 status = open("/proc/self/status").read()
 tried["NoNewPrivs"] = [l.split()[1] for l in status.splitlines() if l.startswith("NoNewPrivs")][0]
 tried["CapEff"] = [l.split()[1] for l in status.splitlines() if l.startswith("CapEff")][0]
@@ -297,18 +320,25 @@ def test_the_sandbox_can_neither_read_nor_change_credproxy_state(
     script.write_text(ATTACKS)
     grants_before = proxy.store.list_grants()
     assert Path("/run/postgresql/.s.PGSQL.5432").exists() or not os.environ.get("CI")
-    done = isolated(
-        proxy,
-        agent,
-        PYTHON,
-        str(script),
-        str(proxy.home),
-        str(proxy.process.pid),
-        flags=("--ro", str(tmp_path)),
-    )
+    # A folder of the state open in exec's caller (a shell's stray descriptor), passed down.
+    stray = os.open(proxy.home, os.O_PATH | os.O_DIRECTORY)
+    try:
+        done = isolated(
+            proxy,
+            agent,
+            PYTHON,
+            str(script),
+            str(proxy.home),
+            str(proxy.process.pid),
+            flags=("--ro", str(tmp_path)),
+            pass_fds=(stray,),
+        )
+    finally:
+        os.close(stray)
     assert done.returncode == 0, done.stderr
     tried = json.loads(done.stdout.splitlines()[-1])
     assert [k for k, v in tried.items() if v == "succeeded"] == []
+    assert tried["folder descriptors"] == []
     assert set(tried["certs"]) <= {"credproxy-ca.pem"} | {n for n in tried["certs"] if ".p12" in n}
     assert tried["NoNewPrivs"] == "1"
     assert tried["CapEff"] == tried["CapBnd"] == "0000000000000000"
