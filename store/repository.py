@@ -180,8 +180,8 @@ class Store:
     def list_grants(self, principal: str | None = None) -> list[GrantEntry]:
         return grants.listing(self.db, principal)
 
-    def revoke_grant(self, grant_id: int) -> None:
-        grants.revoke(self.db, grant_id)
+    def revoke_grant(self, grant_id: int) -> bool:
+        return grants.revoke(self.db, grant_id)
 
     def consume_once(self, grant_id: int) -> bool:
         return grants.consume_once(self.db, grant_id)

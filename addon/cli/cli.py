@@ -26,7 +26,7 @@ from store.records import (
     GrantEntry,
 )
 from store.rules import aws, validation
-from store.rules.grammar import parse_expiry
+from store.rules.grammar import check_registered_method, parse_expiry
 from store.rules.mintspec import GITHUB_API, MINTED
 from store.rules.validation import SCHEMES
 from store.settings import DEFAULT_CERTS, DEFAULT_DB, DEFAULT_KEY_FILE, Settings
@@ -36,6 +36,7 @@ MAX_SECRET = 64 * 1024
 FLAGS = {
     "host": "--host",
     "method": "--method",
+    "extension_method": "--extension-method",
     "credential": "--credential",
     "path": "--path",
     "header": "--header NAME",
@@ -284,6 +285,11 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         help="HOST[:PORT], repeatable (default: the credential's hosts)",
     )
     p.add_argument("--method", action="append", required=True, help="GET, POST, ... or '*'")
+    p.add_argument(
+        "--extension-method",
+        action="store_true",
+        help="allow --method names outside IANA's HTTP method registry",
+    )
     p.add_argument("--path", action="append", default=[], help="path pattern (default /)")
     p.add_argument("--once", action="store_true", help="usable by exactly one request")
     p.add_argument("--websocket", action="store_true", help="allow Upgrade requests")
@@ -804,6 +810,9 @@ def cmd_credential_rotate(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_grant_add(args: argparse.Namespace, settings: Settings) -> int:
+    if not args.extension_method:
+        for method in args.method:
+            check_registered_method(method)
     expires = parse_expiry(args.expires) if args.expires else None
     limits = validation.limits(
         args.rate, args.burst, args.max_uses, args.once, args.approval, args.hold
@@ -884,8 +893,11 @@ def cmd_grant_list(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_grant_revoke(args: argparse.Namespace, settings: Settings) -> int:
-    settings.store().revoke_grant(args.id)
-    _emit(settings, {"id": args.id, "state": "revoked"}, [f"revoked grant {args.id}"])
+    if settings.store().revoke_grant(args.id):
+        _emit(settings, {"id": args.id, "state": "revoked"}, [f"revoked grant {args.id}"])
+    else:
+        said = f"grant {args.id} was already revoked"
+        _emit(settings, {"id": args.id, "state": "revoked", "already_revoked": True}, [said])
     return 0
 
 

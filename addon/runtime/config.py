@@ -83,8 +83,12 @@ def parse_listen(text: str, flag: str) -> tuple[str, int]:
     host, sep, port_text = text.rpartition(":")
     host = host.strip("[]")
     digits = port_text.isascii() and port_text.isdigit()
-    if not sep or not host or not digits or not 0 <= int(port_text) < 65536:
+    if not sep or not host or not digits:
         raise InvalidInput(f"invalid {flag} {text!r}: use HOST:PORT")
+    if not 0 <= int(port_text) < 65536:
+        raise InvalidInput(
+            f"invalid {flag} {text!r}: port {port_text} is out of range (0 to 65535)"
+        )
     return host, int(port_text)
 
 

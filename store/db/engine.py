@@ -147,6 +147,10 @@ def make_engine(url: str, *, create: bool = False) -> Engine:
     else:
         kwargs["connect_args"] = {"timeout": 5}
         path = sqlite_path(url)
+        if path is not None and create and not path.parent.is_dir():
+            raise StoreUnavailable(
+                f"cannot create a store at {path}: the directory {path.parent} does not exist"
+            )
         if path is not None and not create:
             if not path.is_file():
                 raise StoreUnavailable(f"no store at {path}: run credproxy init")
@@ -174,6 +178,21 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
 def rowcount(result: object) -> int:
     """How many rows an UPDATE touched."""
     return int(getattr(result, "rowcount", 0))
+
+
+# PostgreSQL's words (psycopg gives no SQLSTATE for a failed connection).
+_MISSING_DATABASE = re.compile(r'FATAL: +database "([^"]+)" does not exist')
+
+
+def _no_such_database(url: str, name: str) -> StoreUnavailable:
+    """A PostgreSQL server without the database: say how to create it."""
+    parsed = make_url(url)
+    host, port = parsed.host or "localhost", parsed.port or 5432
+    user = f" -U {parsed.username}" if parsed.username else ""
+    return StoreUnavailable(
+        f"database {name!r} does not exist on {host}:{port}: create it with "
+        f"`createdb -h {host} -p {port}{user} {name}`, then run credproxy init"
+    )
 
 
 def _first_line(e: DBAPIError) -> str:
@@ -246,6 +265,9 @@ class Database:
         return StoreUnavailable(f"database {self.display_url} failed: {_first_line(e)}")
 
     def unreachable(self, e: DBAPIError) -> StoreUnavailable:
+        missing = _MISSING_DATABASE.search(_first_line(e))
+        if missing:
+            return _no_such_database(self.url, missing.group(1))
         return StoreUnavailable(f"cannot reach database {self.display_url}: {_first_line(e)}")
 
     @contextmanager

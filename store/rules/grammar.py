@@ -66,6 +66,30 @@ def validate_method(method: str) -> str:
     return method
 
 
+# IANA's HTTP Method Registry, less PRI (HTTP/2's connection preface, never a request).
+REGISTERED_METHODS = frozenset(
+    "ACL BASELINE-CONTROL BIND CHECKIN CHECKOUT CONNECT COPY DELETE GET HEAD LABEL LINK LOCK "
+    "MERGE MKACTIVITY MKCALENDAR MKCOL MKREDIRECTREF MKWORKSPACE MOVE OPTIONS ORDERPATCH PATCH "
+    "POST PROPFIND PROPPATCH PUT QUERY REBIND REPORT SEARCH TRACE UNBIND UNCHECKOUT UNLINK "
+    "UNLOCK UPDATE UPDATEREDIRECTREF VERSION-CONTROL".split()
+)
+
+
+def check_registered_method(method: str) -> None:
+    """Refuse a well-formed method outside the registry, naming the nearest registered one."""
+    if method == "*" or method in REGISTERED_METHODS or not _METHOD_RE.fullmatch(method):
+        return  # validate_method words a malformed one
+    import difflib  # only here: the CLI's quick commands import this module
+
+    near = difflib.get_close_matches(method, sorted(REGISTERED_METHODS), n=1, cutoff=0.6)
+    hint = f": did you mean {near[0]!r}?" if near else ""
+    raise InvalidInput(
+        f"method {method!r} is not a registered HTTP method{hint} "
+        "({extension_method} allows others)",
+        extension_method="extension_method",
+    )
+
+
 def validate_header_name(name: str) -> str:
     if not _HEADER_RE.fullmatch(name) or name.lower() in _FORBIDDEN_HEADERS:
         raise InvalidInput(f"invalid or forbidden header name {name!r}")
@@ -483,6 +507,13 @@ def validate_path_pattern(pattern: str) -> str:
     for index, segment in enumerate(segments):
         if segment in ("", ".", ".."):
             raise InvalidInput(f"invalid path pattern {pattern!r}: empty or dot segment")
+        if segment == "**":
+            below_here = "/" + "".join(s + "/" for s in segments[:index])
+            instead = f" ({below_here!r})" if index == len(segments) - 1 and not below else ""
+            raise InvalidInput(
+                f"invalid path pattern {pattern!r}: '**' is not supported: a trailing '/' "
+                f"matches everything below{instead}, '*' one whole segment"
+            )
         if "*" in segment and segment != "*":
             raise InvalidInput(f"invalid path pattern {pattern!r}: '*' must be a whole segment")
         parts = _PATTERN_SLASH.split(segment)

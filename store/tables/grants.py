@@ -119,14 +119,17 @@ def listing(db: Database, principal: str | None = None) -> list[GrantEntry]:
         ]
 
 
-def revoke(db: Database, grant_id: int) -> None:
+def revoke(db: Database, grant_id: int) -> bool:
+    """Revoke a grant; False when it was already revoked."""
     with db.change() as session:
         grant = session.get(Grant, grant_id)
         if grant is None:
             raise NotFound(f"no grant with id {grant_id}")
-        if grant.revoked_at is None:
-            grant.revoked_at = utcnow()
+        if grant.revoked_at is not None:
+            return False
+        grant.revoked_at = utcnow()
         changed(session, GRANT, grant_id)
+        return True
 
 
 def consume_once(db: Database, grant_id: int) -> bool:

@@ -124,3 +124,71 @@ def test_json_errors_are_one_json_object_on_stderr(
     assert (result.returncode, result.stdout) == (2, "")
     assert json.loads(result.stderr) == {"error": error, "code": code}
     assert result.stderr.count("\n") == 1
+
+
+GRANT = ("grant", "add", "agent", "--credential", "gh")
+MISSING_DB = "credproxy_missing_issue36"
+
+ONE_LINE = {
+    "a port out of range": (
+        ("run", "--listen", "0.0.0.0:99999"),
+        "invalid --listen '0.0.0.0:99999': port 99999 is out of range (0 to 65535)",
+    ),
+    "a double star in a path": (
+        (*GRANT, "--method", "GET", "--path", "/v1/**"),
+        "invalid path pattern '/v1/**': '**' is not supported: a trailing '/' matches "
+        "everything below ('/v1/'), '*' one whole segment",
+    ),
+    "a double star inside a path": (
+        (*GRANT, "--method", "GET", "--path", "/v1/**/x"),
+        "invalid path pattern '/v1/**/x': '**' is not supported: a trailing '/' matches "
+        "everything below, '*' one whole segment",
+    ),
+    "a misspelt method": (
+        (*GRANT, "--method", "GTE"),
+        "method 'GTE' is not a registered HTTP method: did you mean 'GET'? "
+        "(--extension-method allows others)",
+    ),
+    "an unknown method like none": (
+        (*GRANT, "--method", "FROBNICATE"),
+        "method 'FROBNICATE' is not a registered HTTP method (--extension-method allows others)",
+    ),
+    "an SQLite file in a missing directory": (
+        ("init", "--db", "sqlite:///nonexistent/dir/x.db"),
+        "cannot create a store at nonexistent/dir/x.db: the directory nonexistent/dir "
+        "does not exist",
+    ),
+    "a missing PostgreSQL database": (
+        ("init", "--db", f"postgresql://postgres@127.0.0.1:5432/{MISSING_DB}"),
+        f"database {MISSING_DB!r} does not exist on 127.0.0.1:5432: create it with "
+        f"`createdb -h 127.0.0.1 -p 5432 -U postgres {MISSING_DB}`, then run credproxy init",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, id=n) for n in ONE_LINE])
+def test_a_misleading_input_gets_the_line_that_says_what_is_wrong(cli: Cli, name: str) -> None:
+    args, line = ONE_LINE[name]
+    result = cli.run(Call(args))
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == f"credproxy: error: {line}\n"
+
+
+def test_an_extension_method_needs_its_flag(cli: Cli) -> None:
+    (added,) = cli.ok(Call((*GRANT, "--method", "FROBNICATE", "--extension-method", "--json")))
+    assert json.loads(added)["id"] > 0
+
+
+def test_revoking_a_grant_twice_says_it_was_already_revoked(cli: Cli) -> None:
+    (added,) = cli.ok(Call((*GRANT, "--method", "PUT", "--json")))
+    grant = json.loads(added)["id"]
+    first = cli.run(Call(("grant", "revoke", str(grant))))
+    second = cli.run(Call(("grant", "revoke", str(grant))))
+    assert (first.returncode, first.stdout, first.stderr) == (0, f"revoked grant {grant}\n", "")
+    assert (second.returncode, second.stdout, second.stderr) == (
+        0,
+        f"grant {grant} was already revoked\n",
+        "",
+    )
+    (again,) = cli.ok(Call(("grant", "revoke", str(grant), "--json")))
+    assert json.loads(again) == {"id": grant, "state": "revoked", "already_revoked": True}
