@@ -43,6 +43,8 @@ timed_out_flows: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary
 timed_out_servers: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
 # Called with the client connection when an HTTP/1 request head starts arriving.
 on_head_started: list[Callable[[Any], None]] = []
+# Called with the client connection whenever bytes of a request head are read.
+on_head_read: list[Callable[[Any], None]] = []
 # Called with the flow when a piece of its response body arrives (HTTP/1 and HTTP/2).
 on_response_data: list[Callable[[Any], None]] = []
 _installed = False
@@ -91,6 +93,9 @@ def _bounded_head(read_headers: Any, refuse: Any) -> Any:
     from mitmproxy.proxy import events
 
     def wrapper(self: Any, event: Any) -> Iterator[Any]:
+        if isinstance(event, events.DataReceived) and refuse is _refuse_request_head:
+            for read in on_head_read:  # before the head goes through the hooks
+                read(self.conn)
         if (
             isinstance(event, events.DataReceived)
             and len(self.buf) > HEAD_LIMIT

@@ -27,6 +27,7 @@ from addon.core.reasons import Reason
 from addon.mitm.bounds import (
     TIMEOUT_PREFIX,
     audit_refusal,
+    on_head_read,
     on_head_started,
     on_response_data,
     timed_out_flows,
@@ -204,6 +205,7 @@ class Limits:
 
     def running(self) -> None:
         on_head_started[:] = [self.head_started]
+        on_head_read[:] = [self.head_read]
         on_response_data[:] = [self.response_data]
         self._sweeper = asyncio.get_running_loop().create_task(self._sweep_forever())
 
@@ -276,10 +278,13 @@ class Limits:
             if not held:
                 del self.tunnels[principal]
 
-    def head_started(self, client: connection.Client) -> None:
+    def head_read(self, client: connection.Client) -> None:
         conn = self.conns.get(client)
         if conn is not None:
             conn.read_at = time.monotonic()
+
+    def head_started(self, client: connection.Client) -> None:
+        conn = self.conns.get(client)
         if conn is not None and not conn.head:
             conn.deadline = min(conn.deadline, time.monotonic() + self.settings.head_timeout)
             conn.head = True

@@ -383,7 +383,7 @@ def test_a_head_read_just_now_is_not_displaced_while_it_goes_through_the_hooks(
         monkeypatch.setattr(limits.time, "monotonic", lambda: now[0])
         first = _from("10.0.0.1")
         addon.client_connected(first)
-        addon.head_started(first)
+        addon.head_read(first)
         addon.client_connected(_from("10.0.0.1"))
         assert closed == []
         now[0] += limits.READ_GRACE
