@@ -298,7 +298,7 @@ def test_the_proxy_starts_after_the_policy_is_applied_from_a_compose_secret(
     assert "credproxy apply /etc/credproxy/policy.toml --yes" in script
     assert apply["network_mode"] == "none"  # it needs the store, not the network
     policy = [m for m in mounts(apply) if m.target == "/etc/credproxy/policy.toml"]
-    assert [(Path(m.source).name, m.read_only) for m in policy] == [("policy.example.toml", True)]
+    assert [(Path(m.source).name, m.read_only) for m in policy] == [("policy.compose.toml", True)]
     assert [s if isinstance(s, str) else s["source"] for s in apply["secrets"]] == ["github_token"]
     assert Path(compose["secrets"]["github_token"]["file"]).name == "github_token"
     assert services["credproxy"]["depends_on"] == {
@@ -310,7 +310,7 @@ def test_the_proxy_starts_after_the_policy_is_applied_from_a_compose_secret(
 def test_the_example_policy_reads_its_secret_from_the_compose_secret() -> None:
     from store.policyfile.parse import SecretSource, load
 
-    policy = load(ROOT / "docs" / "policy.example.toml")
+    policy = load(ROOT / "docs" / "policy.compose.toml")
     assert policy.problems == ()
     (credential,) = policy.credentials
     assert credential.source == SecretSource(file=Path("/run/secrets/github_token"))

@@ -574,7 +574,8 @@ def export(db: Database) -> str:
                 lines.append(f"param = {_toml(c.param_name)}")
             for option, value in sorted((_settings(c.options) or {}).items()):
                 lines.append(f"{FILE_KEYS.get(option, option)} = {_toml(value)}")
-            env = "CREDPROXY_SECRET_" + "".join(ch if ch.isalnum() else "_" for ch in name.upper())
+            # Not CREDPROXY_*: those are credproxy's own settings, which secret_env may not name.
+            env = "SECRET_" + "".join(ch if ch.isalnum() else "_" for ch in name.upper())
             lines.append(f"# secret_env = {_toml(env)}")
         for key, (g, principal, credential) in state.grants.items():
             if _grant_state(g, now) != "active":

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -192,3 +194,40 @@ def test_revoking_a_grant_twice_says_it_was_already_revoked(cli: Cli) -> None:
     )
     (again,) = cli.ok(Call(("grant", "revoke", str(grant), "--json")))
     assert json.loads(again) == {"id": grant, "state": "revoked", "already_revoked": True}
+
+
+EXAMPLE = Path(__file__).parents[2] / "docs" / "policy.example.toml"
+
+
+def test_the_example_policy_plans_on_a_laptop_as_it_is(tmp_path: Path) -> None:
+    fresh = Cli(tmp_path)
+    fresh.ok(Call(("init",)))
+    result = fresh.run(Call(("plan", str(EXAMPLE))))
+    assert (result.returncode, result.stderr) == (1, "")
+    assert result.stdout.splitlines() == [
+        "create principal agent",
+        "create grant pypi  principal=agent  hosts=[files.pythonhosted.org, pypi.org]  "
+        "methods=[GET]  paths=[/]  purpose=install Python packages",
+    ]
+
+
+def test_the_example_policy_uncommented_plans_with_the_token_in_the_environment(
+    tmp_path: Path,
+) -> None:
+    fresh = Cli(tmp_path)
+    fresh.ok(Call(("init",)))
+    text = EXAMPLE.read_text()
+    (tmp_path / "policy.toml").write_text(re.sub(r"(?m)^# ?(\[\[|[a-z_]+ = |$)", r"\1", text))
+    result = fresh.run(Call(("plan", "policy.toml"), env={"GITHUB_TOKEN": "ghp_example"}))
+    assert (result.returncode, result.stderr) == (1, "")
+    assert "create credential github" in result.stdout
+    assert "create grant triage-widgets" in result.stdout
+
+
+def test_export_suggests_a_secret_env_that_plan_accepts(cli: Cli) -> None:
+    (exported,) = cli.ok(Call(("export",)))
+    assert '# secret_env = "SECRET_GH"' in exported.splitlines()
+    (cli.root / "exported.toml").write_text(exported.replace("# secret_env = ", "secret_env = "))
+    result = cli.run(Call(("plan", "exported.toml"), env={"SECRET_GH": "sk-live-789"}))
+    assert (result.returncode, result.stderr) == (1, "")
+    assert result.stdout.startswith("update credential gh  secret: fp-")
