@@ -361,6 +361,12 @@ async def _serve(
         listening = [(str(a[0]), int(a[1])) for a in proxyserver.listen_addrs()]
         forward.guard = forward.guard.listening_on(listening + admin_addr)
         addrs = [f"{host}:{port}" for host, port in listening]
+        if config.worker is None and sys.stdout.isatty():
+            admins = [f"{host}:{port}" for host, port in admin_addr]
+            from store.ca import PUBLIC_CERT
+
+            ca = settings.certs / PUBLIC_CERT
+            print(greeting(addrs, admins, store.display_url, ca), flush=True)
         log.info(
             "proxy.started",
             listen=addrs,
@@ -423,6 +429,15 @@ async def _serve(
         live.close()
         log.info("proxy.stopped", cut=stopping.cut)
     return 0
+
+
+def greeting(listen: list[str], admin: list[str], db: str, ca: Path) -> str:
+    """The one line a person at the terminal reads before the JSON lines."""
+    admin_part = f" (admin {', '.join(admin)})" if admin else ""
+    return (
+        f"credproxy listening on {', '.join(listen)}{admin_part}; store {db}; "
+        f"clients must trust {ca}; Ctrl-C stops it. JSON lines follow."
+    )
 
 
 class _StartFailed(Exception):

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import pty
 import re
+import select
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -231,3 +235,49 @@ def test_export_suggests_a_secret_env_that_plan_accepts(cli: Cli) -> None:
     result = cli.run(Call(("plan", "exported.toml"), env={"SECRET_GH": "sk-live-789"}))
     assert (result.returncode, result.stderr) == (1, "")
     assert result.stdout.startswith("update credential gh  secret: fp-")
+
+
+def _run_on_a_terminal(cli: Cli, *args: str) -> list[str]:
+    """`credproxy run` with a terminal for stdout: its lines up to proxy.started, then Ctrl-C."""
+    ours, theirs = pty.openpty()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CREDPROXY_")}
+    env["CREDPROXY_DB"] = f"sqlite:///{cli.db_file}"
+    env["CREDPROXY_KEY_FILE"] = str(cli.key_file)
+    process = subprocess.Popen(
+        [*COMMAND, "run", *args], cwd=cli.root, env=env, stdout=theirs, stderr=theirs
+    )
+    os.close(theirs)
+    output = b""
+    deadline = time.monotonic() + 60
+    try:
+        while b"proxy.started" not in output and time.monotonic() < deadline:
+            if select.select([ours], [], [], 0.1)[0]:
+                output += os.read(ours, 65536)
+    finally:
+        process.send_signal(signal.SIGINT)
+        process.wait(30)
+        os.close(ours)
+    return output.decode().replace("\r\n", "\n").splitlines()
+
+
+def test_run_on_a_terminal_says_first_where_it_listens_and_what_to_trust(cli: Cli) -> None:
+    first, started, *_ = _run_on_a_terminal(cli, "--listen", "127.0.0.1:0")
+    (listen,) = json.loads(started)["listen"]
+    assert first == (
+        f"credproxy listening on {listen}; store sqlite:///{cli.db_file}; clients must trust "
+        "certs/credproxy-ca.pem; Ctrl-C stops it. JSON lines follow."
+    )
+
+
+def test_run_on_a_pipe_writes_json_lines_only(cli: Cli) -> None:
+    with subprocess.Popen(
+        [*COMMAND, "run", "--listen", "127.0.0.1:0"],
+        cwd=cli.root,
+        env={k: v for k, v in os.environ.items() if not k.startswith("CREDPROXY_")},
+        stdout=subprocess.PIPE,
+    ) as process:
+        assert process.stdout is not None
+        first = process.stdout.readline()
+        process.send_signal(signal.SIGINT)
+        process.wait(30)
+    assert json.loads(first)["event"] == "proxy.started"
