@@ -229,6 +229,8 @@ class Demo:
                 code = self.main([*self.flags, *argv])
         finally:
             sys.stdin = real_stdin
+        if code == 130:  # main() caught a Ctrl-C (or SIGTERM): stop as the later steps do
+            raise KeyboardInterrupt
         if code != 0:
             raise DemoFailed(f"credproxy {argv[0]} failed: {err.getvalue().strip()}")
         return out.getvalue()

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from addon.cli.demo import Demo
 from tests.clihelp import COMMAND
 
 pytestmark = pytest.mark.e2e
@@ -125,6 +126,29 @@ def test_an_interrupted_demo_cleans_up(tmp_path: Path, sig: signal.Signals) -> N
     assert process.stderr is not None and process.stderr.read() == b""
     assert not directory.exists()
     assert _processes_in(directory) == []
+
+
+def test_a_step_interrupted_is_an_interrupt_not_a_failure(tmp_path: Path) -> None:
+    # main() answers Ctrl-C with status 130: the demo must stop as interrupted, never say
+    # "credproxy init failed:" with an empty reason.
+    with pytest.raises(KeyboardInterrupt):
+        Demo(tmp_path, lambda argv: 130).cli("init")
+
+
+def test_ctrl_c_at_the_first_step_exits_130_quietly(tmp_path: Path) -> None:
+    out = tmp_path / "demo.out"
+    with out.open("w") as stdout:
+        process = subprocess.Popen(
+            [*COMMAND, "demo"], stdout=stdout, stderr=subprocess.PIPE, env=_env(), cwd="/"
+        )
+    deadline = time.monotonic() + 60
+    while "$ credproxy init" not in out.read_text() and time.monotonic() < deadline:
+        assert process.poll() is None, out.read_text()
+        time.sleep(0.01)
+    process.send_signal(signal.SIGINT)
+    assert process.wait(30) == 130
+    assert process.stderr is not None and process.stderr.read() == b""
+    assert not _directory(out.read_text()).exists()
 
 
 def test_make_demo_runs_it() -> None:
