@@ -26,7 +26,7 @@ from store.records import (
     GrantEntry,
 )
 from store.rules import aws, validation
-from store.rules.grammar import check_registered_method, parse_expiry
+from store.rules.grammar import check_registered_method, parse_expiry, validate_name
 from store.rules.mintspec import GITHUB_API, MINTED
 from store.rules.validation import SCHEMES
 from store.settings import DEFAULT_CERTS, DEFAULT_DB, DEFAULT_KEY_FILE, Settings
@@ -640,6 +640,9 @@ def cmd_token_revoke(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_credential_add(args: argparse.Namespace, settings: Settings) -> int:
+    # Arguments before input: a wrong --host is the error to show, not the empty secret after it.
+    validate_name("credential", args.name)
+    validation.credential_hosts(args.host)
     store = settings.store()
     secret = read_secret()
     options = {

@@ -281,3 +281,13 @@ def test_run_on_a_pipe_writes_json_lines_only(cli: Cli) -> None:
         process.send_signal(signal.SIGINT)
         process.wait(30)
     assert json.loads(first)["event"] == "proxy.started"
+
+
+def test_arguments_are_checked_before_the_secret_is_read(cli: Cli) -> None:
+    args = ("credential", "add", "x3", "--scheme", "bearer", "--host", "https://a.example.com")
+    result = cli.run(Call(args, b""))
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == (
+        "credproxy: error: invalid host 'https://a.example.com': a host is expected, not a URL: "
+        "use a.example.com\n"
+    )
