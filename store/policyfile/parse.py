@@ -21,7 +21,13 @@ from typing import Any
 from store.crypto import Secret
 from store.errors import CredproxyError, InvalidInput
 from store.rules import validation
-from store.rules.grammar import parse_host, validate_method, validate_name, validate_path_pattern
+from store.rules.grammar import (
+    check_registered_method,
+    parse_host,
+    validate_method,
+    validate_name,
+    validate_path_pattern,
+)
 
 MAX_FILE = 4 * 1024 * 1024
 MAX_SECRET = 64 * 1024
@@ -35,6 +41,7 @@ KEYS = {
     "param": "param",
     "scheme": "scheme",
     "expires": "expires",
+    "extension_method": "extension_methods = true",
 }
 TOP_KEYS = frozenset({"token_dir", "principal", "credential", "grant"})
 PRINCIPAL_KEYS = frozenset({"name", "rate", "burst"})
@@ -80,6 +87,7 @@ GRANT_KEYS = frozenset(
         "expires",
         "websocket",
         "encoded_slash",
+        "extension_methods",
         "purpose",
         "rate",
         "burst",
@@ -511,6 +519,7 @@ def _grant(t: _Table) -> GrantSpec | None:
     credential = t.text("credential")
     hosts, methods, paths = t.texts("hosts"), t.texts("methods"), t.texts("paths")
     once, websocket, encoded_slash = t.flag("once"), t.flag("websocket"), t.flag("encoded_slash")
+    extension_methods = t.flag("extension_methods")
     purpose = t.text("purpose")
     if key is not None:
         with t.checking("id"):
@@ -530,6 +539,10 @@ def _grant(t: _Table) -> GrantSpec | None:
         with t.checking(key_name):
             for value in values:
                 check(value)
+    if not extension_methods:
+        with t.checking("methods"):
+            for method in methods:
+                check_registered_method(method)
     spec = None
     if not t.failed:
         with t.checking("methods"):

@@ -28,6 +28,7 @@ from store.errors import Conflict, InvalidInput
 from store.policyfile.parse import KEYS, CredentialSpec, GrantSpec, PolicyFile, raise_problems
 from store.records import APPROVED, HOLD
 from store.rules import validation
+from store.rules.grammar import REGISTERED_METHODS
 from store.tables import credentials, keys, principals
 
 CREATE, UPDATE, REVOKE, REMOVE = "create", "update", "revoke", "remove"
@@ -590,6 +591,8 @@ def export(db: Database) -> str:
             for flag in ("once", "websocket", "encoded_slash"):
                 if getattr(g, flag):
                     lines.append(f"{flag} = true")
+            if set(g.methods) - {"*"} - REGISTERED_METHODS:
+                lines.append("extension_methods = true")
             if g.expires_at is not None:
                 lines.append(f"expires = {_instant(g.expires_at)}")
             if g.purpose is not None:

@@ -291,3 +291,62 @@ def test_arguments_are_checked_before_the_secret_is_read(cli: Cli) -> None:
         "credproxy: error: invalid host 'https://a.example.com': a host is expected, not a URL: "
         "use a.example.com\n"
     )
+
+
+POLICY_GRANT = """\
+[[principal]]
+name = "agent"
+
+[[grant]]
+id = "g"
+principal = "agent"
+hosts = ["a.example.com"]
+methods = ["{method}"]
+{extra}"""
+
+
+@pytest.mark.parametrize(
+    ("extra", "status", "stderr"),
+    [
+        pytest.param(
+            "",
+            2,
+            "credproxy: error: policy.toml:8: grant \"g\": method 'GTE' is not a registered HTTP "
+            "method: did you mean 'GET'? (extension_methods = true allows others)\n",
+            id="refused",
+        ),
+        pytest.param("extension_methods = true\n", 1, "", id="allowed by extension_methods"),
+    ],
+)
+def test_a_policy_file_refuses_an_unregistered_method_unless_allowed(
+    tmp_path: Path, extra: str, status: int, stderr: str
+) -> None:
+    fresh = Cli(tmp_path)
+    fresh.ok(Call(("init",)))
+    (tmp_path / "policy.toml").write_text(POLICY_GRANT.format(method="GTE", extra=extra))
+    result = fresh.run(Call(("plan", "policy.toml")))
+    assert (result.returncode, result.stderr) == (status, stderr)
+
+
+def test_export_marks_a_grant_with_an_extension_method(tmp_path: Path) -> None:
+    fresh = Cli(tmp_path)
+    fresh.ok(Call(("init",)))
+    fresh.ok(Call(("principal", "add", "agent")))
+    fresh.ok(
+        Call(
+            (
+                "grant",
+                "add",
+                "agent",
+                "--host",
+                "a.example.com",
+                "--method",
+                "FROBNICATE",
+                "--extension-method",
+            )
+        )
+    )
+    (exported,) = fresh.ok(Call(("export", "--out", "exported.toml")))
+    assert "extension_methods = true" in (tmp_path / "exported.toml").read_text().splitlines()
+    result = fresh.run(Call(("plan", "exported.toml", "--prune")))
+    assert (result.returncode, result.stdout, result.stderr) == (0, "no changes\n", "")
