@@ -231,9 +231,10 @@ def arguments(v: View) -> list[str]:
         bind = "--bind-fd" if pin.writable else "--ro-bind-fd"
         args += [bind, str(pin.fd), str(pin.real)]
     # Last, once everything shown inside them is mounted: a listing takes no new entries.
-    for path in listings:
+    args += ["--dev", "/dev", "--proc", "/proc"]
+    for path in (*listings, Path("/")):
         args += ["--remount-ro", str(path)]
-    args += ["--dev", "/dev", "--proc", "/proc", "--chdir", str(v.workdir)]
+    args += ["--chdir", str(v.workdir)]
     return args
 
 
@@ -255,14 +256,30 @@ def _show(
         entries = []
     for entry in entries:
         child = Path(entry.path)
+        if _kin(child, hidden):
+            continue
         try:
             mode = os.lstat(child).st_mode
         except OSError:
             continue
         if stat.S_ISLNK(mode):
             args += ["--symlink", os.readlink(child), str(child)]
-        elif child not in hidden:
+        else:
             _show(child, hidden, args, listings, bind)
+
+
+def _kin(path: Path, hidden: frozenset[Path]) -> bool:
+    """A hidden path, or a sibling named after one: `credproxy.key.new` and
+    `.credproxy.key.1a2b.tmp` while the key rotates, `credproxy.db.exchange-lock`, a journal."""
+    if path in hidden:
+        return True
+    name = path.name
+    for h in hidden:
+        if h.parent == path.parent and name.startswith(
+            (f"{h.name}.", f"{h.name}-", f".{h.name}.")
+        ):
+            return True
+    return False
 
 
 def shown(v: View, files: Iterable[Path]) -> View:

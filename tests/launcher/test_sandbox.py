@@ -148,3 +148,30 @@ def test_a_key_with_a_second_name_is_refused(home: Path) -> None:
     (home.parent / "elsewhere.key").hardlink_to(home / "credproxy.key")
     with pytest.raises(InvalidInput, match="hard link"):
         sandbox.view(_settings(home), home.parent / "work")
+
+
+def test_files_named_after_a_hidden_one_are_hidden_too(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the proxy writes beside its state while the sandbox starts: the next key of a
+    rotation and its temporary file, the refresh lock, a journal."""
+    monkeypatch.setattr(sandbox, "MASKED", ())
+    kin = ["credproxy.key.new", ".credproxy.key.1a2b.tmp", "credproxy.db.exchange-lock"]
+    for name in kin:
+        (home / name).write_text("x")
+    args = sandbox.arguments(sandbox.view(_settings(home), home.parent / "work"))
+    assert [n for n in kin if str(home / n) in args] == []
+    assert str(home / "notes.txt") in args
+
+
+@pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
+def test_the_root_of_the_sandbox_takes_no_new_files(home: Path) -> None:
+    view = sandbox.view(_settings(home), home.parent / "work")
+    try:
+        args = [*sandbox.arguments(view), "--unshare-all", "sh", "-c", "touch /x"]
+        done = subprocess.run(
+            ["bwrap", *args], pass_fds=view.fds(), capture_output=True, text=True, timeout=30
+        )
+    finally:
+        sandbox.release_fds(view.fds())
+    assert done.returncode != 0 and "Read-only" in done.stderr, done.stderr
