@@ -125,10 +125,11 @@ def revoke(db: Database, grant_id: int) -> bool:
         grant = session.get(Grant, grant_id)
         if grant is None:
             raise NotFound(f"no grant with id {grant_id}")
+        # db.change() moves the counter either way: the change log must say for what.
+        changed(session, GRANT, grant_id)
         if grant.revoked_at is not None:
             return False
         grant.revoked_at = utcnow()
-        changed(session, GRANT, grant_id)
         return True
 
 
