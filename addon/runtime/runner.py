@@ -426,6 +426,7 @@ async def _serve(
             loop.remove_signal_handler(sig)
         if admin is not None:
             await admin.close()
+        await _settle(CLOSE_TIMEOUT)
         live.close()
         log.info("proxy.stopped", cut=stopping.cut)
     return 0
@@ -438,6 +439,20 @@ def greeting(listen: list[str], admin: list[str], db: str, ca: Path) -> str:
         f"credproxy listening on {', '.join(listen)}{admin_part}; store {db}; "
         f"clients must trust {ca}; Ctrl-C stops it. JSON lines follow."
     )
+
+
+async def _settle(timeout: float) -> None:
+    """Cancel what still runs (pollers, a connection past the close deadline) and let it end.
+
+    asyncio.run would cancel these after serve() returns, when their hooks' lines would come
+    after proxy.stopped and find the store closed; here they end first.
+    """
+    current = asyncio.current_task()
+    pending = [task for task in asyncio.all_tasks() if task is not current and not task.done()]
+    for task in pending:
+        task.cancel()
+    if pending:
+        await asyncio.wait(pending, timeout=timeout)
 
 
 class _StartFailed(Exception):
@@ -509,12 +524,14 @@ class _Stopping:
                 io = handler.transports.get(handler.client)
                 if io is not None and io.handler is not None:
                     io.handler.cancel("credproxy is stopping")
-            await self._wait(lambda: not proxyserver.connections, CLOSE_TIMEOUT)
+            # Not cut short by a second signal: the handlers are already cancelled, and their
+            # own lines (audit, disconnects) must come before proxy.stopped.
+            await self._wait(lambda: not proxyserver.connections, CLOSE_TIMEOUT, hurry=False)
         finally:
             self.master.shutdown()
 
-    async def _wait(self, done: Any, timeout: float) -> None:
+    async def _wait(self, done: Any, timeout: float, hurry: bool = True) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        while not done() and loop.time() < deadline and not self._hurry.is_set():
+        while not done() and loop.time() < deadline and not (hurry and self._hurry.is_set()):
             await asyncio.sleep(DRAIN_POLL)
