@@ -15,7 +15,8 @@ from typing import Any, NoReturn
 from addon.cli import report
 from addon.core.argtypes import count
 from store.crypto import KEY_ENV, MasterKey, Secret, write_key_file
-from store.errors import CredproxyError, InvalidInput, MasterKeyError
+from store.db import lite
+from store.errors import CredproxyError, InvalidInput, MasterKeyError, StoreUnavailable
 from store.records import (
     ACCESS,
     APPROVED,
@@ -385,6 +386,8 @@ def run(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> i
         if extra:
             parser.error(_unrecognized(args, extra))
         settings = Settings.resolve(args)
+        if args.command not in ("init", "demo"):  # init makes the store, and says so itself
+            _store_directory(settings.db)
         handler: Handler = args.func
         status = handler(args, settings)
         sys.stdout.flush()  # a closed pipe shows here, not at exit where it cannot be caught
@@ -402,6 +405,18 @@ def run(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> i
     except Exception as e:  # noqa: BLE001 - a traceback is a bug; its text may hold a secret
         report.error(f"unexpected {type(e).__name__} (a bug)", report.BUG, as_json)
         return 2
+
+
+def _store_directory(db: str) -> None:
+    """An SQLite store in a directory that does not exist: say so, before the key or the
+    store itself is found missing."""
+    path = lite.sqlite_file(db)
+    if path is None and db.startswith("sqlite"):
+        from store.db.engine import sqlite_path  # loaded already: Settings parsed the URL
+
+        path = sqlite_path(db)
+    if path is not None and not path.parent.is_dir():
+        raise StoreUnavailable(f"no store at {path}: the directory {path.parent} does not exist")
 
 
 def _unrecognized(args: argparse.Namespace, extra: Sequence[str]) -> str:

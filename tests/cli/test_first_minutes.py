@@ -164,6 +164,22 @@ ONE_LINE = {
         "cannot create a store at nonexistent/dir/x.db: the directory nonexistent/dir "
         "does not exist",
     ),
+    "an SQLite file in a missing directory, for principal list": (
+        ("principal", "list", "--db", "sqlite:///nonexistent/dir/x.db"),
+        "no store at nonexistent/dir/x.db: the directory nonexistent/dir does not exist",
+    ),
+    "an SQLite file in a missing directory, for grant add": (
+        (*GRANT, "--method", "GET", "--db", "sqlite:///nonexistent/dir/x.db"),
+        "no store at nonexistent/dir/x.db: the directory nonexistent/dir does not exist",
+    ),
+    "an SQLite file in a missing directory, for run (before its key file)": (
+        ("run", "--db", "sqlite:///nonexistent/dir/x.db", "--key-file", "nonexistent/k"),
+        "no store at nonexistent/dir/x.db: the directory nonexistent/dir does not exist",
+    ),
+    "an SQLite file in a missing directory, for export": (
+        ("export", "--db", "sqlite+pysqlite:///nonexistent/dir/x.db"),
+        "no store at nonexistent/dir/x.db: the directory nonexistent/dir does not exist",
+    ),
     "a missing PostgreSQL database": (
         ("init", "--db", f"postgresql://postgres@127.0.0.1:5432/{MISSING_DB}"),
         f"database {MISSING_DB!r} does not exist on 127.0.0.1:5432: create it with "
