@@ -45,6 +45,11 @@ class Reason(enum.StrEnum):
     APPROVAL_TIMEOUT = "approval-timeout"
     TOO_MANY_HOLDS = "too-many-holds"
     CLIENT_GONE = "client-gone"
+    # Grants with a body rule (GraphQL, MCP, JSON-RPC): what the body asks.
+    OPERATION_NOT_ALLOWED = "operation-not-allowed"
+    TOOL_NOT_ALLOWED = "tool-not-allowed"
+    RPC_METHOD_NOT_ALLOWED = "rpc-method-not-allowed"
+    BODY_UNDECIDABLE = "body-undecidable"
 
 
 STATUS = {
@@ -70,6 +75,9 @@ STATUS = {
     Reason.CREDENTIALS_UNAVAILABLE: 502,
     Reason.TOO_MANY_HOLDS: 429,
     Reason.CLIENT_GONE: 499,  # nobody reads it: the agent closed its connection
+    # 400, not 415: most undecidable bodies are malformed or ambiguous (a syntax error, a
+    # duplicate key, several operations and no operationName), and one code has one status.
+    Reason.BODY_UNDECIDABLE: 400,
 }
 # The grant allowed the request and the upstream failed it: never a denial.
 UPSTREAM_REASONS = frozenset(
