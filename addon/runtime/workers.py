@@ -30,8 +30,9 @@ from addon.observe import audit
 from addon.observe.admin import AdminServer
 from addon.observe.mergemetrics import merge
 from addon.runtime.config import RunConfig, check_listen
+from addon.runtime.greeting import greeting
 from addon.runtime.workerrole import WORKER_ENV, Role
-from store.ca import check_ca
+from store.ca import PUBLIC_CERT, check_ca
 from store.errors import InvalidInput
 
 BACKOFF_START = 0.5
@@ -201,10 +202,14 @@ class Supervisor:
         return 0
 
     def announce(self, admin_addr: list[tuple[str, int]]) -> None:
+        admins = [f"{h}:{p}" for h, p in admin_addr]
+        if sys.stdout.isatty():
+            ca = self.config.settings.certs / PUBLIC_CERT
+            print(greeting(self.listening, admins, self.db, ca), flush=True)
         self.log.info(
             "proxy.started",
             listen=self.listening,
-            admin=[f"{h}:{p}" for h, p in admin_addr],
+            admin=admins,
             pid=os.getpid(),
             workers=[w.process.pid for w in self.workers if w.process],
             db=self.db,

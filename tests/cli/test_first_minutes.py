@@ -285,6 +285,18 @@ def test_run_on_a_terminal_says_first_where_it_listens_and_what_to_trust(cli: Cl
     )
 
 
+def test_run_with_workers_on_a_terminal_says_the_same_first(cli: Cli) -> None:
+    args = ("--listen", "127.0.0.1:0", "--workers", "2", "--admin", "127.0.0.1:0")
+    first, started, *_ = _run_on_a_terminal(cli, *args)
+    supervisor = json.loads(started)
+    assert len(supervisor["workers"]) == 2 and "worker" not in supervisor
+    ((listen,), (admin,)) = supervisor["listen"], supervisor["admin"]
+    assert first == (
+        f"credproxy listening on {listen} (admin {admin}); store sqlite:///{cli.db_file}; "
+        "clients must trust certs/credproxy-ca.pem; Ctrl-C stops it. JSON lines follow."
+    )
+
+
 def test_run_on_a_pipe_writes_json_lines_only(cli: Cli) -> None:
     with subprocess.Popen(
         [*COMMAND, "run", "--listen", "127.0.0.1:0"],
