@@ -34,7 +34,7 @@ from store.rules.bodyrules import BodyRule, GraphQLRule, JsonRpcRule, McpRule
 
 MAX_DECIDED_BODY = 1024 * 1024  # bytes; the caller stops reading past it
 MAX_BATCH = 100
-MAX_TCHARSS = 50_000  # GraphQL tokens and comments: parsing is linear, this bounds it
+MAX_TOKENS = 50_000  # GraphQL tokens and comments: parsing is linear, this bounds it
 MAX_LISTED = 20  # entries per summary list
 MAX_NAME = 100  # characters of a name in a detail or summary
 
@@ -323,7 +323,7 @@ def _graphql_request(
 
 def _document(rule: GraphQLRule, source: str, operation_name: str | None, found: list[Any]) -> None:
     try:
-        document = parse(source, no_location=True, max_tokens=MAX_TCHARSS)
+        document = parse(source, no_location=True, max_tokens=MAX_TOKENS)
     except GraphQLError:
         raise _undecidable("the GraphQL document does not parse") from None
     operations: list[OperationDefinitionNode] = []
