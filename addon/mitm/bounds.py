@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from addon.core.reasons import STATUS, Reason
+from addon.mitm import once
 from addon.observe import audit
 from addon.observe.problem import problem
 
@@ -47,14 +48,13 @@ on_head_started: list[Callable[[Any], None]] = []
 on_head_read: list[Callable[[Any], None]] = []
 # Called with the flow when a piece of its response body arrives (HTTP/1 and HTTP/2).
 on_response_data: list[Callable[[Any], None]] = []
-_installed = False
 
 
+@once
 def install() -> None:
-    """Patch mitmproxy's layers once per process."""
-    global _installed
-    if _installed:
-        return
+    """Patch mitmproxy's layers; raises RuntimeError if h2's limits or their shape changed."""
+    # Imported here, not at the top: addon/proxy/limits.py reads this module's constants,
+    # and every CLI command that builds the `run` parser imports it.
     import h2.config
     import h2.connection
     import h2.frame_buffer
@@ -79,7 +79,6 @@ def install() -> None:
     HttpStream.state_stream_response_body = _reporting_body(  # type: ignore[method-assign]
         HttpStream.state_stream_response_body
     )
-    _installed = True
 
 
 def _head_complete(buf: Any) -> bool:

@@ -13,24 +13,22 @@ import inspect
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from addon.mitm import once
+
 # Worded as the OS words it, so that addon/mitm/wire.py classifies it as `connection-reset`.
 RESET = "[Errno 104] Connection reset by peer before the connection was set up"
 _ASSERTED = "assert command.connection.peername"
-_installed = False
 
 
+@once
 def install() -> None:
-    """Wrap ConnectionHandler.open_connection once; raises if mitmproxy changed it."""
-    global _installed
-    if _installed:
-        return
+    """Wrap ConnectionHandler.open_connection; raises if mitmproxy changed it."""
     from mitmproxy.proxy.server import ConnectionHandler
 
     original = ConnectionHandler.open_connection
     if _ASSERTED not in inspect.getsource(original):
         raise RuntimeError("mitmproxy changed: ConnectionHandler.open_connection")
     ConnectionHandler.open_connection = _answered(original)  # type: ignore[method-assign, assignment]
-    _installed = True
 
 
 def _answered(original: Callable[..., Awaitable[None]]) -> Callable[..., Awaitable[None]]:

@@ -13,22 +13,20 @@ import inspect
 from collections.abc import Callable, Generator
 from typing import Any
 
+from addon.mitm import once
+
 _CONVERTS = "Convert to an HTTP/1 request."
-_installed = False
 
 
+@once
 def install() -> None:
-    """Wrap Http1Client.send once; raises if mitmproxy changed it."""
-    global _installed
-    if _installed:
-        return
+    """Wrap Http1Client.send; raises if mitmproxy changed it."""
     from mitmproxy.proxy.layers.http._http1 import Http1Client
 
     original = Http1Client.send
     if _CONVERTS not in inspect.getsource(original):
         raise RuntimeError("mitmproxy changed: Http1Client.send")
     Http1Client.send = _framed(original)  # type: ignore[method-assign]
-    _installed = True
 
 
 def unframed(request: Any, end_stream: bool) -> bool:

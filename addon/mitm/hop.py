@@ -22,6 +22,8 @@ import weakref
 from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any
 
+from addon.mitm import once
+
 if TYPE_CHECKING:
     from mitmproxy import http
 
@@ -38,7 +40,6 @@ _CLOSE = ((b"connection", b"close"),)
 # Requests whose agent asked to close its connection; responses whose upstream did.
 _agent_closes: weakref.WeakSet[http.Request] = weakref.WeakSet()
 _upstream_closes: weakref.WeakSet[http.Response] = weakref.WeakSet()
-_installed = False
 
 
 def options(fields: Fields) -> frozenset[bytes]:
@@ -102,18 +103,15 @@ def agent_head(request: http.Request | None, response: http.Response) -> http.Re
     return head
 
 
+@once
 def install() -> None:
-    """Wrap Http1Server.send once; raises RuntimeError if mitmproxy changed it."""
-    global _installed
-    if _installed:
-        return
+    """Wrap Http1Server.send; raises RuntimeError if mitmproxy changed it."""
     from mitmproxy.proxy.layers.http._http1 import Http1Server
 
     original = Http1Server.send
     if "self.response = response = event.response" not in inspect.getsource(original):
         raise RuntimeError("mitmproxy changed: Http1Server.send")
     Http1Server.send = _own_connection(original)  # type: ignore[method-assign]
-    _installed = True
 
 
 def _own_connection(original: Callable[..., Generator[Any, Any, None]]) -> Callable[..., Any]:

@@ -16,14 +16,13 @@ from mitmproxy.proxy import commands
 from mitmproxy.proxy.layers.http import HttpStream
 from mitmproxy.proxy.layers.http._hooks import HttpResponseHeadersHook
 
-_MARK = "_credproxy_refusals"
+from addon.mitm import once
 
 
+@once
 def install() -> None:
-    """Wrap HttpStream's request-head state; idempotent. Raises if mitmproxy changed shape."""
+    """Wrap HttpStream's request-head state; raises if mitmproxy changed shape."""
     original = HttpStream.state_wait_for_request_headers
-    if getattr(original, _MARK, False):
-        return
     for name in ("state_consume_request_body", "state_errored", "send_response", "check_killed"):
         if not callable(getattr(HttpStream, name, None)):
             raise RuntimeError(f"mitmproxy's HttpStream has no {name}: refusals cannot be bounded")
@@ -35,13 +34,12 @@ def install() -> None:
             and self.flow.response is not None
             and self.client_state == self.state_consume_request_body
         ):
-            yield from _answer_now(self)
+            yield from answer_now(self)
 
-    setattr(state_wait_for_request_headers, _MARK, True)
     HttpStream.state_wait_for_request_headers = state_wait_for_request_headers  # type: ignore[method-assign]
 
 
-def _answer_now(stream: Any) -> Generator[Any, Any, None]:
+def answer_now(stream: Any) -> Generator[Any, Any, None]:
     """Send the refusal before the body, then drop the body as it arrives."""
     stream.client_state = stream.state_errored  # consumes every later event, holds nothing
     stream.flow.response.timestamp_start = time.time()

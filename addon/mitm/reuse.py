@@ -29,6 +29,7 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from addon.mitm import once
 from addon.mitm.bounds import timed_out_servers
 from addon.observe import audit
 
@@ -41,6 +42,7 @@ class Clients(Protocol):
     it: whose connection it is, and whether it broke."""
 
     def get(self, client: connection.Client) -> Any: ...
+
 
 IDLE = 4.0  # seconds; under the 5 s keep-alive of Node's http server, the shortest common one
 PER_KEY = 64
@@ -267,7 +269,6 @@ _active: Reuse | None = None
 _layers: weakref.WeakKeyDictionary[Any, weakref.ref[Any]] = weakref.WeakKeyDictionary()
 # Connections whose last exchange may have left bytes in the upstream (responseheaders).
 _spoiled: weakref.WeakSet[Any] = weakref.WeakSet()
-_installed = False
 
 
 def activate(reuse: Reuse | None) -> None:
@@ -275,11 +276,9 @@ def activate(reuse: Reuse | None) -> None:
     _active = reuse
 
 
+@once
 def install() -> None:
-    """Patch mitmproxy once; raises RuntimeError if what is patched changed shape."""
-    global _installed
-    if _installed:
-        return
+    """Patch mitmproxy; raises RuntimeError if what is patched changed shape."""
     from mitmproxy.proxy.layers import http as layers
     from mitmproxy.proxy.server import ConnectionHandler
 
@@ -295,7 +294,6 @@ def install() -> None:
     ConnectionHandler.open_connection = _open_connection(  # type: ignore[method-assign]
         ConnectionHandler.open_connection
     )
-    _installed = True
 
 
 def _get_connection(original: Callable[..., Any]) -> Callable[..., Any]:

@@ -20,6 +20,7 @@ from mitmproxy import http
 from mitmproxy.proxy.layers.http._events import HttpEvent
 
 from addon.core.reasons import STATUS, Reason
+from addon.mitm import once
 from addon.mitm.bounds import TIMEOUT_PREFIX
 from addon.observe.problem import Problem, problem
 
@@ -235,7 +236,8 @@ def foreign_coding(fields: tuple[tuple[bytes, bytes], ...]) -> bool:
 
 # -- the patches -----------------------------------------------------------------------
 
-_installed: dict[str, Callable[..., Any]] = {}
+# What install() replaced: name -> mitmproxy's original.
+_originals: dict[str, Callable[..., Any]] = {}
 
 
 def _need(owner: Any, name: str) -> Any:
@@ -245,10 +247,9 @@ def _need(owner: Any, name: str) -> Any:
     return value
 
 
+@once
 def install() -> None:
-    """Patch mitmproxy's HTTP layers once; raises RuntimeError if their shape changed."""
-    if _installed:
-        return
+    """Patch mitmproxy's HTTP layers; raises RuntimeError if their shape changed."""
     import inspect
 
     import mitmproxy.proxy.layers.http as layers
@@ -289,13 +290,13 @@ def install() -> None:
     ]
     for owner, name, make in patches:
         original = _need(owner, name)
-        _installed[f"{owner.__name__}.{name}"] = original
+        _originals[f"{owner.__name__}.{name}"] = original
         setattr(owner, name, make(original))
 
 
-def installed() -> dict[str, Callable[..., Any]]:
-    """What install() replaced: name -> the original."""
-    return dict(_installed)
+def replaced() -> dict[str, Callable[..., Any]]:
+    """What install() replaced: name -> mitmproxy's original."""
+    return dict(_originals)
 
 
 def _fixed_error(client: bool) -> Callable[[Callable[..., None]], Callable[..., None]]:

@@ -3,9 +3,11 @@
 A payload signed as a constant (UNSIGNED-PAYLOAD, aws-chunked with unsigned trailers) is
 signed in `requestheaders` and the body streamed. A body whose SHA-256 is signed is held by
 mitmproxy and signed in `request`, once whole; with streaming off, mitmproxy sends nothing
-upstream before that hook. mitmproxy holds a request body without any limit, so `install()`
-bounds the bodies held for signing: past the limit the request is refused (413
-body-too-large) and the rest of its body read and dropped, never held.
+upstream before that hook. mitmproxy holds a request body without any limit, and no hook
+sees its pieces, so `install()` patches `HttpStream.state_consume_request_body` (the way
+addon/mitm/'s patches are, and installed with them) to bound the bodies held for signing:
+past the limit the request is refused (413 body-too-large) and the rest of its body read and
+dropped, never held.
 """
 
 from __future__ import annotations
@@ -15,8 +17,12 @@ from collections.abc import Callable, Generator
 from typing import Any
 
 from mitmproxy import http
+from mitmproxy.proxy.layers.http import HttpStream
+from mitmproxy.proxy.layers.http._events import RequestData
 
 from addon.core.reasons import Reason
+from addon.mitm import once
+from addon.mitm.refusals import answer_now
 from addon.observe import audit
 from addon.proxy.failclosed import Denied, deny_on_error
 from addon.proxy.state import record
@@ -25,7 +31,6 @@ from addon.redaction.redactset import SETS
 from addon.redaction.wsredact import REDACTORS
 from addon.schemes.sigv4 import DEFAULT_BODY_LIMIT, HELD, Plan, Signer, Unsignable, too_large
 
-_MARK = "_credproxy_signing"
 ROLE_UNAVAILABLE = "the role's temporary credentials could not be renewed"
 
 
@@ -140,16 +145,10 @@ def sign(flow: http.HTTPFlow, signer: Signer, plan: Plan, body: bytes | None) ->
     request.headers.fields = (*fields, *added)
 
 
+@once
 def install() -> None:
-    """Bound the bodies held for signing; idempotent. Raises if mitmproxy changed shape."""
-    from mitmproxy.proxy.layers.http import HttpStream
-    from mitmproxy.proxy.layers.http._events import RequestData
-
-    from addon.mitm.refusals import _answer_now
-
+    """Bound the bodies held for signing; raises if mitmproxy changed shape."""
     original = HttpStream.state_consume_request_body
-    if getattr(original, _MARK, False):
-        return
     if not hasattr(HttpStream, "request_body_buf") and "request_body_buf" not in (
         HttpStream.__init__.__code__.co_names
     ):
@@ -163,7 +162,7 @@ def install() -> None:
         except Exception as e:  # noqa: BLE001 - fail closed: refused all the same
             audit.logger().error("hook.failed", hook="held_body", error_type=type(e).__name__)
             self.flow.response = http.Response.make(413)
-        yield from _answer_now(self)
+        yield from answer_now(self)
 
     # Not a generator itself: a body not held for signing goes to mitmproxy's own, one frame
     # less on every command it yields.
@@ -177,7 +176,6 @@ def install() -> None:
                 held.counted += n
         return original(self, event)  # type: ignore[no-any-return]
 
-    setattr(state_consume_request_body, _MARK, True)
     HttpStream.state_consume_request_body = state_consume_request_body  # type: ignore[method-assign]
 
 

@@ -4,20 +4,18 @@ mitmproxy reassembles a fragmented message before the `websocket_message` hook, 
 redacts it whole. A form split across two messages cannot be unsent: the first part (a
 proper prefix of a form at most) has gone out, so the second is dropped and the connection
 closed. Control frames (close, ping, pong) pass no hook and are forwarded before
-`websocket_end`: `install()` gives mitmproxy a WebSocket layer that redacts them first.
+`websocket_end`: `server_events` redacts them first, in the WebSocket layer that
+addon/mitm/websocket.py gives mitmproxy.
 """
 
 from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import wsproto.events
 from mitmproxy import flow as mflow
 from mitmproxy import http
-from mitmproxy.proxy import commands, events, layer
-from mitmproxy.proxy.layers import websocket as ws_layer
 
 from addon.redaction.redact import MARK, Redactor, Unredactable
 
@@ -72,6 +70,25 @@ def killed(flow: http.HTTPFlow) -> bool:
     return flow.error is not None and flow.error.msg == mflow.Error.KILLED_MESSAGE
 
 
+def server_events(
+    flow: http.HTTPFlow, read: Callable[[], Iterator[wsproto.events.Event]]
+) -> Callable[[], Iterator[wsproto.events.Event]]:
+    """The server's events as they are relayed: none once the flow is killed, and on a
+    stamped flow control frames redacted."""
+    redactor = REDACTORS.get(flow)
+
+    def redacted() -> Iterator[wsproto.events.Event]:
+        for ev in read():
+            if killed(flow):
+                return  # nothing more from the server once the flow is dead
+            if redactor is None:
+                yield ev
+            else:
+                yield _redact_control(ev, redactor, _TAILS.get(flow, b""))
+
+    return redacted
+
+
 def _holds(redactor: Redactor, data: bytes) -> bool:
     try:
         return redactor.whole(data) != data
@@ -95,59 +112,3 @@ def _redact_control(
         if ev.payload and holds(bytes(ev.payload)):
             return type(ev)(payload=MARK)
     return ev
-
-
-_Base = ws_layer.WebsocketLayer
-
-
-class RedactingWebsocketLayer(_Base):
-    """mitmproxy's layer, with the server's control frames redacted, kills honoured and
-    messages bounded."""
-
-    def _sides(self) -> tuple[Any, ...]:
-        return (self.client_ws, self.server_ws)
-
-    def _start(self, event: events.Event) -> layer.CommandGenerator[None]:
-        yield from _Base.start(self, event)
-        redactor, read, flow = REDACTORS.get(self.flow), self.server_ws.events, self.flow
-
-        def redacted() -> Iterator[wsproto.events.Event]:
-            for ev in read():
-                if killed(flow):
-                    return  # nothing more from the server once the flow is dead
-                if redactor is None:
-                    yield ev
-                else:
-                    yield _redact_control(ev, redactor, _TAILS.get(flow, b""))
-
-        self.server_ws.events = redacted  # type: ignore[method-assign]
-
-    _handle_event: Callable[..., Any] = _start
-
-    def relay_messages(self, event: events.Event) -> layer.CommandGenerator[None]:
-        yield from super().relay_messages(event)
-        # mitmproxy gathers a message's frames until its last one: bound what it gathers.
-        if any(sum(map(len, ws.frame_buf)) > MESSAGE_LIMIT for ws in self._sides()):
-            kill(self.flow)
-        # flow.kill() alone does not end a WebSocket in mitmproxy: close both sides.
-        if killed(self.flow) and self._handle_event != self.done:
-            yield commands.CloseConnection(self.context.client)
-            yield commands.CloseConnection(self.context.server)
-            self._handle_event = self.done
-
-
-def install() -> None:
-    """Make mitmproxy's HTTP layer upgrade to RedactingWebsocketLayer (idempotent).
-
-    Raises: RuntimeError if mitmproxy's WebSocket layer no longer has the shape replaced here.
-    """
-    if not (
-        callable(getattr(_Base, "start", None))
-        and callable(getattr(_Base, "relay_messages", None))
-        and isinstance(getattr(ws_layer.Fragmentizer, "FRAGMENT_SIZE", None), int)
-    ):
-        raise RuntimeError("mitmproxy's WebSocket layer changed: messages cannot be redacted")
-    ws_layer.WebsocketLayer = RedactingWebsocketLayer  # type: ignore[misc]
-    # A redacted message changes length and is re-fragmented; mitmproxy decodes each text
-    # fragment alone, which would break a character cut at a fragment boundary. One frame.
-    ws_layer.Fragmentizer.FRAGMENT_SIZE = 2**62

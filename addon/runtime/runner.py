@@ -246,10 +246,9 @@ def build_chain(
 
 async def serve(config: RunConfig, started: asyncio.Event | None = None) -> int:
     # Heavy imports here, so that the store commands of the same CLI start quickly.
-    from addon.mitm import bounds, connects, framing, hop, refusals, reuse, wire
+    from addon.mitm import patches
     from addon.proxy import signing
     from addon.proxy.live import LivePolicy
-    from addon.redaction import wsredact
     from store.ca import check_ca
 
     settings = config.settings
@@ -271,17 +270,9 @@ async def serve(config: RunConfig, started: asyncio.Event | None = None) -> int:
         store.close()
         raise
     # Where mitmproxy has no hook: its error pages, head limits, refused bodies, WebSocket
-    # control frames, a connect reset mid-setup. Each raises here if mitmproxy changed shape:
-    # never open later.
-    wire.install()
-    connects.install()
-    reuse.install()
-    framing.install()
-    hop.install()
-    refusals.install()
-    bounds.install()
-    wsredact.install()
-    signing.install()
+    # control frames, a connect reset mid-setup, held bodies. Each raises here if mitmproxy
+    # changed shape: never open later.
+    patches.install_all(signing.install)
     # However start-up or serving ends (an --admin address taken, say), the folder goes.
     runtime = Path(tempfile.mkdtemp(prefix="credproxy-"))
     try:

@@ -10,6 +10,7 @@ import pytest
 from mitmproxy.test import taddons
 
 from addon.core.hosts import ResolveMap
+from addon.mitm import installed
 from addon.proxy import signing
 from addon.schemes.stamping import stamp_for
 from store.crypto import Secret
@@ -94,8 +95,10 @@ def test_the_held_body_bound_is_installed() -> None:
     from mitmproxy.proxy.layers.http import HttpStream
 
     signing.install()
+    wrapped = HttpStream.state_consume_request_body
     signing.install()
-    assert getattr(HttpStream.state_consume_request_body, signing._MARK)
+    assert HttpStream.state_consume_request_body is wrapped
+    assert "addon.proxy.signing" in installed()
 
 
 def _boom(*args: Any, **kwargs: Any) -> Any:
