@@ -1,6 +1,6 @@
 """Shared test fakes: a policy and its live stand-in, flows, and the addon chain.
 
-`Chain` builds the runner's chain (addon/runtime/runner.py `build_chain`), so that a test calls a
+`Chain` builds the runner's chain (addon/runtime/wiring.py `build_chain`), so that a test calls a
 hook on every addon that has it, in the order mitmproxy would.
 """
 
@@ -27,7 +27,7 @@ from addon.proxy.access import AccessRequests
 from addon.proxy.limits import LimitSettings
 from addon.proxy.state import Clients
 from addon.proxy.trail import Trail
-from addon.runtime.runner import build_chain
+from addon.runtime.wiring import build_chain
 from store.crypto import Secret, hash_token
 from store.errors import StoreUnavailable
 from store.records import CredentialRecord, GrantRecord, Snapshot

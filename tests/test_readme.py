@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 import trustme
 
-from addon.runtime import runner
+from addon.runtime.greeting import greeting as run_greeting
 from tests.e2e.upstream import Upstream
 
 pytestmark = pytest.mark.e2e
@@ -303,7 +303,7 @@ def test_each_command_prints_what_the_walkthrough_shows(walked: Outputs, index: 
         # here writes to a file, so that line is checked against what run would print.
         (greeting, line) = step.expected
         started = json.loads(output)
-        said = runner.greeting(started["listen"], [], started["db"], Path("certs/credproxy-ca.pem"))
+        said = run_greeting(started["listen"], [], started["db"], Path("certs/credproxy-ca.pem"))
         assert mask(greeting) == mask(said)
         same_json(json.loads(line), started, "proxy.started")
         return

@@ -274,15 +274,15 @@ def test_spent_grants_keep_their_reasons_across_a_restart(running: Running) -> N
 _PROBE_SKIPPED = """
 import sys
 from addon.cli import cli
-from addon.runtime import runner
-probe = runner.check_listen
+from addon.runtime import serve
+probe = serve.check_listen
 skipped = []
 def once(host, port):
     if not skipped:
         skipped.append(port)
         return
     probe(host, port)
-runner.check_listen = once
+serve.check_listen = once
 sys.exit(cli.main(sys.argv[1:]))
 """
 
