@@ -10,8 +10,10 @@ from __future__ import annotations
 import argparse
 import base64
 import os
+import shutil
 import signal
 import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -291,6 +293,8 @@ def _exec(args: argparse.Namespace, settings: Settings) -> int:
                 "--unsafe-state-access to run it anyway"
             )
     prefix = runas.switch(user) if user is not None else []
+    # Never outside the sandbox: the node on PATH may be one the sandboxed CMD could write.
+    notice = _node_notice(command, prefix) if view is None else None
     # CMD runs as this user: it must read neither the token nor the scrubbed variables from
     # this process (/proc/PID/environ, its memory).
     undumpable()
@@ -321,7 +325,32 @@ def _exec(args: argparse.Namespace, settings: Settings) -> int:
                 public = (sess.ca_file, *([sess.truststore] if sess.truststore else []))
                 view = sandbox.shown(view, public)
                 return isolate.run(command, base, sess, previous, view, python, prefix)
+            if notice is not None:
+                print(notice, file=sys.stderr)
             return supervise([*prefix, *command], launchenv.contained(base, sess), previous)
+
+
+def _node_notice(command: Sequence[str], prefix: Sequence[str]) -> str | None:
+    """The notice for a Node CMD whose Node ignores the proxy variables; None otherwise, or
+    when its version cannot be had. Asked of the Node CMD would run, as CMD's user."""
+    if not launchenv.runs_node(command):
+        return None
+    own = os.path.basename(command[0]) in ("node", "nodejs")
+    path = os.environ.get("PATH", os.defpath)
+    node = shutil.which(command[0] if own else "node", path=path)
+    if node is None:
+        return None
+    try:
+        answer = subprocess.run(  # noqa: S603 - the operator's CMD, or the node on its PATH
+            [*prefix, node, "--version"],
+            env={"PATH": path},
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=5,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return launchenv.node_notice(answer.stdout.decode("ascii", "replace"))
 
 
 def _python_for(user: runas.User) -> str:

@@ -6,9 +6,10 @@ Pure: the caller decides the proxy URL, the CA and truststore paths, and the pla
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,6 +39,11 @@ CA_VARS = (
 # Trust settings that would add roots beside the CA, or point a client elsewhere: removed.
 SCRUBBED_TRUST = ("SSL_CERT_DIR",)
 FORMATS = ("sh", "dotenv", "json")
+# CMDs that run Node: Node itself and the launchers that start it.
+NODE_COMMANDS = frozenset({"node", "nodejs", "npx", "npm", "yarn", "pnpm", "tsx", "ts-node"})
+# The first Node whose fetch and https read the proxy variables (under NODE_USE_ENV_PROXY=1).
+NODE_ENV_PROXY = 24
+_NODE_VERSION = re.compile(r"v(\d+)\.\d+\.\d+")
 _BARE = re.compile(r"[A-Za-z0-9_./:@%+,=-]*")
 
 
@@ -111,6 +117,24 @@ def _dotenv(value: str) -> str:
 def set_by_session(name: str) -> bool:
     """Whether exec sets `name` itself (so the caller's value is replaced, not withheld)."""
     return name in PROXY_VARS or name in NO_PROXY_VARS or name in CA_VARS
+
+
+def runs_node(command: Sequence[str]) -> bool:
+    """Whether CMD is Node or one of its launchers (by its name, wherever it lives)."""
+    return bool(command) and os.path.basename(command[0]) in NODE_COMMANDS
+
+
+def node_notice(version: str) -> str | None:
+    """The line for a Node that printed `version` (`node --version`) and ignores the proxy
+    variables; None for one that reads them, or for an answer that is no version."""
+    found = _NODE_VERSION.fullmatch(version.strip())
+    if found is None or int(found.group(1)) >= NODE_ENV_PROXY:
+        return None
+    return (
+        f"credproxy: notice: Node {found.group(0)} ignores HTTPS_PROXY in fetch and https; "
+        f"Node {NODE_ENV_PROXY} and later read it (exec sets NODE_USE_ENV_PROXY=1); on Node 20 "
+        "or 22, call undici's setGlobalDispatcher(new EnvHttpProxyAgent()) before fetch"
+    )
 
 
 def placeholder_names(names: Iterable[str]) -> tuple[str, ...]:

@@ -229,6 +229,40 @@ def test_node_fetch_uses_the_proxy_on_node_24(proxy: Proxy, upstream: Upstream, 
     assert stamped(upstream) == [[f"Bearer {SECRET}"]]
 
 
+def _node_version() -> str:
+    return subprocess.run(["node", "--version"], capture_output=True, text=True).stdout.strip()
+
+
+@pytest.mark.skipif(_node_major() == 0, reason="node is not installed")
+@pytest.mark.parametrize(
+    "command",
+    [
+        pytest.param(("node", "-e", ""), id="node"),
+        pytest.param(("npm", "--version"), id="a Node launcher: npm"),
+    ],
+)
+def test_a_node_before_24_gets_one_notice_with_the_fix(
+    proxy: Proxy, agent: Agent, command: tuple[str, ...]
+):
+    done = exec_(proxy, agent, *command)
+    assert done.returncode == 0, done.stderr
+    notices = [line for line in done.stderr.splitlines() if "notice" in line]
+    if _node_major() >= 24:
+        assert notices == []
+        return
+    assert notices == [
+        f"credproxy: notice: Node {_node_version()} ignores HTTPS_PROXY in fetch and https; "
+        "Node 24 and later read it (exec sets NODE_USE_ENV_PROXY=1); on Node 20 or 22, call "
+        "undici's setGlobalDispatcher(new EnvHttpProxyAgent()) before fetch"
+    ]
+
+
+def test_no_notice_for_a_command_that_is_not_node(proxy: Proxy, agent: Agent):
+    done = exec_(proxy, agent, "sh", "-c", "node --version >/dev/null 2>&1; true")
+    assert done.returncode == 0, done.stderr
+    assert [line for line in done.stderr.splitlines() if "notice" in line] == []
+
+
 # -- the environment -----------------------------------------------------------------
 
 

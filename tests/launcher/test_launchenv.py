@@ -6,13 +6,17 @@ import json
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from addon.launcher.launchenv import (
     CA_VARS,
     PLACEHOLDER,
     PROXY_VARS,
     Session,
     contained,
+    node_notice,
     render,
+    runs_node,
     variables,
 )
 
@@ -98,3 +102,45 @@ def test_a_system_ca_folder_is_removed_and_the_new_clients_get_the_ca() -> None:
         "NPM_CONFIG_CAFILE",
     ):
         assert env[name] == "/etc/credproxy/ca.pem"
+
+
+NODE_NOTICE = (
+    "credproxy: notice: Node v20.20.2 ignores HTTPS_PROXY in fetch and https; Node 24 and later "
+    "read it (exec sets NODE_USE_ENV_PROXY=1); on Node 20 or 22, call undici's "
+    "setGlobalDispatcher(new EnvHttpProxyAgent()) before fetch"
+)
+
+
+@pytest.mark.parametrize(
+    ("command", "runs"),
+    [
+        pytest.param(["node", "-e", "1"], True, id="node"),
+        pytest.param(["/usr/local/bin/node"], True, id="node by its path"),
+        pytest.param(["npx", "tsx", "a.ts"], True, id="npx"),
+        pytest.param(["npm", "test"], True, id="npm"),
+        pytest.param(["yarn"], True, id="yarn"),
+        pytest.param(["pnpm", "dev"], True, id="pnpm"),
+        pytest.param(["tsx", "a.ts"], True, id="tsx"),
+        pytest.param(["ts-node", "a.ts"], True, id="ts-node"),
+        pytest.param(["python3", "node"], False, id="node as an argument is not node"),
+        pytest.param(["nodemon"], False, id="another name beginning with node"),
+        pytest.param([], False, id="no command"),
+    ],
+)
+def test_a_node_command_is_known_by_its_name(command: list[str], runs: bool) -> None:
+    assert runs_node(command) is runs
+
+
+@pytest.mark.parametrize(
+    ("version", "notice"),
+    [
+        pytest.param("v20.20.2\n", NODE_NOTICE, id="Node 20 gets the notice"),
+        pytest.param("v22.12.0\n", NODE_NOTICE.replace("v20.20.2", "v22.12.0"), id="Node 22"),
+        pytest.param("v24.0.0\n", None, id="Node 24 reads NODE_USE_ENV_PROXY"),
+        pytest.param("v25.1.0", None, id="Node 25"),
+        pytest.param("", None, id="no answer"),
+        pytest.param("v20.1.0\x1b[2J", None, id="an answer that is no version"),
+    ],
+)
+def test_a_node_before_24_gets_one_notice_naming_the_fix(version: str, notice: str | None) -> None:
+    assert node_notice(version) == notice
