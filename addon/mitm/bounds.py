@@ -8,6 +8,10 @@ much is held for it, and each piece of a response body that arrives, held whole 
 is reported (`HttpStream`'s two body states; mitmproxy calls no hook for a body held whole),
 so that a response still flowing is not cut as a stall. It checks h2's own limits and raises
 at start if they changed.
+
+mitmproxy's layers and h2 are imported inside the functions that patch them, not at the top:
+addon/proxy/limits.py reads this module's constants, and every CLI command that builds the
+`run` parser imports that module.
 """
 
 from __future__ import annotations
@@ -53,8 +57,6 @@ on_response_data: list[Callable[[Any], None]] = []
 @once
 def install() -> None:
     """Patch mitmproxy's layers; raises RuntimeError if h2's limits or their shape changed."""
-    # Imported here, not at the top: addon/proxy/limits.py reads this module's constants,
-    # and every CLI command that builds the `run` parser imports it.
     import h2.config
     import h2.connection
     import h2.frame_buffer

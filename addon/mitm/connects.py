@@ -13,6 +13,10 @@ import inspect
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from mitmproxy.connection import ConnectionState
+from mitmproxy.proxy import events, server_hooks
+from mitmproxy.proxy.server import ConnectionHandler
+
 from addon.mitm import once
 
 # Worded as the OS words it, so that addon/mitm/wire.py classifies it as `connection-reset`.
@@ -23,8 +27,6 @@ _ASSERTED = "assert command.connection.peername"
 @once
 def install() -> None:
     """Wrap ConnectionHandler.open_connection; raises if mitmproxy changed it."""
-    from mitmproxy.proxy.server import ConnectionHandler
-
     original = ConnectionHandler.open_connection
     if _ASSERTED not in inspect.getsource(original):
         raise RuntimeError("mitmproxy changed: ConnectionHandler.open_connection")
@@ -32,9 +34,6 @@ def install() -> None:
 
 
 def _answered(original: Callable[..., Awaitable[None]]) -> Callable[..., Awaitable[None]]:
-    from mitmproxy.connection import ConnectionState
-    from mitmproxy.proxy import events, server_hooks
-
     async def open_connection(self: Any, command: Any) -> None:
         try:
             await original(self, command)

@@ -13,6 +13,9 @@ import inspect
 from collections.abc import Callable, Generator
 from typing import Any
 
+from mitmproxy.proxy.layers.http._events import RequestHeaders
+from mitmproxy.proxy.layers.http._http1 import Http1Client
+
 from addon.mitm import once
 
 _CONVERTS = "Convert to an HTTP/1 request."
@@ -21,8 +24,6 @@ _CONVERTS = "Convert to an HTTP/1 request."
 @once
 def install() -> None:
     """Wrap Http1Client.send; raises if mitmproxy changed it."""
-    from mitmproxy.proxy.layers.http._http1 import Http1Client
-
     original = Http1Client.send
     if _CONVERTS not in inspect.getsource(original):
         raise RuntimeError("mitmproxy changed: Http1Client.send")
@@ -37,8 +38,6 @@ def unframed(request: Any, end_stream: bool) -> bool:
 
 
 def _framed(original: Callable[..., Generator[Any, Any, None]]) -> Callable[..., Any]:
-    from mitmproxy.proxy.layers.http._events import RequestHeaders
-
     # Not a generator itself: it hands back mitmproxy's, one frame less on every command.
     def send(self: Any, event: Any) -> Generator[Any, Any, None]:
         if isinstance(event, RequestHeaders) and (event.request.is_http2 or event.request.is_http3):

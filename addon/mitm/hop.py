@@ -22,6 +22,9 @@ import weakref
 from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any
 
+from mitmproxy.proxy.layers.http._events import ResponseHeaders
+from mitmproxy.proxy.layers.http._http1 import Http1Server
+
 from addon.mitm import once
 
 if TYPE_CHECKING:
@@ -106,8 +109,6 @@ def agent_head(request: http.Request | None, response: http.Response) -> http.Re
 @once
 def install() -> None:
     """Wrap Http1Server.send; raises RuntimeError if mitmproxy changed it."""
-    from mitmproxy.proxy.layers.http._http1 import Http1Server
-
     original = Http1Server.send
     if "self.response = response = event.response" not in inspect.getsource(original):
         raise RuntimeError("mitmproxy changed: Http1Server.send")
@@ -115,8 +116,6 @@ def install() -> None:
 
 
 def _own_connection(original: Callable[..., Generator[Any, Any, None]]) -> Callable[..., Any]:
-    from mitmproxy.proxy.layers.http._events import ResponseHeaders
-
     # Not a generator itself: it hands back mitmproxy's, one frame less on every command.
     def send(self: Any, event: Any) -> Generator[Any, Any, None]:
         if isinstance(event, ResponseHeaders):

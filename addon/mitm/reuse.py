@@ -29,8 +29,20 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+import certifi
+from mitmproxy import ctx
+from mitmproxy.addons.tlsconfig import _default_ciphers
+from mitmproxy.connection import ConnectionState, Server
+from mitmproxy.net.tls import Version
+from mitmproxy.proxy import events, server_hooks
+from mitmproxy.proxy.layers import http as layers
+from mitmproxy.proxy.layers.http import HttpClient, HTTPMode
+from mitmproxy.proxy.layers.http._http1 import Http1Client
+from mitmproxy.proxy.server import ConnectionHandler, ConnectionIO
+
 from addon.mitm import once
 from addon.mitm.bounds import timed_out_servers
+from addon.mitm.connects import RESET
 from addon.observe import audit
 
 if TYPE_CHECKING:
@@ -178,8 +190,6 @@ class Reuse:
         self.configure(set())  # options set before credproxy's addons were added
 
     def configure(self, updated: set[str]) -> None:
-        from mitmproxy import ctx
-
         options = ctx.options
         version = getattr(options, "tls_version_server_min", "")
         minimum = _MIN_VERSION.get(version)
@@ -249,10 +259,6 @@ class Reuse:
     def context(self, offers: tuple[bytes, ...]) -> ssl.SSLContext:
         found = self._contexts.get(offers)
         if found is None:
-            import certifi
-            from mitmproxy.addons.tlsconfig import _default_ciphers
-            from mitmproxy.net.tls import Version
-
             found = ssl.create_default_context(cafile=self._cafile or certifi.where())
             found.minimum_version = self._minimum
             found.hostname_checks_common_name = False  # as mitmproxy: the SAN names, never the CN
@@ -279,9 +285,6 @@ def activate(reuse: Reuse | None) -> None:
 @once
 def install() -> None:
     """Patch mitmproxy; raises RuntimeError if what is patched changed shape."""
-    from mitmproxy.proxy.layers import http as layers
-    from mitmproxy.proxy.server import ConnectionHandler
-
     get_connection = layers.HttpLayer.get_connection
     source = inspect.getsource(get_connection)
     for needed in ("stack /= tls.ServerTLSLayer(context)", "self.waiting_for_establishment"):
@@ -297,10 +300,6 @@ def install() -> None:
 
 
 def _get_connection(original: Callable[..., Any]) -> Callable[..., Any]:
-    from mitmproxy.connection import Server
-    from mitmproxy.proxy import events
-    from mitmproxy.proxy.layers.http import HttpClient, HTTPMode
-
     def get_connection(self: Any, event: Any, *, reuse: bool = True) -> Generator[Any, Any, Any]:
         active = _active
         if (
@@ -347,10 +346,6 @@ def _open_connection(original: Callable[..., Any]) -> Callable[..., Any]:
 
 async def _dial(handler: Any, command: Any, active: Reuse) -> None:
     """mitmproxy's open_connection, with TLS in the transport and the pool in front of it."""
-    from mitmproxy.connection import ConnectionState
-    from mitmproxy.proxy import events, server_hooks
-    from mitmproxy.proxy.server import ConnectionIO
-
     server = command.connection
     hook_data = server_hooks.ServerConnectionHookData(client=handler.client, server=server)
     await handler.handle_hook(server_hooks.ServerConnectHook(hook_data))  # pins the SNI
@@ -379,8 +374,6 @@ async def _dial(handler: Any, command: Any, active: Reuse) -> None:
             peername = writer.get_extra_info("peername")
             if peername is None:  # reset before asyncio set the transport up
                 close(writer)
-                from addon.mitm.connects import RESET
-
                 raise ConnectionResetError(RESET)
         except Exception as e:  # noqa: BLE001 - fail closed: the request gets an answer
             if isinstance(e, OSError):
@@ -424,9 +417,6 @@ async def _dial(handler: Any, command: Any, active: Reuse) -> None:
 
 def _idle(server: Any) -> bool:
     """Has the HTTP/1 client layer finished its last exchange, keeping the connection?"""
-    from mitmproxy.connection import ConnectionState
-    from mitmproxy.proxy.layers.http._http1 import Http1Client
-
     found = _layers.get(server)
     child = getattr(found() if found is not None else None, "child_layer", None)
     return (
@@ -445,9 +435,6 @@ def _idle(server: Any) -> bool:
 
 async def _serve(handler: Any, server: Any, key: Key | None, active: Reuse) -> None:
     """mitmproxy's handle_connection; a connection idle when its client went is parked."""
-    from mitmproxy.connection import ConnectionState
-    from mitmproxy.proxy import events
-
     io = handler.transports[server]
     reader, writer = io.reader, io.writer
     cancelled: asyncio.CancelledError | None = None

@@ -11,18 +11,31 @@ agent's answer is addon/observe/problem.py's, with the flow's request id where t
 
 from __future__ import annotations
 
+import inspect
 import re
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any
 
+import mitmproxy.proxy.layers.http as layers
 from mitmproxy import http
-from mitmproxy.proxy.layers.http._events import HttpEvent
+from mitmproxy.net.http import http1, status_codes
+from mitmproxy.proxy import commands, events
+from mitmproxy.proxy.layers.http import SendHttp, _events, _http1, _http2
+from mitmproxy.proxy.layers.http._base import ReceiveHttp
+from mitmproxy.proxy.layers.http._events import (
+    HttpEvent,
+    RequestProtocolError,
+    ResponseHeaders,
+    ResponseProtocolError,
+)
+from mitmproxy.proxy.layers.http._http1 import Http1Server
 
 from addon.core.reasons import STATUS, Reason
-from addon.mitm import once
+from addon.mitm import hop, once
 from addon.mitm.bounds import TIMEOUT_PREFIX
 from addon.observe.problem import Problem, problem
+from addon.redaction.wsredact import REDACTORS
 
 MARK = "[credproxy] "
 REQUEST_TRAILERS = "request trailers are not supported"
@@ -250,11 +263,6 @@ def _need(owner: Any, name: str) -> Any:
 @once
 def install() -> None:
     """Patch mitmproxy's HTTP layers; raises RuntimeError if their shape changed."""
-    import inspect
-
-    import mitmproxy.proxy.layers.http as layers
-    from mitmproxy.proxy.layers.http import _events, _http1, _http2
-
     for cls in (_events.RequestProtocolError, _events.ResponseProtocolError):
         params = list(inspect.signature(cls.__init__).parameters)
         if params != ["self", "stream_id", "message", "code"]:
@@ -329,15 +337,13 @@ def _tag_errors(original: Callable[..., Any]) -> Callable[..., Any]:
 
 def _tag_sent_errors(original: Callable[..., Any]) -> Callable[..., Any]:
     """The same for a method that sends its error to the agent itself (invalid headers)."""
-    from mitmproxy.proxy.layers.http import SendHttp
-    from mitmproxy.proxy.layers.http._events import ResponseProtocolError
 
     def wrapper(self: Any, *args: Any) -> Generator[Any, Any, Any]:
-        commands = original(self, *args)
+        sending = original(self, *args)
         sent = None
         while True:
             try:
-                command = commands.send(sent)
+                command = sending.send(sent)
             except StopIteration as stop:
                 return stop.value
             if isinstance(command, SendHttp) and isinstance(command.event, ResponseProtocolError):
@@ -348,9 +354,6 @@ def _tag_sent_errors(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _h2_error_page(original: Callable[..., Any]) -> Callable[..., Any]:
-    from mitmproxy.proxy import commands
-    from mitmproxy.proxy.layers.http._events import ResponseProtocolError
-
     def _handle_event(self: Any, event: Any) -> Generator[Any, Any, None]:
         sid = getattr(event, "stream_id", None)
         if (
@@ -372,8 +375,6 @@ def _h2_error_page(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _refuse_codings(original: Callable[[Any], None]) -> Callable[[Any], None]:
-    from mitmproxy import http
-
     def validate_headers(message: Any) -> None:
         original(message)
         if isinstance(message, http.Response) and foreign_coding(message.headers.fields):
@@ -383,10 +384,6 @@ def _refuse_codings(original: Callable[[Any], None]) -> Callable[[Any], None]:
 
 
 def _pass_informational(original: Callable[..., Any]) -> Callable[..., Any]:
-    from mitmproxy.net.http import http1
-    from mitmproxy.proxy import events
-    from mitmproxy.proxy.layers.http._base import ReceiveHttp
-
     def informational(self: Any, event: Any) -> Generator[Any, Any, None]:
         # 101 stays: it is final for an upgrade. Each other 1xx goes to the stream whole,
         # as an Informational event, and the real response is read after it.
@@ -416,13 +413,6 @@ def _pass_informational(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _forward_informational(original: Callable[..., Any]) -> Callable[..., Any]:
-    from mitmproxy.net.http import status_codes
-    from mitmproxy.proxy.layers.http import SendHttp
-    from mitmproxy.proxy.layers.http._events import ResponseHeaders
-
-    from addon.mitm import hop
-    from addon.redaction.wsredact import REDACTORS
-
     def _handle_event(self: Any, event: Any) -> Generator[Any, Any, None]:
         # Not a generator itself: every other event goes to mitmproxy's own, one frame less
         # on each command it yields.
@@ -449,11 +439,6 @@ def _forward_informational(original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _refuse_trailers(original: Callable[..., Any]) -> Callable[..., Any]:
-    from mitmproxy.proxy import commands
-    from mitmproxy.proxy.layers.http._base import ReceiveHttp
-    from mitmproxy.proxy.layers.http._events import RequestProtocolError, ResponseProtocolError
-    from mitmproxy.proxy.layers.http._http1 import Http1Server
-
     def read_body(self: Any, event: Any) -> Generator[Any, Any, None]:
         try:
             yield from original(self, event)
