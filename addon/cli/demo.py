@@ -5,6 +5,9 @@ credential holding a fake secret and two grants, and a real `credproxy run` that
 upstream through --resolve and trusts it through --upstream-ca. A few requests go through it;
 each shows what the agent sent, what the upstream received and what the agent got back.
 The secret is fake, and still printed only masked: a demo teaches what to paste elsewhere.
+
+With --keep it sends nothing: the upstream and a proxy on an empty store stay up until Ctrl-C,
+and an env file says where, for the walkthrough (docs/tutorial.md) to run on them offline.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import io
 import json
 import os
 import secrets
+import shlex
 import shutil
 import signal
 import ssl
@@ -41,12 +45,13 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from store.ca import PRIVATE_BUNDLE, PUBLIC_CERT, ensure_ca
-from store.errors import CredproxyError
+from store.errors import CredproxyError, InvalidInput
 from store.settings import Settings
 
 HOST = "api.demo.test"
 START_TIMEOUT = 30.0
 AUDIT_TIMEOUT = 5.0
+KEEP_LISTEN = "127.0.0.1:8080"  # make run's: the walkthrough's addresses hold for either
 
 
 class DemoFailed(CredproxyError):
@@ -64,17 +69,35 @@ def add_command(sub: Any, main: Main) -> None:
         help="a trial on this machine, offline: five requests shown",
         description=__doc__,
     )
+    p.add_argument(
+        "--keep",
+        action="store_true",
+        help="send nothing: keep the upstream and a proxy on an empty store running until "
+        "Ctrl-C, for the walkthrough (docs/tutorial.md)",
+    )
+    p.add_argument(
+        "--listen",
+        metavar="HOST:PORT",
+        help=f"with --keep: where the proxy listens (default {KEEP_LISTEN})",
+    )
     p.set_defaults(func=functools.partial(cmd_demo, main=main))
 
 
 def cmd_demo(args: argparse.Namespace, settings: Settings, *, main: Main) -> int:
+    if args.listen is not None and not args.keep:
+        raise InvalidInput("--listen goes with --keep: the demo's own proxy takes any free port")
+
     def stop(signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGTERM, stop)
     try:
         with tempfile.TemporaryDirectory(prefix="credproxy-demo-") as tmp:
-            Demo(Path(tmp), main).run()
+            demo = Demo(Path(tmp), main)
+            if args.keep:
+                demo.keep(args.listen or KEEP_LISTEN)
+            else:
+                demo.run()
     finally:
         signal.signal(signal.SIGTERM, previous)
     return 0
@@ -131,7 +154,10 @@ class _Handler(BaseHTTPRequestHandler):
     def _answer(self) -> None:
         self.rfile.read(int(self.headers.get("content-length") or 0))
         authorization = self.headers.get("authorization")
-        self.server.seen.append(Seen(self.command, self.path, authorization))
+        seen = Seen(self.command, self.path, authorization)
+        self.server.seen.append(seen)
+        if self.server.heard is not None:
+            self.server.heard(seen)
         if self.path.startswith("/v1/echo"):
             # A careless API that quotes the request back: credproxy redacts the secret.
             payload: dict[str, Any] = {"you_sent": {"authorization": authorization}}
@@ -153,6 +179,7 @@ class _Upstream(ThreadingHTTPServer):
     def __init__(self, chain: Path) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
         self.seen: list[Seen] = []
+        self.heard: Callable[[Seen], None] | None = None
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         context.load_cert_chain(chain)
         self.socket = context.wrap_socket(self.socket, server_side=True)
@@ -190,16 +217,22 @@ class Demo:
         self.token = ""
         self.proxy_port = 0
         self.audit_file = root / "audit.jsonl"
+        self.error_file = root / "run.err"
+        self.process: subprocess.Popen[bytes] | None = None
+        self.printing = threading.Lock()  # the upstream's thread and the audit's print too
 
     def mask(self, text: str) -> str:
         text = text.replace(self.secret, f"{self.secret[:8]}…")
         return text.replace(self.token, "…") if self.token else text
 
     def say(self, text: str = "") -> None:
-        print(self.mask(text), flush=True)
+        with self.printing:
+            print(self.mask(text), flush=True)
 
-    def run(self) -> None:
-        # The demo's own store, key and CA: nothing from the operator's environment.
+    @contextlib.contextmanager
+    def upstream(self) -> Iterator[tuple[_Upstream, Path]]:
+        """The upstream, serving, and its CA; with the demo's own store, key and CA, never
+        the operator's (CREDPROXY_* would point the commands elsewhere)."""
         for name in [name for name in os.environ if name.startswith("CREDPROXY_")]:
             del os.environ[name]
         chain, upstream_ca = _leaf(self.root / "upstream-ca")
@@ -207,20 +240,114 @@ class Demo:
         serving = threading.Thread(target=upstream.serve_forever, daemon=True)
         serving.start()
         try:
+            yield upstream, upstream_ca
+        finally:
+            upstream.shutdown()
+            upstream.server_close()
+
+    def run(self) -> None:
+        with self.upstream() as (upstream, upstream_ca):
             self.say(f"credproxy demo, in {self.root} (removed at the end)")
             self.say(f"the fake secret {self.secret[:8]}… is shown masked, the token not at all")
             self.say(f"upstream: https://{HOST} on 127.0.0.1:{upstream.server_address[1]}")
             self.say()
             self.setup()
-            with self.proxy(upstream_ca, upstream.server_address[1]):
+            argv = _run_argv("127.0.0.1:0", upstream_ca, upstream.server_address[1])
+            self.say(f"$ credproxy {' '.join(argv)}")
+            with self.proxy(argv):
+                self.say(f"  listening on 127.0.0.1:{self.proxy_port}")
+                self.say()
                 self.show(upstream)
-        finally:
-            upstream.shutdown()
-            upstream.server_close()
 
-    def cli(self, *argv: str, stdin: bytes = b"") -> str:
+    def keep(self, listen: str) -> None:
+        """The upstream and a proxy on an empty store, until Ctrl-C: what the walkthrough
+        needs, and an env file for the operator's other terminal."""
+        with self.upstream() as (upstream, upstream_ca):
+            port = upstream.server_address[1]
+            argv = _run_argv(listen, upstream_ca, port)
+            self.say(f"credproxy demo --keep, in {self.root} (removed when it stops)")
+            self.say(f"upstream  https://{HOST} on 127.0.0.1:{port}, with a CA of its own")
+            self.say(f"proxy     credproxy {' '.join(argv)}")
+            self.cli("init", shown=False)
+            with self._following() as follow, self.proxy(argv) as started:
+                certs = self.root / "certs"
+                settings = {
+                    "CREDPROXY_DB": f"sqlite:///{self.root / 'credproxy.db'}",
+                    "CREDPROXY_KEY_FILE": str(self.root / "credproxy.key"),
+                    "CREDPROXY_CERTS": str(certs),
+                    "CREDPROXY_ADVERTISE": started["listen"][0],
+                    "DEMO_SECRET": self.secret,
+                }
+                env_file = self.root / "env"
+                env_file.touch(0o600)
+                env_file.write_text(
+                    "".join(f"export {k}={shlex.quote(v)}\n" for k, v in settings.items())
+                )
+                self.say(f"store     {settings['CREDPROXY_DB']}, empty")
+                self.say(f"In another terminal, `source {env_file}` sets:")
+                for name, value in settings.items():
+                    self.say(f"  {name}={value}")
+                self.say("DEMO_SECRET is a fake secret, for credential add; it is shown masked.")
+                self.say(
+                    f"Clients must trust {certs / PUBLIC_CERT} ($CREDPROXY_CERTS/{PUBLIC_CERT}). "
+                    "Ctrl-C stops it all."
+                )
+                self.say("A line for each request the upstream gets; JSON lines follow.")
+                upstream.heard = self._heard
+                follow()
+                self._serve()
+
+    def _heard(self, seen: Seen) -> None:
+        authorization = f"Authorization: {seen.authorization}" if seen.authorization else "none"
+        self.say(f"upstream got {seen.method} {seen.path} with {authorization}")
+
+    @contextlib.contextmanager
+    def _following(self) -> Iterator[Callable[[], None]]:
+        """Yields what starts copying the proxy's lines to our stdout, from its first; the
+        lines it writes as it stops are copied on the way out."""
+        offset = 0
+        done = threading.Event()
+        follower = None
+
+        def read() -> None:
+            nonlocal offset
+            with self.audit_file.open("rb") as f:
+                f.seek(offset)
+                data = f.read()
+            end = data.rfind(b"\n")
+            offset += end + 1
+            for line in data[: end + 1].decode(errors="replace").splitlines():
+                self.say(line)
+
+        def copy() -> None:
+            while not done.wait(0.05):
+                read()
+
+        def start() -> None:
+            nonlocal follower
+            follower = threading.Thread(target=copy, daemon=True)
+            follower.start()
+
+        try:
+            yield start
+        finally:
+            done.set()
+            if follower is not None:
+                follower.join()
+                read()
+
+    def _serve(self) -> None:
+        try:
+            while self.process is not None and self.process.poll() is None:
+                time.sleep(0.1)
+        except KeyboardInterrupt:
+            return  # the way to stop it: exit 0, as `credproxy run` does
+        raise DemoFailed(f"credproxy run exited: {self._errors()}")
+
+    def cli(self, *argv: str, stdin: bytes = b"", shown: bool = True) -> str:
         """A `credproxy` command in this process, shown as the operator would type it."""
-        self.say(f"$ credproxy {' '.join(argv)}" + (" < fake secret" if stdin else ""))
+        if shown:
+            self.say(f"$ credproxy {' '.join(argv)}" + (" < fake secret" if stdin else ""))
         out, err = io.StringIO(), io.StringIO()
         real_stdin = sys.stdin
         sys.stdin = io.TextIOWrapper(io.BytesIO(stdin))
@@ -268,33 +395,23 @@ class Demo:
         self.say()
 
     @contextlib.contextmanager
-    def proxy(self, upstream_ca: Path, upstream_port: int) -> Iterator[None]:
-        argv = [
-            "run",
-            "--listen",
-            "127.0.0.1:0",
-            "--upstream-ca",
-            str(upstream_ca),
-            "--resolve",
-            f"{HOST}=127.0.0.1:{upstream_port}",
-        ]
-        self.say(f"$ credproxy {' '.join(argv)}")
-        with self.audit_file.open("wb") as out:
-            process = subprocess.Popen(  # noqa: S603 - our own entry point, our own argv
+    def proxy(self, argv: list[str]) -> Iterator[dict[str, Any]]:
+        """`credproxy run` on the demo's store; yields its proxy.started line."""
+        with self.audit_file.open("wb") as out, self.error_file.open("wb") as err:
+            self.process = subprocess.Popen(  # noqa: S603 - our own entry point, our own argv
                 [sys.executable, "-m", "addon.cli.cli", *self.flags, *argv],
                 stdout=out,
-                stderr=subprocess.PIPE,
+                stderr=err,
                 stdin=subprocess.DEVNULL,
                 cwd=self.root,
             )
+        process = self.process
         try:
             started = self._wait(
                 lambda e: e.get("event") == "proxy.started", START_TIMEOUT, process
             )
             self.proxy_port = int(started["listen"][0].rpartition(":")[2])
-            self.say(f"  listening on 127.0.0.1:{self.proxy_port}")
-            self.say()
-            yield
+            yield started
         finally:
             process.terminate()
             try:
@@ -302,8 +419,11 @@ class Demo:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
-            if process.stderr is not None:
-                process.stderr.close()
+
+    def _errors(self) -> str:
+        """What the proxy wrote on stderr, but for its own `credproxy: error: ` prefix."""
+        text = self.error_file.read_text(errors="replace").strip()
+        return text.removeprefix("credproxy: error: ") or str(self.process and self.process.poll())
 
     def _audit(self) -> list[dict[str, Any]]:
         lines = self.audit_file.read_text().splitlines()
@@ -318,8 +438,7 @@ class Demo:
             if found:
                 return found[-1]
             if process is not None and process.poll() is not None:
-                err = process.stderr.read().decode(errors="replace") if process.stderr else ""
-                raise DemoFailed(f"credproxy run exited: {err.strip() or process.returncode}")
+                raise DemoFailed(f"credproxy run exited: {self._errors()}")
             time.sleep(0.05)
         raise DemoFailed("no audit line in time")
 
@@ -440,6 +559,19 @@ class Demo:
             self.say("  ".join(cell.ljust(width) for cell in cells).rstrip())
         self.say(f"audit: {x.audit}")
         self.say()
+
+
+def _run_argv(listen: str, upstream_ca: Path, upstream_port: int) -> list[str]:
+    """`credproxy run` wired to the upstream: dial it for HOST, trust its CA."""
+    return [
+        "run",
+        "--listen",
+        listen,
+        "--upstream-ca",
+        str(upstream_ca),
+        "--resolve",
+        f"{HOST}=127.0.0.1:{upstream_port}",
+    ]
 
 
 def _wrap(text: str, width: int) -> Sequence[str]:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -25,7 +27,7 @@ def _env() -> dict[str, str]:
 
 
 def _directory(output: str) -> Path:
-    found = re.search(r"^credproxy demo, in (\S+) ", output, re.M)
+    found = re.search(r"^credproxy demo(?: --keep)?, in (\S+) ", output, re.M)
     assert found, output
     return Path(found.group(1))
 
@@ -154,3 +156,82 @@ def test_ctrl_c_at_the_first_step_exits_130_quietly(tmp_path: Path) -> None:
 def test_make_demo_runs_it() -> None:
     makefile = (Path(__file__).parents[2] / "Makefile").read_text()
     assert re.search(r"\ndemo: \$\(STAMP\)( ## [^\n]*)?\n\t\$\(BIN\)/credproxy demo\n", makefile)
+
+
+# -- demo --keep: the walkthrough's upstream and proxy (tests/test_readme.py runs it through) --
+
+
+def _keep(tmp_path: Path, *args: str) -> tuple[subprocess.Popen[bytes], Path]:
+    out = tmp_path / "keep.out"
+    with out.open("w") as stdout:
+        process = subprocess.Popen(
+            [*COMMAND, "demo", "--keep", *args],
+            stdout=stdout,
+            stderr=subprocess.PIPE,
+            env=_env(),
+            cwd="/",
+        )
+    return process, out
+
+
+def test_the_kept_demo_serves_until_ctrl_c_then_cleans_up(tmp_path: Path) -> None:
+    process, out = _keep(tmp_path, "--listen", "127.0.0.1:0")
+    deadline = time.monotonic() + 60
+    while '"proxy.started"' not in out.read_text() and time.monotonic() < deadline:
+        assert process.poll() is None, out.read_text()
+        time.sleep(0.05)
+    directory = _directory(out.read_text())
+    env_file = directory / "env"
+    assert env_file.stat().st_mode & 0o777 == 0o600
+    exported = dict(
+        line.removeprefix("export ").split("=", 1) for line in env_file.read_text().splitlines()
+    )
+    assert list(exported) == [
+        "CREDPROXY_DB",
+        "CREDPROXY_KEY_FILE",
+        "CREDPROXY_CERTS",
+        "CREDPROXY_ADVERTISE",
+        "DEMO_SECRET",
+    ]
+    assert SECRET.fullmatch(exported["DEMO_SECRET"])
+    assert re.search(
+        rf"^  CREDPROXY_DB=sqlite:///{directory}/credproxy\.db$", out.read_text(), re.M
+    )
+    assert "  DEMO_SECRET=demo-sk-…\n" in out.read_text()
+    assert len(_processes_in(directory)) == 1  # its `credproxy run`
+    process.send_signal(signal.SIGINT)
+    assert process.wait(30) == 0
+    assert process.stderr is not None and process.stderr.read() == b""
+    assert not directory.exists()
+    assert _processes_in(directory) == []
+    assert not SECRET.search(out.read_text())
+    assert json.loads(out.read_text().splitlines()[-1])["event"] == "proxy.stopped"
+
+
+def test_the_kept_demo_on_a_port_taken_says_so(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        process, out = _keep(tmp_path, "--listen", f"127.0.0.1:{port}")
+        assert process.wait(60) == 2
+    assert process.stderr is not None
+    assert process.stderr.read().decode() == (
+        f"credproxy: error: credproxy run exited: cannot listen on --listen 127.0.0.1:{port}: "
+        f"127.0.0.1:{port} is already in use\n"
+    )
+    assert not _directory(out.read_text()).exists()
+
+
+def test_listen_goes_with_keep() -> None:
+    done = subprocess.run(
+        [*COMMAND, "demo", "--listen", "127.0.0.1:0"],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=60,
+    )
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == (
+        "credproxy: error: --listen goes with --keep: the demo's own proxy takes any free port\n"
+    )
