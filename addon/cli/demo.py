@@ -299,7 +299,9 @@ class Demo:
 
     def _heard(self, seen: Seen) -> None:
         authorization = f"Authorization: {seen.authorization}" if seen.authorization else "none"
-        self.say(f"upstream got {seen.method} {seen.path} with {authorization}")
+        line = f"upstream got {seen.method} {seen.path} with {authorization}"
+        # What a client sent, on the operator's terminal: no escape sequence gets through.
+        self.say("".join(c if c.isprintable() else "?" for c in line))
 
     @contextlib.contextmanager
     def _following(self) -> Iterator[Callable[[], None]]:
