@@ -3,9 +3,9 @@
 The stored keys sign only the AssumeRole call (botocore's SigV4Auth, to the global endpoint
 sts.amazonaws.com, dialled like any upstream: --resolve or the vetted resolver, verified
 TLS). Requests are signed with the temporary keys it returns. A session renews itself in the
-background once two thirds of its life have passed, and retries every RETRY seconds while STS
-fails; keys within MARGIN of their expiry are never used: the request is refused 502
-`credentials-unavailable` instead.
+background once two thirds of its life have passed (the loop is renewal.py's), and retries
+every RETRY seconds while STS fails; keys within MARGIN of their expiry are never used: the
+request is refused 502 `credentials-unavailable` instead.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import time
 import xml.etree.ElementTree as ET  # noqa: S405 - STS's answer over verified TLS, size-bounded
-from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any, NamedTuple
 from urllib.parse import urlencode
@@ -24,22 +23,17 @@ from botocore.credentials import Credentials
 
 from addon.observe import audit
 from addon.redaction.redactset import ROLE, SETS
-from addon.schemes.https import https_call
+from addon.schemes.https import Dial, https_call
+from addon.schemes.renewal import IDLE, Renewal, Unavailable
+
+__all__ = ["IDLE", "RoleSession", "SESSIONS", "Sessions", "Temporary", "Unavailable"]
 
 STS_HOST = "sts.amazonaws.com"
 DURATION = 3600
 MARGIN = 1.0
 RETRY = 2.0
-# A session nobody signed with for this long stops renewing (a removed credential, a quiet
-# agent): the next request fetches keys first.
-IDLE = 900.0
+ROLE_UNAVAILABLE = "the role's temporary credentials could not be renewed"
 _NS = "{https://sts.amazonaws.com/doc/2011-06-15/}"
-
-Dial = Callable[[str, int], Awaitable[tuple[str, int]]]
-
-
-class Unavailable(Exception):
-    """No temporary keys that are still valid."""
 
 
 class Temporary(NamedTuple):
@@ -48,90 +42,49 @@ class Temporary(NamedTuple):
     secrets: tuple[bytes, ...]
 
 
-class RoleSession:
-    """One role of one credential: its current temporary keys, and the task renewing them."""
+class RoleSession(Renewal[Temporary]):
+    """One role of one credential: its current temporary keys, and the task renewing them.
+
+    Unlike a token session, closing one (its credential rotated or changed) cancels its
+    renewals but keeps its keys: requests holding the old record sign with them until they
+    expire.
+    """
+
+    error = "role-keys-unavailable"
+    changed = ROLE_UNAVAILABLE
 
     def __init__(
         self, name: str, base: Credentials, options: dict[str, Any], dial: Dial, cafile: str | None
     ) -> None:
-        self.name = name
+        super().__init__(name)
         self._base = base
         self.arn: str = options["assume_role"]
         self._external_id: str | None = options.get("external_id")
         self._policy: str | None = options.get("session_policy")
         self._dial = dial
         self._cafile = cafile
-        self.current: Temporary | None = None
-        self._task: asyncio.Task[None] | None = None
-        self._timer: asyncio.TimerHandle | None = None
-        self._used = time.monotonic()
+        self._failure = ROLE_UNAVAILABLE
 
-    def __repr__(self) -> str:
-        return f"RoleSession({self.name!r})"
+    def _usable(self, value: Temporary) -> bool:
+        return time.time() < value.expires - MARGIN
 
-    def now(self) -> Temporary | None:
-        """The keys to sign with, if they are valid for a while yet (a request is using them)."""
-        self._used = time.monotonic()
-        return self._valid()
+    async def _obtain(self) -> Temporary:
+        address = await self._dial(STS_HOST, 443)
+        return await asyncio.to_thread(self._fetch, address)
 
-    def _valid(self) -> Temporary | None:
-        current = self.current
-        if current is None or time.time() >= current.expires - MARGIN:
-            return None
-        return current
-
-    async def ensure(self) -> Temporary:
-        """Valid keys, fetched first if there are none. Raises: Unavailable."""
-        if self.now() is None:
-            task = self._renewal()
-            try:
-                await asyncio.shield(task)
-            except asyncio.CancelledError:
-                if not task.cancelled():
-                    raise  # this request itself was cancelled
-                # The credential was rotated or removed while its keys were fetched.
-                raise Unavailable(self.name) from None
-        found = self.now()
-        if found is None:
-            raise Unavailable(self.name)
-        return found
-
-    def close(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        if self._task is not None:
-            self._task.cancel()
-
-    def _renewal(self) -> asyncio.Task[None]:
-        if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(self._renew())
-        return self._task
-
-    async def _renew(self) -> None:
-        loop = asyncio.get_running_loop()
-        try:
-            address = await self._dial(STS_HOST, 443)
-            fresh = await asyncio.to_thread(self._fetch, address)
-        except Exception as e:  # noqa: BLE001 - the old keys serve until they expire, then deny
-            audit.logger().warning(
-                "credentials.renewal_failed",
-                credential=self.name,
-                error_type=type(e).__name__,
-                valid=self._valid() is not None,
-            )
-            self._schedule(loop, RETRY)
-            return
-        self.current = fresh
+    def _renewed(self, fresh: Temporary) -> float:
         left = fresh.expires - time.time()
         audit.logger().info("credentials.renewed", credential=self.name, expires_in_s=round(left))
-        self._schedule(loop, max(left * 2 / 3, MARGIN))
+        return max(left * 2 / 3, MARGIN)
 
-    def _schedule(self, loop: asyncio.AbstractEventLoop, delay: float) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        if time.monotonic() - self._used < IDLE:
-            self._timer = loop.call_later(delay, self._renewal)
+    def _failed(self, e: Exception) -> float:
+        audit.logger().warning(
+            "credentials.renewal_failed",
+            credential=self.name,
+            error_type=type(e).__name__,
+            valid=self._valid() is not None,
+        )
+        return RETRY
 
     def _fetch(self, address: tuple[str, int]) -> Temporary:
         """In a thread: new keys, in the redaction set (compiled here) before they sign."""
@@ -211,7 +164,7 @@ class Sessions:
 
 
 async def _no_network(host: str, port: int) -> tuple[str, int]:
-    raise Unavailable("no proxy is running to reach STS")
+    raise Unavailable("no proxy is running to reach STS", RoleSession.error)
 
 
 SESSIONS = Sessions()

@@ -17,6 +17,7 @@ import urllib3.connection
 TIMEOUT = 10.0
 MAX_ANSWER = 64 * 1024
 
+
 class MintFailed(Exception):
     """The token endpoint did not give a token. The detail names its status and OAuth error
     code, never its body."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any, NamedTuple, NoReturn
+from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
 from urllib.parse import quote, unquote_to_bytes
 
 from botocore.auth import (
@@ -24,8 +24,16 @@ from botocore.credentials import Credentials
 
 from addon.core.reasons import Reason
 from addon.schemes.assume import SESSIONS, RoleSession
+from addon.schemes.stamp import Refused, Signs, Stamp, Stamping, write
 from store.records import CredentialRecord
 from store.rules import aws
+from store.rules.grammar import BadPath, canonicalize
+
+if TYPE_CHECKING:
+    from mitmproxy import http
+
+    from addon.core.policy import Rule
+    from addon.core.verdict import HeaderScan, Verdict
 
 # botocore logs canonical requests at debug level, the session token among their headers.
 logging.getLogger("botocore").setLevel(logging.WARNING)
@@ -59,13 +67,8 @@ DEFAULT_BODY_LIMIT = 8 * 1024 * 1024
 SCOPE_CACHE = 1024
 
 
-class Unsignable(Exception):
+class Unsignable(Refused):
     """A request that cannot be signed as it is; carries the deny's reason and detail."""
-
-    def __init__(self, reason: Reason, detail: str) -> None:
-        super().__init__(reason.value)
-        self.reason = reason
-        self.detail = detail
 
 
 # Services whose answers can hold new AWS keys (AssumeRole, GetSessionToken, CreateAccessKey,
@@ -220,3 +223,75 @@ def signed_query(query: bytes | None) -> bytes | None:
         value = unquote_to_bytes(raw_value)
         kept.append(quote(name, safe="-_.~").encode() + b"=" + quote(value, safe="-_.~").encode())
     return b"&".join(kept) or None
+
+
+class SigV4Stamp(Stamp):
+    """sigv4: the agent's signature out, ours over what is forwarded (the stored keys', or
+    its role's temporary ones)."""
+
+    __slots__ = ("signer",)
+
+    def __init__(self, credential: CredentialRecord) -> None:
+        super().__init__(credential, removed=AGENT_HEADERS)
+        self.signer = Signer(credential)
+        self.redacts = self.signer.secrets
+
+    @classmethod
+    def stored(cls, credential: CredentialRecord) -> tuple[bytes, ...]:
+        return key_secrets(credential)
+
+    def prepare(
+        self, verdict: Verdict, request: http.Request, headers: HeaderScan, limit: int
+    ) -> Stamping:
+        assert verdict.rule is not None and verdict.host is not None
+        _check_s3_reach(verdict.rule, headers.index)
+        return Signed(self, self.signer.plan(verdict.host, headers.index, request.is_http2, limit))
+
+
+class Signed(Stamping):
+    """One request's signing plan."""
+
+    __slots__ = ("stamp", "plan", "minting")
+
+    def __init__(self, stamp: SigV4Stamp, plan: Plan) -> None:
+        self.stamp, self.plan = stamp, plan
+        self.minting = plan.scope.service in MINTING_SERVICES
+
+    def pending(self) -> RoleSession | None:
+        role = self.plan.role
+        return role if role is not None and role.now() is None else None
+
+    def redacted(self) -> tuple[bytes, ...]:
+        secrets = self.stamp.redacts
+        if self.plan.role is not None:
+            temporary = self.plan.role.now()
+            secrets += temporary.secrets if temporary is not None else ()
+        return secrets
+
+    def apply(self, flow: http.HTTPFlow, path: str, query: bytes | None) -> None:
+        write(flow.request, self.stamp.names, self.stamp.fields, path, signed_query(query))
+
+    def sign(self, flow: http.HTTPFlow, signing: Signs) -> None:
+        signing.apply(flow, self.stamp.signer, self.plan)
+
+
+def _check_s3_reach(rule: Rule, index: dict[bytes, list[bytes]]) -> None:
+    """Headers by which a signed S3 request reaches past its grant's paths: a copy reads its
+    source with the stored keys (so the source must be one the grant lets it GET), and ACL
+    headers open objects to others.
+
+    Raises: Refused.
+    """
+    if b"x-amz-acl" in index or any(name.startswith(b"x-amz-grant-") for name in index):
+        raise Refused(Reason.BAD_REQUEST, "S3 ACL headers are not sent with a stored key")
+    for source in index.get(b"x-amz-copy-source", []):
+        target = source.split(b"?", 1)[0].strip()
+        target = target if target.startswith(b"/") else b"/" + target
+        try:
+            path, _ = canonicalize(target)
+        except BadPath as e:
+            raise Refused(Reason.BAD_REQUEST, "invalid x-amz-copy-source") from e
+        if not rule.allows_method("GET") or rule.longest_path(path) < 0:
+            raise Refused(
+                Reason.PATH_NOT_ALLOWED, "the copy source is outside what the grant may read"
+            )

@@ -12,7 +12,7 @@ from botocore.credentials import Credentials
 
 from addon.redaction import redactset
 from addon.redaction.redactset import GRACE, MAX_RETIRED, MINTED, ROLE, STORE, RedactionSets
-from addon.schemes import assume, mint
+from addon.schemes import assume
 from addon.schemes.assume import RoleSession, Temporary
 from addon.schemes.mint import Tokens, TokenSession
 from addon.schemes.stamping import redacted
@@ -175,7 +175,7 @@ async def test_a_minted_token_is_in_the_set_before_it_is_stamped_and_stays_when_
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     sets = RedactionSets()
-    monkeypatch.setattr(mint, "SETS", sets)
+    monkeypatch.setattr("addon.schemes.tokens.SETS", sets)
     tokens = Tokens()
     tokens.dial = reachable
     s = TokenSession("minted-cred", FakeMinter(), tokens)

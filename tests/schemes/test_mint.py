@@ -16,7 +16,8 @@ from addon.schemes import https
 from addon.schemes.https import Answer, MintFailed, Post
 from addon.schemes.mint import Tokens, TokenSession
 from addon.schemes.minters import OAuth2Client, bearer, failed
-from addon.schemes.tokens import Token, Unavailable
+from addon.schemes.renewal import Unavailable
+from addon.schemes.tokens import Token
 from addon.schemes.tokens import token as make_token
 from store.crypto import Secret
 from store.records import CredentialRecord
