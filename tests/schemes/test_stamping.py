@@ -11,10 +11,11 @@ import pytest
 
 from addon.schemes.path import PathStamp
 from addon.schemes.stamp import slot
-from addon.schemes.stamping import stamp_of
+from addon.schemes.stamping import KINDS, stamp_for, stamp_of
 from addon.schemes.static import header_for, stamp_query
 from store.crypto import Secret
 from store.records import CredentialRecord
+from store.rules.validation import SCHEMES
 
 SECRET = b"sk-stamp-0123456789"
 
@@ -227,3 +228,25 @@ def test_path_scheme_placement(
     assert isinstance(PATH_STAMP, PathStamp)
     assert PATH_STAMP.placed(path, target, headers) == expected
     assert PATH_STAMP.fields == ((b"accept-encoding", b"identity"),)
+
+
+def test_an_audit_path_holding_the_path_secret_is_scrubbed() -> None:
+    assert isinstance(PATH_STAMP, PathStamp)
+    assert PATH_STAMP.scrubbed("/bot123456:ABC-def_ghi/getMe") == "/bot[REDACTED]/getMe"
+
+
+# -- the registry: one Stamp class per scheme ---------------------------------------------
+
+
+def test_every_scheme_the_store_accepts_has_a_stamp() -> None:
+    assert set(KINDS) == set(SCHEMES)
+
+
+def test_a_stamp_is_chosen_once_per_credential_version_and_policy() -> None:
+    from tests.fakes import CRED, snapshot_policy
+
+    policy = snapshot_policy(cred=CRED)
+    first = stamp_for(policy, CRED)
+    assert stamp_for(policy, CRED) is first
+    # A scheme whose requests all look alike is its own stamping: nothing made per request.
+    assert first.prepare(None, None, None, 0) is first  # type: ignore[arg-type]
