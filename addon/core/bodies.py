@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -65,7 +66,7 @@ _SEPARATORS = re.compile(rb"[&;]")
 _BAD_PERCENT = re.compile(rb"%(?![0-9A-Fa-f]{2})")
 # What a server may read as `.`/`..`/`/` or map there by normalisation: a resource URI holding
 # any of it could leave its granted prefix, so it is refused rather than resolved here.
-_URI_UNSAFE = re.compile(r"[^!-~]|%|\\|(?:^|/)\.{1,2}(?:/|$|[?#])")
+_URI_UNSAFE = re.compile(r"[^!-~]|%|\\|(?:^|/)\.{1,2}(?:[/;?#]|$)")
 
 
 @dataclass(frozen=True)
@@ -177,13 +178,32 @@ def _constant(name: str) -> Any:
     raise _undecidable(f"the JSON body holds {name}")
 
 
+def _float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise _undecidable("the JSON body holds a number out of range")
+    return value
+
+
 def _json(body: bytes) -> Any:
     # Decoded here: json.loads(bytes) would take UTF-16 and UTF-32 as well.
     text = _utf8(body)
     try:
-        return json.loads(text, object_pairs_hook=_object, parse_constant=_constant)
+        return json.loads(
+            text, object_pairs_hook=_object, parse_constant=_constant, parse_float=_float
+        )
     except ValueError:
         raise _undecidable("the body is not JSON") from None
+
+
+def strict_json(body: bytes) -> Any:
+    """JSON read as decide() reads it. Raises ValueError saying why it cannot be."""
+    try:
+        return _json(body)
+    except _Refused as e:
+        raise ValueError(e.detail) from None
+    except RecursionError:
+        raise ValueError("the body is nested too deeply") from None
 
 
 def _json_body(content_type: str | None, body: bytes) -> Any:

@@ -154,7 +154,12 @@ MUTATION = "mutation Drop { deleteRepository(id: 1) { id } }"
             id="allow a null operationName with one operation",
         ),
         pytest.param(
-            gql({"query": "query A { viewer { id } } query A { viewer { id } }"}),
+            gql(
+                {
+                    "query": "query A { viewer { id } } query A { viewer { id } }",
+                    "operationName": "A",
+                }
+            ),
             UNDECIDABLE,
             id="deny two operations of one name",
         ),
@@ -463,8 +468,26 @@ def test_graphql_persisted_queries(decision: BodyDecision, expected: Reason | No
             OPERATION,
             id="decode percent-escapes in a parameter name",
         ),
-        pytest.param(get("query=%7B%zz"), UNDECIDABLE, id="deny a malformed percent-escape"),
-        pytest.param(get("query=%7B%FF%7D"), UNDECIDABLE, id="deny a percent-escape not UTF-8"),
+        pytest.param(
+            get("query=" + quote("{ viewer { id } } #") + "%zz"),
+            UNDECIDABLE,
+            id="deny a malformed percent-escape",
+        ),
+        pytest.param(
+            get("query=" + quote("{ viewer { id } } #") + "%FF"),
+            UNDECIDABLE,
+            id="deny a percent-escape not UTF-8",
+        ),
+        pytest.param(
+            get("query=" + quote("{ viewer { id } } #") + ";query=" + quote(MUTATION)),
+            UNDECIDABLE,
+            id="deny a semicolon hidden from us in a comment",
+        ),
+        pytest.param(
+            get("query=" + quote("{ viewer { id } }") + "&extensions=" + quote("[]")),
+            UNDECIDABLE,
+            id="deny GET extensions no object beside a document",
+        ),
         pytest.param(
             get("query=" + quote("query A { viewer { id } }") + "&operationName=A"),
             ALLOWED,
@@ -547,6 +570,21 @@ def test_graphql_get(decision: BodyDecision, expected: Reason | None) -> None:
             id="deny two content types",
         ),
         pytest.param(
+            gql(j({"query": "{ viewer { id } }"}), content_type="application/json; charset"),
+            UNDECIDABLE,
+            id="deny a Content-Type that does not parse",
+        ),
+        pytest.param(
+            gql(b"{ viewer { id } }", content_type="text/plain"),
+            UNDECIDABLE,
+            id="deny a document as text/plain",
+        ),
+        pytest.param(
+            gql({"query": "{ viewer { id } }"}, target=b"/graphql?%zz=1"),
+            UNDECIDABLE,
+            id="deny a POST whose query string has a malformed percent-escape",
+        ),
+        pytest.param(
             decide(GQL, "PUT", b"/graphql", "application/json", None, j({"query": "{ x }"})),
             UNDECIDABLE,
             id="deny a GraphQL PUT",
@@ -599,7 +637,12 @@ def test_graphql_transport(decision: BodyDecision, expected: Reason | None) -> N
             id="deny a UTF-8 BOM",
         ),
         pytest.param(
-            gql(b'{"query": "{ viewer { id } }", "x": "\xff"}'),
+            gql(b"\xef\xbb\xbf{ viewer { id } }", content_type="application/graphql"),
+            UNDECIDABLE,
+            id="deny a UTF-8 BOM before a document",
+        ),
+        pytest.param(
+            gql(b'{"query": "{ viewer { id } }", "variables": {"x": "\xff"}}'),
             UNDECIDABLE,
             id="deny a body not UTF-8",
         ),
@@ -699,10 +742,11 @@ def test_any_exception_is_a_refusal(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_fragments_spread_exponentially_are_expanded_once() -> None:
-    levels = 26  # 2**26 expansions without the guards
-    parts = ["query Q { ...F0 }"]
-    parts += [f"fragment F{i} on Query {{ ...F{i + 1} ...F{i + 1} }}" for i in range(levels)]
-    parts.append(f"fragment F{levels} on Query {{ viewer {{ id }} }}")
+    levels = 26  # 2**26 paths, walked without the guards
+    parts = ["query Q { ...A0 ...B0 }"]
+    for i in range(levels):
+        parts += [f"fragment {x}{i} on Query {{ ...A{i + 1} ...B{i + 1} }}" for x in "AB"]
+    parts += [f"fragment {x}{levels} on Query {{ viewer {{ id }} }}" for x in "AB"]
     started = time.perf_counter()
     found = gql({"query": " ".join(parts)})
     assert found.allowed
@@ -750,6 +794,7 @@ def test_fragments_spread_exponentially_are_expanded_once() -> None:
         pytest.param(mcp(read("repo://acme/../other/x")), TOOL, id="deny a dot-dot segment"),
         pytest.param(mcp(read("repo://acme/..")), TOOL, id="deny a final dot-dot segment"),
         pytest.param(mcp(read("repo://acme/./x")), TOOL, id="deny a dot segment"),
+        pytest.param(mcp(read("repo://acme/..;/other")), TOOL, id="deny a dot-dot with a ;"),
         pytest.param(mcp(read("repo://acme/%2e%2e/other")), TOOL, id="deny a percent-escape"),
         pytest.param(mcp(read("repo://acme/..\\other")), TOOL, id="deny a backslash"),
         pytest.param(mcp(read("repo://acme/\uff0e\uff0e/other")), TOOL, id="deny non-ASCII"),
@@ -913,7 +958,14 @@ def test_mcp_messages(decision: BodyDecision, expected: Reason | None) -> None:
         pytest.param(rpc(call("eth_call", extra=1)), UNDECIDABLE, id="deny an unknown member"),
         pytest.param(rpc([call("eth_call"), 1]), UNDECIDABLE, id="deny a batch element no object"),
         pytest.param(
-            decide(RPC, "GET", b"/rpc", None, None, b""), UNDECIDABLE, id="deny a JSON-RPC GET"
+            decide(RPC, "GET", b"/rpc", "application/json", None, j(call("eth_call"))),
+            UNDECIDABLE,
+            id="deny a JSON-RPC GET",
+        ),
+        pytest.param(
+            rpc(b'{"jsonrpc": "2.0", "id": 1e400, "method": "eth_call"}'),
+            UNDECIDABLE,
+            id="deny a number out of range",
         ),
     ],
 )
@@ -1002,3 +1054,46 @@ def test_new_reasons_have_their_statuses() -> None:
     assert STATUS[Reason.BODY_UNDECIDABLE] == 400
     for reason in (OPERATION, TOOL, METHOD):
         assert STATUS.get(reason, 403) == 403
+
+
+@pytest.mark.parametrize(
+    ("decision", "detail"),
+    [
+        pytest.param(
+            gql([{"query": "{ viewer { id } }"}, "{ viewer { id } }"]),
+            "every GraphQL request must be a JSON object",
+            id="a batch element that is no object",
+        ),
+        pytest.param(
+            gql({"query": {"a": "{ viewer { id } }"}}),
+            "a GraphQL request member has the wrong type",
+            id="a query that is an object",
+        ),
+        pytest.param(
+            gql(persisted(1), rule=PERSISTED),
+            "a persisted query without a sha256Hash",
+            id="a hash that is a number",
+        ),
+        pytest.param(
+            rpc({"jsonrpc": "2.0", "id": 1, "method": ["eth_call"]}),
+            "a JSON-RPC request's method must be a string",
+            id="a method that is a list",
+        ),
+        pytest.param(
+            mcp(tool(["search"])), "params.name must be a string", id="a tool name that is a list"
+        ),
+        pytest.param(
+            gql(
+                b'{"query": "{ viewer { id } }", "variables": '
+                + b"[" * 100_000
+                + b"]" * 100_000
+                + b"}"
+            ),
+            "the body is nested too deeply",
+            id="nesting beyond the recursion limit",
+        ),
+    ],
+)
+def test_undecidable_bodies_say_why(decision: BodyDecision, detail: str) -> None:
+    """The wrapper would refuse these anyway; the checks name the reason."""
+    assert (decision.reason, decision.detail) == (UNDECIDABLE, detail)
