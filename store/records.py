@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from store.crypto import Secret
+from store.rules.bodyrules import BodyRule
 from store.rules.grammar import HostPattern, Rate
 
 # An expired grant stays in the snapshot this long, so that it answers grant-expired rather
@@ -73,6 +74,7 @@ class GrantRecord:
     max_uses: int | None = None
     approval: str | None = None  # each or first
     hold: int | None = None  # seconds
+    body: BodyRule | None = None  # what the body may ask; None: the body is not decided
 
 
 @dataclass(frozen=True)
@@ -212,6 +214,7 @@ class GrantEntry:
     uses: int = 0
     approval: str | None = None
     hold: int | None = None
+    body: str | None = None  # BodyRule.describe()
 
 
 @dataclass(frozen=True)

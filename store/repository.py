@@ -21,6 +21,7 @@ from store.records import (
     Snapshot,
     TokenEntry,
 )
+from store.rules.bodyrules import BodyRule
 from store.rules.validation import NO_LIMITS, Limits
 from store.tables import (
     access_requests,
@@ -161,6 +162,7 @@ class Store:
         purpose: str | None = None,
         encoded_slash: bool = False,
         limits: Limits = NO_LIMITS,
+        body: BodyRule | None = None,
     ) -> int:
         return grants.add(
             self.db,
@@ -175,6 +177,7 @@ class Store:
             purpose,
             encoded_slash,
             limits,
+            body,
         )
 
     def list_grants(self, principal: str | None = None) -> list[GrantEntry]:

@@ -21,7 +21,7 @@ from store.db.models import (
     StoreState,
     utcnow,
 )
-from store.errors import SealError
+from store.errors import InvalidInput, SealError
 from store.records import (
     APPROVED,
     HOLD,
@@ -32,6 +32,8 @@ from store.records import (
     SessionToken,
     Snapshot,
 )
+from store.rules import bodyrules
+from store.rules.bodyrules import BodyRule
 from store.rules.grammar import parse_host, parse_rate
 from store.tables import keys
 
@@ -117,6 +119,7 @@ def grants(now: datetime) -> Query:
         Grant.max_uses,
         Grant.approval,
         Grant.hold,
+        Grant.body,
     ).where(
         Grant.revoked_at.is_(None),
         (Grant.expires_at.is_(None)) | (Grant.expires_at > now - TOMBSTONE_RETENTION),
@@ -176,6 +179,7 @@ class Compiler:
         self.paths_of = _decoded(tuple)
         self.options_of = _decoded(lambda options: options or {})
         self.rate_of = cache(parse_rate)
+        self.body_of = cache(_body_rule)
 
     def credentials(
         self, rows: Iterable[Any]
@@ -207,7 +211,7 @@ class Compiler:
     ) -> GrantRecord | None:
         """The grant as the proxy holds it, or None when it has no place in the snapshot."""
         gid, pid, cred_id, hosts, methods, paths, once, ws, expires, consumed, slash = row[:11]
-        rate, burst, max_uses, approval, hold = row[11:]
+        rate, burst, max_uses, approval, hold, body = row[11:]
         # A spent once- or use-counted grant stays, as a tombstone (grant-consumed).
         if pid not in names or (consumed and not once and max_uses is None):
             return None
@@ -216,6 +220,11 @@ class Compiler:
             cred = by_id.get(cred_id)
             if cred is None:
                 return None
+        rule = None
+        if body is not None:
+            rule = self.body_of(body)
+            if rule is None:
+                return None  # a body rule that cannot be read: no grant, never one without it
         grant_hosts = self.hosts_of(hosts)
         if not grant_hosts and cred is not None:
             grant_hosts = cred.hosts
@@ -236,6 +245,7 @@ class Compiler:
             max_uses=max_uses,
             approval=approval,
             hold=hold,
+            body=rule,
         )
 
 
@@ -288,3 +298,11 @@ def _json_text(attribute: Any) -> Any:
 def _decoded(parse: Callable[[Any], T]) -> Callable[[str | None], T]:
     """`parse` of the decoded JSON text, once per distinct text (SQL NULL reads as null)."""
     return cache(lambda raw: parse(json.loads(raw) if raw is not None else None))
+
+
+def _body_rule(text: str) -> BodyRule | None:
+    """A stored body rule, or None when it does not validate (a hand-edited row)."""
+    try:
+        return bodyrules.from_json(text)
+    except InvalidInput:
+        return None

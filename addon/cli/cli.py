@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from addon.cli import report
+from addon.cli import bodyflags, report
 from addon.core.argtypes import count
 from store.crypto import KEY_ENV, MasterKey, Secret, write_key_file
 from store.db import lite
@@ -319,6 +319,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         help=f"how long a request waits for approval: 90s, 2m (default "
         f"{validation.DEFAULT_HOLD}s, at most {validation.MAX_HOLD}s)",
     )
+    bodyflags.add_flags(p)
     p.set_defaults(func=cmd_grant_add)
     p = grant.add_parser("list", parents=[common], help="grants in every state")
     p.add_argument("--principal", help="only this principal's")
@@ -835,6 +836,7 @@ def cmd_grant_add(args: argparse.Namespace, settings: Settings) -> int:
     limits = validation.limits(
         args.rate, args.burst, args.max_uses, args.once, args.approval, args.hold
     )
+    body = bodyflags.rule_from(args)
     grant_id = settings.quick().add_grant(
         args.principal,
         args.method,
@@ -847,6 +849,7 @@ def cmd_grant_add(args: argparse.Namespace, settings: Settings) -> int:
         purpose=args.purpose,
         encoded_slash=args.encoded_slash,
         limits=limits,
+        body=body,
     )
     _emit(
         settings,
@@ -883,6 +886,7 @@ def _grant_row(g: GrantEntry) -> dict[str, Any]:
         "uses": g.uses,
         "approval": g.approval,
         "hold": g.hold,
+        "body": g.body,
     }
 
 
@@ -906,6 +910,8 @@ def cmd_grant_list(args: argparse.Namespace, settings: Settings) -> int:
         for row, g in zip(rows, grants, strict=True)
     ]
     columns = ["id", "principal", "credential", "hosts", "methods", "paths", "once", "expires_at"]
+    if any(g.body for g in grants):  # the column only where some grant decides bodies
+        columns.insert(columns.index("paths") + 1, "body")
     _emit(settings, rows, _table(shown, columns + ["encoded_slash", "state", "purpose"]))
     return 0
 

@@ -24,6 +24,7 @@ from store.records import (
     SessionToken,
     Snapshot,
 )
+from store.rules.bodyrules import BodyRule
 from store.rules.grammar import HostPattern, Rate, path_matches
 from store.rules.mintspec import MINTED, token_version
 
@@ -58,6 +59,7 @@ class Rule:
     max_uses: int | None = None
     approval: str | None = None  # each or first: requests wait for an owner
     hold: int = 0  # seconds they wait
+    body: BodyRule | None = None  # what the body may ask: decided once the body is in
 
     def allows_host(self, host: str, port: int, scheme: str) -> bool:
         default = DEFAULT_PORTS.get(scheme, 443)
@@ -93,6 +95,9 @@ class Decision:
     reason: Reason | None = None
     detail: str = ""
     rule: Rule | None = None
+    # The body decides: the rules that allow the rest, in the order they are preferred, up to
+    # the first without a body rule (which allows any body). `rule` is the first of them.
+    pending: tuple[Rule, ...] = ()
 
     @classmethod
     def deny(cls, reason: Reason, detail: str) -> Decision:
@@ -372,6 +377,7 @@ class Policy:
         furthest = 0
         best: Rule | None = None
         best_key: tuple[bool, int, bool, int] | None = None
+        bodied: list[tuple[tuple[bool, int, bool, int], Rule]] | None = None
         method, path = request.method, request.path
         # The store forgets a grant TOMBSTONE_RETENTION after it expired; so does a policy
         # that has not been reloaded since.
@@ -402,14 +408,40 @@ class Policy:
             # needlessly), then the most specific path, then a credential over none, then the
             # oldest grant.
             key = (r.once or r.max_uses is not None, -n, r.credential is None, r.grant_id)
+            if r.body is not None:
+                # Not a candidate until its body is read: set aside, in preference order.
+                if bodied is None:
+                    bodied = []
+                bodied.append((key, r))
+                continue
             if best_key is None or key < best_key:
                 best, best_key = r, key
+        if bodied is not None:
+            return self._pending(bodied, best, best_key)
         if best is None:
             return _STAGE_DENIALS[furthest]
         allowed = self._allowed.get(best.grant_id)
         if allowed is None or allowed.rule is not best:
             allowed = self._allowed[best.grant_id] = Decision(True, rule=best)
         return allowed
+
+    @staticmethod
+    def _pending(
+        bodied: list[tuple[tuple[bool, int, bool, int], Rule]],
+        best: Rule | None,
+        best_key: tuple[bool, int, bool, int] | None,
+    ) -> Decision:
+        """Rules with body rules preferred to the best rule without one: the body decides
+        between them (`decide_body`); that best rule, if any, is the last resort."""
+        ahead = sorted(
+            (item for item in bodied if best_key is None or item[0] < best_key),
+            key=lambda item: item[0],
+        )
+        if not ahead:
+            assert best is not None
+            return Decision(True, rule=best)
+        pending = tuple(r for _, r in ahead) + ((best,) if best is not None else ())
+        return Decision(True, rule=pending[0], pending=pending)
 
     @staticmethod
     def _granted_on_https(rules: PrincipalPolicy, request: Request) -> bool:
@@ -479,6 +511,7 @@ def _rule(grant: GrantRecord, credential: CredentialRecord | None) -> Rule:
         max_uses=grant.max_uses,
         approval=grant.approval,
         hold=grant.hold or 0,
+        body=grant.body,
     )
 
 

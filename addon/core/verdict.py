@@ -115,6 +115,8 @@ class Verdict(NamedTuple):
     rule: Rule | None = None
     internal: bool = False
     decided: bool = False  # refused by the grant decision itself (an access request may follow)
+    # Allowed but for the body: the rules its body chooses between (Decision.pending).
+    pending: tuple[Rule, ...] = ()
 
     @property
     def allowed(self) -> bool:
@@ -172,9 +174,11 @@ def _judge(
             raise _Refused(Reason.BAD_REQUEST, "path-override headers are not allowed")
         # The grant whose credential is stamped (and whose once-use is spent) must allow
         # the override itself: another grant allowing it would lend this one's credential.
-        if not rule.allows_method(_method(value.strip())):
+        # When the body chooses the grant, every grant it may choose must.
+        overridden = _method(value.strip())
+        if not all(r.allows_method(overridden) for r in decision.pending or (rule,)):
             raise _Refused(Reason.METHOD_NOT_ALLOWED, "the method override is not granted")
-    return Verdict(None, "", host, port, path, query, method, rule)
+    return Verdict(None, "", host, port, path, query, method, rule, pending=decision.pending)
 
 
 def _bind_destination(

@@ -43,6 +43,7 @@ DNS_MS = "dns_ms"
 APPROVAL = "approval"
 TOKEN_MS = "token_ms"  # noqa: S105 - a field name
 TOKEN_FP = "token_fp"  # noqa: S105 - a field name
+BODY = "body"  # what a grant's body rule decided: {"graphql"|"mcp"|"jsonrpc": [...]}
 
 REQUEST_EVENT = "request"
 

@@ -60,6 +60,10 @@ TITLES = {
     Reason.APPROVAL_TIMEOUT: "No owner's decision in time",
     Reason.TOO_MANY_HOLDS: "Too many requests held for approval",
     Reason.CLIENT_GONE: "The client left while its request was held",
+    Reason.OPERATION_NOT_ALLOWED: "GraphQL operation not allowed",
+    Reason.TOOL_NOT_ALLOWED: "MCP tool, resource or prompt not allowed",
+    Reason.RPC_METHOD_NOT_ALLOWED: "JSON-RPC method not allowed",
+    Reason.BODY_UNDECIDABLE: "Request body cannot be decided",
 }
 
 

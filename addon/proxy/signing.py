@@ -60,12 +60,19 @@ BUDGET = Budget()
 
 
 class _Held:
-    """A request waiting for its body: who signs it, how, and how much may be held."""
+    """A request waiting for its body: who signs it, how, and how much may be held.
+
+    Without a signer, the body is held for another check (a grant's body rule, bodygate.py).
+    """
 
     __slots__ = ("signer", "plan", "limit", "refuse", "counted")
 
     def __init__(
-        self, signer: Signer, plan: Plan, limit: int, refuse: Callable[[http.HTTPFlow], None]
+        self,
+        signer: Signer | None,
+        plan: Plan | None,
+        limit: int,
+        refuse: Callable[[http.HTTPFlow], None],
     ) -> None:
         self.signer, self.plan, self.limit, self.refuse = signer, plan, limit, refuse
         self.counted = 0  # of BUDGET.held
@@ -114,14 +121,29 @@ class Signing:
 
     @deny_on_error
     def request(self, flow: http.HTTPFlow) -> None:
-        held = PENDING.pop(flow, None)
-        if held is None or flow.response is not None:
+        held = PENDING.get(flow)
+        if held is None or held.signer is None or held.plan is None:
+            return  # not held, or held for a body rule, whose addon releases it
+        del PENDING[flow]
+        if flow.response is not None:
             return
         body = flow.request.raw_content or b""
         rec = record(flow)
         if rec is not None:
             rec.bytes_out = len(body)
         sign(flow, held.signer, held.plan, body)
+
+
+def hold(flow: http.HTTPFlow, limit: int, refuse: Callable[[http.HTTPFlow], None]) -> None:
+    """Hold the request's body whole for a check other than signing, bounded as a signed body
+    is: past `limit`, or past the process's budget, `refuse` answers and the rest is dropped."""
+    flow.request.stream = False
+    PENDING[flow] = _Held(None, None, limit, refuse)
+
+
+def release(flow: http.HTTPFlow) -> None:
+    """The held body is whole (or the flow answered): its bytes go back to the budget."""
+    PENDING.pop(flow, None)
 
 
 def sign(flow: http.HTTPFlow, signer: Signer, plan: Plan, body: bytes | None) -> None:

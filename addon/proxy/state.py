@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from addon.core.verdict import HeaderScan, Tunnel, Verdict
 
@@ -56,6 +56,8 @@ class Record:
     minting: bool = False
     replaced: bool = False  # credproxy answered in the upstream's place
     approval: int | None = None  # the held request (its approval) that let it through
+    # What a grant's body rule decided: operations, tools or methods, never their arguments.
+    body: dict[str, Any] | None = None
 
 
 def record(flow: http.HTTPFlow) -> Record | None:

@@ -115,6 +115,8 @@ class Trail:
             line[audit.TOKEN_MS] = rec.token_ms
         if rec.token_fp is not None:
             line[audit.TOKEN_FP] = rec.token_fp
+        if rec.body is not None:
+            line[audit.BODY] = rec.body
         audit.emit(audit.REQUEST_EVENT, line)
         self.metrics.observe(line)
         self.alerts.observe(rec.principal, decision, line.get(audit.REASON))

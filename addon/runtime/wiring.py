@@ -18,6 +18,7 @@ from addon.observe.metrics import Metrics, StreakAlerts
 from addon.proxy.access import AccessEndpoint, AccessRequests
 from addon.proxy.approval import Holds, HoldSettings
 from addon.proxy.auth import Auth
+from addon.proxy.bodygate import BodyGate
 from addon.proxy.chain import Chain, Lifecycle
 from addon.proxy.dns import DEFAULT_TTL
 from addon.proxy.forward import Forward
@@ -93,6 +94,8 @@ def build_chain(
             # running, configure, responseheaders, done: parked upstream connections
             Reuse(clients, upstream_idle, limits.connect_timeout),
             Gate(access, trail, limiter),  # requestheaders: the principal's rate, the verdict
+            # requestheaders: hold a body that decides the grant; request: decide, then forward
+            BodyGate(forward, trail),
             # requestheaders: the scheme's checks, the grant's rate, vet the address, use a
             # once- or counted grant, stamp
             forward,

@@ -28,23 +28,19 @@ from store.crypto import MasterKey, hash_token, new_token
 from store.db import changelog, revisions
 from store.errors import Conflict, MasterKeyError, NotFound, StoreUnavailable
 from store.records import GrantEntry, grant_state, utcnow
-from store.rules import validation
+from store.rules import bodyrules, validation
+from store.rules.bodyrules import BodyRule
 from store.rules.grammar import validate_name
 
 _PREFIX = "sqlite:///"
 _LIST_GRANTS = (
     "SELECT g.id, p.name, c.name, g.hosts, g.methods, g.paths, g.once, g.websocket, "
     "g.expires_at, g.purpose, g.created_at, g.revoked_at, g.consumed_at, g.encoded_slash, "
-    "g.key, g.rate, g.burst, g.max_uses, g.uses, g.approval, g.hold "
+    "g.key, g.rate, g.burst, g.max_uses, g.uses, g.approval, g.hold, g.body "
     "FROM grants g JOIN principals p ON g.principal_id = p.id "
     "LEFT OUTER JOIN credentials c ON g.credential_id = c.id"
 )
 _OF_PRINCIPAL = " WHERE p.name = ? AND p.disabled_at IS NULL"
-_INSERT_GRANT = (
-    "INSERT INTO grants (principal_id, credential_id, hosts, methods, paths, once, websocket, "
-    "expires_at, purpose, created_at, encoded_slash, uses, rate, burst, max_uses, approval, "
-    "hold) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id"
-)
 
 
 def sqlite_file(url: str) -> Path | None:
@@ -217,6 +213,7 @@ class Store:
         purpose: str | None = None,
         encoded_slash: bool = False,
         limits: validation.Limits = validation.NO_LIMITS,
+        body: BodyRule | None = None,
     ) -> int:
         """store.tables.grants.add: returns the new grant's id."""
         spec = validation.grant_spec(methods, hosts, paths, expires_at, encoded_slash)
@@ -234,27 +231,26 @@ class Store:
                     raise NotFound(f"no credential named {credential!r}")
                 credential_id, its_hosts = row[0], json.loads(row[1])
             validation.within_credential(spec, credential, its_hosts)
-            values = (
-                owner,
-                credential_id,
-                # JSON columns as SQLAlchemy's JSON writes them: None is JSON null.
-                json.dumps([str(p) for p in spec.hosts] or None),
-                json.dumps(spec.methods),
-                json.dumps(spec.paths),
-                once,
-                websocket,
-                None if spec.expires_at is None else _stamp(spec.expires_at),
-                purpose,
-                _stamp(utcnow()),
-                spec.encoded_slash,
-                0,
-                limits.rate,
-                limits.burst,
-                limits.max_uses,
-                limits.approval,
-                limits.hold,
+            row = validation.grant_columns(
+                spec, once=once, websocket=websocket, purpose=purpose, limits=limits, body=body
             )
-            grant_id: int = db.execute(_INSERT_GRANT, values).fetchone()[0]
+            # JSON columns as SQLAlchemy's JSON writes them: None is JSON null.
+            for name in ("hosts", "methods", "paths"):
+                row[name] = json.dumps(row[name])
+            if row["expires_at"] is not None:
+                row["expires_at"] = _stamp(row["expires_at"])
+            row |= {
+                "principal_id": owner,
+                "credential_id": credential_id,
+                "created_at": _stamp(utcnow()),
+                "uses": 0,
+            }
+            names = ", ".join(row)
+            marks = ", ".join("?" * len(row))
+            grant_id: int = db.execute(
+                f"INSERT INTO grants ({names}) VALUES ({marks}) RETURNING id",  # noqa: S608 - names are columns(), not input
+                tuple(row.values()),
+            ).fetchone()[0]
             self._bump(db, changelog.GRANT, grant_id)
             return grant_id
 
@@ -288,6 +284,7 @@ class Store:
                 uses=r[18],
                 approval=r[19],
                 hold=r[20],
+                body=bodyrules.describe(r[21]),
             )
             for r in rows
         ]

@@ -161,6 +161,8 @@ class Grant(Base):
     # `hold` seconds.
     approval: Mapped[str | None] = mapped_column(String(8))
     hold: Mapped[int | None] = mapped_column(Integer)
+    # What the request's body may ask (store.rules.bodyrules, canonical JSON); NULL: anything.
+    body: Mapped[str | None] = mapped_column(Text)
 
     __table_args__ = (
         Index(

@@ -20,7 +20,8 @@ from typing import Any
 
 from store.crypto import Secret
 from store.errors import CredproxyError, InvalidInput
-from store.rules import validation
+from store.rules import bodyrules, validation
+from store.rules.bodyrules import BodyRule
 from store.rules.grammar import (
     check_registered_method,
     parse_host,
@@ -89,6 +90,7 @@ GRANT_KEYS = frozenset(
         "encoded_slash",
         "extension_methods",
         "purpose",
+        *bodyrules.KINDS,
         "rate",
         "burst",
         "max_uses",
@@ -180,6 +182,7 @@ class GrantSpec:
     purpose: str | None
     line: int
     limits: validation.Limits = validation.NO_LIMITS
+    body: BodyRule | None = None
 
     @property
     def implicit_id(self) -> int | None:
@@ -543,6 +546,7 @@ def _grant(t: _Table) -> GrantSpec | None:
         with t.checking("methods"):
             for method in methods:
                 check_registered_method(method)
+    body = _body(t, websocket)
     spec = None
     if not t.failed:
         with t.checking("methods"):
@@ -566,7 +570,24 @@ def _grant(t: _Table) -> GrantSpec | None:
         purpose=purpose,
         line=t.line,
         limits=limits,
+        body=body,
     )
+
+
+def _body(t: _Table, websocket: bool) -> BodyRule | None:
+    """The grant's body rule: at most one of graphql, mcp, jsonrpc."""
+    kinds = [kind for kind in bodyrules.KINDS if kind in t.values]
+    if len(kinds) > 1:
+        t.problem(kinds[1], f"give one of {', '.join(bodyrules.KINDS)}, not {' and '.join(kinds)}")
+        return None
+    if not kinds:
+        return None
+    [kind] = kinds
+    with t.checking(kind):
+        rule = bodyrules.parse(kind, t.values[kind])
+        validation.grant_shape(websocket=websocket, body=rule)
+        return rule
+    return None
 
 
 def _expiry(t: _Table) -> datetime | None:

@@ -8,6 +8,7 @@ and never sees half of it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import stat
@@ -27,7 +28,7 @@ from store.db.models import AccessRequest, Credential, Grant, Principal, utcnow
 from store.errors import Conflict, InvalidInput
 from store.policyfile.parse import KEYS, CredentialSpec, GrantSpec, PolicyFile, raise_problems
 from store.records import APPROVED, HOLD
-from store.rules import validation
+from store.rules import bodyrules, validation
 from store.rules.grammar import REGISTERED_METHODS
 from store.tables import credentials, keys, principals
 
@@ -293,6 +294,7 @@ class _Planner:
             "max_uses": row.max_uses,
             "approval": row.approval,
             "hold": row.hold,
+            "body": row.body,
         }
         fields = {k: (have[k], v) for k, v in wanted.items() if have[k] != v}
         if "expires" in fields and g.expires_at is not None and g.expires_at <= now:
@@ -339,6 +341,7 @@ def _grant_fields(g: GrantSpec) -> dict[str, Any]:
         "max_uses": g.limits.max_uses,
         "approval": g.limits.approval,
         "hold": g.limits.hold,
+        "body": None if g.body is None else g.body.to_json(),
     }
 
 
@@ -479,17 +482,18 @@ def _execute(
                     .values(cover_until=now)
                 )
             grant.credential_id = credential_id
-            grant.hosts = list(g.hosts) or None
-            grant.methods = list(g.methods)
-            grant.paths = list(g.paths)
-            grant.once = g.once
-            grant.websocket = g.websocket
-            grant.encoded_slash = g.encoded_slash
-            grant.expires_at = g.expires_at
-            grant.purpose = g.purpose
-            grant.rate, grant.burst = g.limits.rate, g.limits.burst
-            grant.max_uses = g.limits.max_uses
-            grant.approval, grant.hold = g.limits.approval, g.limits.hold
+            # The expiry was checked against the clock by the plan, where it changed.
+            shape = validation.grant_spec(g.methods, g.hosts, g.paths, None, g.encoded_slash)
+            row = validation.grant_columns(
+                dataclasses.replace(shape, expires_at=g.expires_at),
+                once=g.once,
+                websocket=g.websocket,
+                purpose=g.purpose,
+                limits=g.limits,
+                body=g.body,
+            )
+            for column, value in row.items():
+                setattr(grant, column, value)
             if "state" in change.fields:
                 grant.consumed_at = None
             if current is None:
@@ -602,6 +606,9 @@ def export(db: Database) -> str:
                     lines.append(f"{limit} = {_toml(getattr(g, limit))}")
             if g.hold is not None:
                 lines.append(f'hold = "{g.hold}s"')
+            body = bodyrules.describe_for_file(g.body)
+            if body is not None:
+                lines.append(body)
     return "\n".join(lines) + "\n"
 
 

@@ -17,6 +17,7 @@ from store.crypto import Secret
 from store.errors import InvalidInput
 from store.records import REQUEST_STATES, utcnow
 from store.rules import aws, mintspec
+from store.rules.bodyrules import BodyRule
 from store.rules.grammar import (
     HostPattern,
     has_star,
@@ -214,6 +215,49 @@ def grant_spec(
     if expires_at is not None and expires_at <= utcnow():
         raise InvalidInput("the grant's expiry is in the past")
     return GrantSpec(method_list, path_list, patterns, expires_at, encoded_slash)
+
+
+def grant_shape(*, websocket: bool, body: BodyRule | None) -> None:
+    """What a grant's settings cannot say together."""
+    if body is not None and websocket:
+        raise InvalidInput(
+            f"{'an' if body.kind == 'mcp' else 'a'} {body.kind} rule decides a request's body, "
+            "not WebSocket messages: "
+            "give the grant one or the other"
+        )
+
+
+def grant_columns(
+    spec: GrantSpec,
+    *,
+    once: bool,
+    websocket: bool,
+    purpose: str | None,
+    limits: Limits,
+    body: BodyRule | None,
+) -> dict[str, Any]:
+    """Every column a grant's definition sets, by name, checked together.
+
+    The one place that turns a grant as asked into a row, whichever path writes it: the ORM
+    (store.tables.grants.insert), the sqlite3 quick path (store.db.lite) and a policy file's apply.
+    """
+    grant_shape(websocket=websocket, body=body)
+    return {
+        "hosts": [str(p) for p in spec.hosts] or None,
+        "methods": list(spec.methods),
+        "paths": list(spec.paths),
+        "once": once,
+        "websocket": websocket,
+        "expires_at": spec.expires_at,
+        "purpose": purpose,
+        "encoded_slash": spec.encoded_slash,
+        "rate": limits.rate,
+        "burst": limits.burst,
+        "max_uses": limits.max_uses,
+        "approval": limits.approval,
+        "hold": limits.hold,
+        "body": None if body is None else body.to_json(),
+    }
 
 
 def within_credential(spec: GrantSpec, credential: str | None, its_hosts: Sequence[str]) -> None:

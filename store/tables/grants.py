@@ -13,7 +13,8 @@ from store.db.engine import Database, bump, changed, covered, rowcount
 from store.db.models import Credential, Grant, Principal, utcnow
 from store.errors import NotFound
 from store.records import GrantEntry, grant_state
-from store.rules import validation
+from store.rules import bodyrules, validation
+from store.rules.bodyrules import BodyRule
 from store.tables import credentials, principals
 
 
@@ -30,19 +31,22 @@ def add(
     purpose: str | None = None,
     encoded_slash: bool = False,
     limits: validation.Limits = validation.NO_LIMITS,
+    body: BodyRule | None = None,
 ) -> int:
     spec = validation.grant_spec(methods, hosts, paths, expires_at, encoded_slash)
     with db.change() as session:
         owner = principals.need(session, principal)
-        grant_id = insert(
-            session, owner.id, spec, credential, once=once, websocket=websocket, purpose=purpose
+        return insert(
+            session,
+            owner.id,
+            spec,
+            credential,
+            once=once,
+            websocket=websocket,
+            purpose=purpose,
+            limits=limits,
+            body=body,
         )
-        if limits != validation.NO_LIMITS:
-            row = session.get(Grant, grant_id)
-            assert row is not None
-            row.rate, row.burst, row.max_uses = limits.rate, limits.burst, limits.max_uses
-            row.approval, row.hold = limits.approval, limits.hold
-        return grant_id
 
 
 def insert(
@@ -54,6 +58,8 @@ def insert(
     once: bool,
     websocket: bool,
     purpose: str | None,
+    limits: validation.Limits = validation.NO_LIMITS,
+    body: BodyRule | None = None,
 ) -> int:
     """Add a grant inside the caller's transaction; returns its id."""
     credential_id, its_hosts = None, []
@@ -61,18 +67,11 @@ def insert(
         cred = credentials.need(session, credential)
         credential_id, its_hosts = cred.id, cred.hosts
     validation.within_credential(spec, credential, its_hosts)
+    row = validation.grant_columns(
+        spec, once=once, websocket=websocket, purpose=purpose, limits=limits, body=body
+    )
     grant = Grant(
-        principal_id=principal_id,
-        credential_id=credential_id,
-        hosts=[str(p) for p in spec.hosts] or None,
-        methods=spec.methods,
-        paths=spec.paths,
-        once=once,
-        websocket=websocket,
-        expires_at=spec.expires_at,
-        purpose=purpose,
-        created_at=utcnow(),
-        encoded_slash=spec.encoded_slash,
+        principal_id=principal_id, credential_id=credential_id, created_at=utcnow(), **row
     )
     session.add(grant)
     session.flush()
@@ -114,6 +113,7 @@ def listing(db: Database, principal: str | None = None) -> list[GrantEntry]:
                 uses=g.uses,
                 approval=g.approval,
                 hold=g.hold,
+                body=bodyrules.describe(g.body),
             )
             for g, p_name, c_name in session.execute(query).all()
         ]

@@ -16,6 +16,7 @@ from addon.core.policy import Policy, Request, Rule
 from addon.core.reasons import Reason
 from store.records import TOMBSTONE_RETENTION as RETENTION
 from store.records import GrantRecord
+from store.rules import bodyrules
 from store.rules.grammar import parse_host
 from tests.fakes import CRED, NOW, grant, policy, snapshot_policy
 
@@ -438,3 +439,41 @@ def test_the_candidates_cache_keeps_hosts_ports_schemes_and_principals_apart() -
     assert not p.may_connect("a", "plain.test", 443)
     assert p.may_connect("b", "plain.test", 443)
     assert not p.may_connect("b", "api.test", 443)
+
+
+# -- grants with a body rule: the body chooses between them ---------------------------------
+
+QUERIES = bodyrules.parse("graphql", {"query": "*"})
+
+
+def test_a_body_ruled_grant_leaves_the_choice_to_the_body_with_the_plain_grant_last():
+    p = policy(
+        replace(grant(1, methods=("POST",)), body=QUERIES),
+        replace(grant(2, methods=("POST",)), max_uses=1),
+    )
+    d = p.decide("a", req(method="POST"), NOW)
+    assert d.allowed and [r.grant_id for r in d.pending] == [1, 2]
+
+
+def test_a_plain_grant_preferred_to_the_body_ruled_one_needs_no_body():
+    """A standing grant without a body rule allows any body: the body need not be read."""
+    p = policy(
+        replace(grant(1, methods=("POST",)), body=QUERIES, max_uses=1),
+        grant(2, methods=("POST",)),
+    )
+    d = p.decide("a", req(method="POST"), NOW)
+    assert d.allowed and d.rule is not None and d.rule.grant_id == 2 and d.pending == ()
+
+
+def test_body_ruled_grants_alone_are_all_pending_in_preference_order():
+    p = policy(
+        replace(grant(1, methods=("POST",), paths=("/v1/",)), body=QUERIES),
+        replace(grant(2, methods=("POST",), paths=("/v1/x",)), body=QUERIES),
+    )
+    d = p.decide("a", req(method="POST"), NOW)
+    assert [r.grant_id for r in d.pending] == [2, 1]  # the more specific path first
+
+
+def test_a_spent_body_ruled_grant_is_not_pending():
+    p = policy(replace(grant(1, methods=("POST",)), body=QUERIES, consumed=True, once=True))
+    assert p.decide("a", req(method="POST"), NOW).reason == Reason.GRANT_CONSUMED

@@ -233,6 +233,8 @@ def test_every_request_side_hook_of_every_addon_is_wrapped(chain: Chain) -> None
         ("Auth", "http_connect"),
         ("Auth", "requestheaders"),
         ("Gate", "requestheaders"),
+        ("BodyGate", "requestheaders"),
+        ("BodyGate", "request"),
         ("Forward", "requestheaders"),
         ("Forward", "responseheaders"),  # a minted token's 401 drop: kill_on_error
         ("AccessEndpoint", "request"),

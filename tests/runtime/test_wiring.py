@@ -23,6 +23,7 @@ ORDER = [
     "Pinning",
     "Reuse",
     "Gate",
+    "BodyGate",
     "Forward",
     "AccessEndpoint",
     "Signing",

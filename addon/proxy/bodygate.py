@@ -1,0 +1,113 @@
+"""Grants that decide on the body (GraphQL, MCP, JSON-RPC): hold it, decide it, then forward.
+
+When the verdict leaves the choice of grant to the body (`Verdict.pending`), nothing is
+stamped, spent or sent at `requestheaders`: the body is held whole, bounded as a body held for
+signing is (addon/proxy/signing.py: the same patch, the same process budget), and the step
+waits here. In `request`, with the body whole, the first pending grant whose rule allows the
+body is chosen (a grant without one allows any body) and Forward runs as it would have at
+`requestheaders`; if none allows it, the request is refused with the first grant's reason.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Awaitable
+from typing import Protocol
+
+from mitmproxy import http
+
+from addon.core import bodies
+from addon.core.bodies import MAX_DECIDED_BODY, BodyDecision
+from addon.core.policy import Rule
+from addon.core.reasons import Reason
+from addon.proxy import signing
+from addon.proxy.failclosed import Denied, deny_on_error
+from addon.proxy.state import KEY, STEPS, Record, Step
+from addon.proxy.trail import Trail
+
+TOO_LARGE = f"a body its grant decides is limited to {MAX_DECIDED_BODY} bytes"
+
+
+class _Forwards(Protocol):
+    def requestheaders(self, flow: http.HTTPFlow) -> Awaitable[None] | None: ...
+
+
+# Steps waiting for their body, beside the flow (a step may hold secrets: never in metadata).
+WAITING: weakref.WeakKeyDictionary[http.HTTPFlow, Step] = weakref.WeakKeyDictionary()
+
+
+class BodyGate:
+    def __init__(self, forward: _Forwards, trail: Trail, limit: int = MAX_DECIDED_BODY) -> None:
+        self.forward = forward
+        self.trail = trail
+        self.limit = limit
+
+    @deny_on_error
+    def requestheaders(self, flow: http.HTTPFlow) -> None:
+        step = STEPS.get(flow)
+        if step is None or step.verdict is None or not step.verdict.pending:
+            return
+        del STEPS[flow]  # Forward sees nothing now; it runs in `request`
+        if flow.error is not None:
+            return  # mitmproxy refused it already and answers itself
+        length = flow.request.headers.get("content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.limit):
+            raise Denied(Reason.BODY_TOO_LARGE, TOO_LARGE)
+        WAITING[flow] = step
+
+        def refuse(held: http.HTTPFlow) -> None:
+            WAITING.pop(held, None)
+            self.trail.deny(held, Reason.BODY_TOO_LARGE, TOO_LARGE)
+
+        signing.hold(flow, self.limit, refuse)
+
+    @deny_on_error
+    def request(self, flow: http.HTTPFlow) -> Awaitable[None] | None:
+        step = WAITING.pop(flow, None)
+        if step is None:
+            return None
+        signing.release(flow)
+        if flow.response is not None:
+            return None
+        v = step.verdict
+        assert v is not None and v.method is not None
+        rec: Record | None = flow.metadata.get(KEY)
+        chosen, decision = choose(v.pending, v.method, flow.request)
+        if rec is not None and decision is not None:
+            rec.body = decision.summary
+        if chosen is None:
+            assert decision is not None and decision.reason is not None
+            raise Denied(decision.reason, decision.detail)
+        step.verdict = v._replace(rule=chosen, pending=())
+        STEPS[flow] = step
+        return self.forward.requestheaders(flow)
+
+
+def choose(
+    pending: tuple[Rule, ...], method: str, request: http.Request
+) -> tuple[Rule | None, BodyDecision | None]:
+    """The first rule that allows the body, and its decision (None for a rule without a body
+    rule); or None and the first refusal."""
+    refused: BodyDecision | None = None
+    types = request.headers.get_all("content-type")
+    codings = request.headers.get_all("content-encoding")
+    body = request.raw_content or b""
+    for rule in pending:
+        if rule.body is None:
+            return rule, None
+        if len(types) > 1 or len(codings) > 1:
+            detail = "more than one Content-Type or Content-Encoding field"
+            decision = BodyDecision(False, Reason.BODY_UNDECIDABLE, detail, {})
+        else:
+            decision = bodies.decide(
+                rule.body,
+                method,
+                request.data.path,
+                types[0] if types else None,
+                codings[0] if codings else None,
+                body,
+            )
+        if decision.allowed:
+            return rule, decision
+        refused = refused or decision
+    return None, refused

@@ -1,0 +1,282 @@
+"""Grants decided on the body, end to end: a real GraphQL server (graphql-core) behind the proxy,
+real clients, and the hostile shapes a mutation hides in.
+
+Nothing is mocked: the upstream executes the documents it receives with graphql-core.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import Iterator
+from urllib.parse import parse_qs, urlsplit
+
+import httpx
+import pytest
+import trustme
+from graphql import build_schema, graphql_sync
+
+from store.crypto import Secret
+from store.rules import bodyrules, validation
+from tests.e2e.conftest import NAMES, Proxy
+from tests.e2e.upstream import Answer, Received, Upstream
+
+pytestmark = pytest.mark.e2e
+
+SECRET = b"ghp-body-rules-e2e-secret"
+SCHEMA = build_schema(
+    """
+    type Query { viewer: String, issues: [String] }
+    type Mutation { addComment(body: String): String, deleteRepository(name: String): String }
+    """
+)
+ROOT = {
+    "viewer": "octocat",
+    "issues": ["#1"],
+    "addComment": lambda info, **kw: "commented",
+    "deleteRepository": lambda info, **kw: "deleted",
+}
+
+
+def _graphql(received: Received) -> Answer | None:
+    """The upstream: executes what it is sent, as a GraphQL server would."""
+    if not received.target.startswith("/graphql"):
+        return None
+    try:
+        if received.method == "GET":
+            params = parse_qs(urlsplit(received.target).query)
+            request = {"query": params["query"][0]}
+        else:
+            request = json.loads(received.body)
+    except (ValueError, KeyError):
+        return 400, [], b"bad request"
+    requests = request if isinstance(request, list) else [request]
+    results = []
+    for one in requests:
+        result = graphql_sync(
+            SCHEMA,
+            one.get("query") or "",
+            root_value=ROOT,
+            variable_values=one.get("variables"),
+            operation_name=one.get("operationName"),
+        )
+        results.append(
+            {"data": result.data, "errors": [str(e) for e in result.errors or []] or None}
+        )
+    body = json.dumps(results if isinstance(request, list) else results[0]).encode()
+    return 200, [("content-type", "application/json")], body
+
+
+@pytest.fixture(scope="module")
+def shared_upstream(upstream_ca: trustme.CA) -> Iterator[Upstream]:
+    with Upstream(upstream_ca, NAMES, app=_graphql) as server:
+        yield server
+
+
+def _granted(proxy: Proxy, names, graphql: dict, methods=("POST",), limits=None):
+    agent, cred = names("gql"), names("ghcred")
+    token = proxy.store.add_principal(agent)
+    proxy.store.add_credential(cred, "bearer", ["api.test"], Secret(SECRET))
+    proxy.store.add_grant(
+        agent,
+        list(methods),
+        credential=cred,
+        paths=["/graphql"],
+        limits=limits or validation.NO_LIMITS,
+        body=bodyrules.parse("graphql", graphql),
+    )
+    proxy.wait_reload()
+    return agent, token
+
+
+READ_AND_COMMENT = {"query": "*", "mutation": ["addComment"]}
+
+
+def _post(client: httpx.Client, payload, **kwargs) -> httpx.Response:
+    return client.post("https://api.test/graphql", json=payload, **kwargs)
+
+
+def test_a_query_and_a_granted_mutation_pass_stamped(proxy: Proxy, upstream: Upstream, names):
+    agent, token = _granted(proxy, names, READ_AND_COMMENT)
+    with proxy.client(agent, token) as client:
+        read = _post(client, {"query": "query Who { viewer issues }"})
+        wrote = _post(client, {"query": 'mutation { addComment(body: "hi") }'})
+    assert read.status_code == 200 and read.json()["data"] == {
+        "viewer": "octocat",
+        "issues": ["#1"],
+    }
+    assert wrote.status_code == 200 and wrote.json()["data"] == {"addComment": "commented"}
+    assert [r.header("authorization") for r in upstream.log.requests] == [
+        [f"Bearer {SECRET.decode()}"]
+    ] * 2
+    lines = proxy.requests(agent)
+    assert [line["body"] for line in lines] == [
+        {"graphql": [{"type": "query", "name": "Who", "fields": ["viewer", "issues"]}]},
+        {"graphql": [{"type": "mutation", "name": None, "fields": ["addComment"]}]},
+    ]
+
+
+HIDDEN_MUTATIONS = {
+    "plain": {"query": 'mutation { deleteRepository(name: "x") }'},
+    "an alias": {"query": 'mutation { addComment: deleteRepository(name: "x") }'},
+    "a fragment spread": {
+        "query": 'mutation { ...F } fragment F on Mutation { deleteRepository(name: "x") }'
+    },
+    "an inline fragment": {"query": 'mutation { ... on Mutation { deleteRepository(name: "x") } }'},
+    "a second operation named away": {
+        "query": 'query Fine { viewer } mutation Bad { deleteRepository(name: "x") }',
+        "operationName": "Fine",
+    },
+    "a batch": [
+        {"query": "{ viewer }"},
+        {"query": 'mutation { deleteRepository(name: "x") }'},
+    ],
+    "a persisted hash": {
+        "extensions": {"persistedQuery": {"version": 1, "sha256Hash": "ab" * 32}},
+    },
+}
+
+
+@pytest.mark.parametrize("payload", HIDDEN_MUTATIONS.values(), ids=HIDDEN_MUTATIONS.keys())
+def test_a_mutation_outside_the_grant_is_refused_wherever_it_hides(
+    proxy: Proxy, upstream: Upstream, names, payload
+):
+    agent, token = _granted(proxy, names, READ_AND_COMMENT)
+    with proxy.client(agent, token) as client:
+        refused = _post(client, payload)
+    assert refused.status_code == 403
+    assert refused.headers["x-credproxy-reason"] == "operation-not-allowed"
+    assert upstream.log.requests == []
+    assert SECRET.decode() not in refused.text
+
+
+def test_a_mutation_in_a_get_query_string_is_refused(proxy: Proxy, upstream: Upstream, names):
+    agent, token = _granted(proxy, names, {"query": "*"}, methods=("GET", "POST"))
+    with proxy.client(agent, token) as client:
+        read = client.get("https://api.test/graphql", params={"query": "{ viewer }"})
+        refused = client.get(
+            "https://api.test/graphql", params={"query": 'mutation { deleteRepository(name: "x") }'}
+        )
+    assert read.status_code == 200  # decided on the query string; the server got it
+    assert refused.status_code == 403
+    assert refused.headers["x-credproxy-reason"] == "operation-not-allowed"
+    assert len(upstream.log.requests) == 1
+
+
+UNDECIDABLE = {
+    "duplicate keys": (
+        b'{"query": "{ viewer }", "query": "mutation { deleteRepository }"}',
+        {"content-type": "application/json"},
+    ),
+    "utf-16": ('{"query": "{ viewer }"}'.encode("utf-16"), {"content-type": "application/json"}),
+    "gzip": (
+        gzip.compress(b'{"query": "{ viewer }"}'),
+        {"content-type": "application/json", "content-encoding": "gzip"},
+    ),
+    "a form": (b"query=%7B+viewer+%7D", {"content-type": "application/x-www-form-urlencoded"}),
+    "no parse": (b'{"query": "{ viewer "}', {"content-type": "application/json"}),
+}
+
+
+@pytest.mark.parametrize("case", UNDECIDABLE.values(), ids=UNDECIDABLE.keys())
+def test_a_body_that_cannot_be_read_with_certainty_is_refused(
+    proxy: Proxy, upstream: Upstream, names, case
+):
+    body, headers = case
+    agent, token = _granted(proxy, names, {"query": "*"})
+    with proxy.client(agent, token) as client:
+        refused = client.post("https://api.test/graphql", content=body, headers=headers)
+    assert refused.status_code in (400, 415)
+    assert refused.headers["x-credproxy-reason"] == "body-undecidable"
+    assert upstream.log.requests == []
+
+
+def test_an_over_long_body_is_refused_before_it_is_held_whole(
+    proxy: Proxy, upstream: Upstream, names
+):
+    agent, token = _granted(proxy, names, {"query": "*"})
+    padding = " " * (1024 * 1024)
+    payload = json.dumps({"query": "{ viewer }" + padding}).encode()
+
+    def chunks() -> Iterator[bytes]:  # no Content-Length: refused as it grows past the bound
+        for start in range(0, len(payload), 65536):
+            yield payload[start : start + 65536]
+
+    with proxy.client(agent, token) as client:
+        declared = client.post(
+            "https://api.test/graphql",
+            content=payload,
+            headers={"content-type": "application/json"},
+        )
+    with proxy.client(agent, token) as client:
+        try:
+            streamed = client.post(
+                "https://api.test/graphql",
+                content=chunks(),
+                headers={"content-type": "application/json"},
+            )
+            status, reason = streamed.status_code, streamed.headers.get("x-credproxy-reason")
+        except httpx.HTTPError:  # the proxy may close while the client still sends
+            status, reason = 413, "body-too-large"
+    assert declared.status_code == 413
+    assert declared.headers["x-credproxy-reason"] == "body-too-large"
+    assert (status, reason) == (413, "body-too-large")
+    assert upstream.log.requests == []
+    assert [line["reason"] for line in proxy.requests(agent)] == ["body-too-large"] * 2
+
+
+def test_a_refused_body_spends_no_use_of_a_once_grant(proxy: Proxy, upstream: Upstream, names):
+    agent, token = _granted(proxy, names, READ_AND_COMMENT, limits=validation.limits(None, None, 1))
+    with proxy.client(agent, token) as client:
+        refused = _post(client, {"query": 'mutation { deleteRepository(name: "x") }'})
+        used = _post(client, {"query": "{ viewer }"})
+        spent = _post(client, {"query": "{ viewer }"})
+    assert [refused.status_code, used.status_code, spent.status_code] == [403, 200, 403]
+    assert spent.headers["x-credproxy-reason"] == "grant-consumed"
+    assert len(upstream.log.requests) == 1
+
+
+def test_variables_never_reach_the_audit(proxy: Proxy, upstream: Upstream, names):
+    agent, token = _granted(proxy, names, READ_AND_COMMENT)
+    marker = "variable-value-never-logged"
+    with proxy.client(agent, token) as client:
+        ok = _post(
+            client,
+            {
+                "query": "mutation M($b: String) { addComment(body: $b) }",
+                "variables": {"b": marker},
+            },
+        )
+        refused = _post(
+            client,
+            {
+                "query": "mutation M($b: String) { deleteRepository(name: $b) }",
+                "variables": {"b": marker},
+            },
+        )
+    assert (ok.status_code, refused.status_code) == (200, 403)
+    assert marker not in proxy.output()
+    assert marker not in refused.text
+
+
+def test_a_grant_without_a_body_rule_still_allows_what_the_body_rule_refuses(
+    proxy: Proxy, upstream: Upstream, names
+):
+    """Two grants on one path: the body-ruled one is tried first; the other allows any body."""
+    agent, token = _granted(proxy, names, {"query": "*"})
+    [cred] = {g.credential for g in proxy.store.list_grants(agent)}
+    proxy.store.add_grant(
+        agent,
+        ["POST"],
+        credential=cred,
+        paths=["/graphql"],
+        limits=validation.limits(None, None, 1),
+    )
+    proxy.wait_reload()
+    with proxy.client(agent, token) as client:
+        read = _post(client, {"query": "{ viewer }"})
+        wrote = _post(client, {"query": 'mutation { deleteRepository(name: "x") }'})
+        proxy.wait_reload()  # the use is spent: the grant is gone from the proxy's policy
+        again = _post(client, {"query": 'mutation { deleteRepository(name: "x") }'})
+    assert [read.status_code, wrote.status_code, again.status_code] == [200, 200, 403]
+    assert again.headers["x-credproxy-reason"] == "operation-not-allowed"
