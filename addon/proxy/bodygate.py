@@ -20,7 +20,7 @@ from addon.core import bodies
 from addon.core.bodies import MAX_DECIDED_BODY, BodyDecision
 from addon.core.policy import Rule
 from addon.core.reasons import Reason
-from addon.proxy import signing
+from addon.proxy import mcpanswers, signing
 from addon.proxy.failclosed import Denied, deny_on_error
 from addon.proxy.state import KEY, STEPS, Record, Step
 from addon.proxy.trail import Trail
@@ -73,11 +73,15 @@ class BodyGate:
         assert v is not None and v.method is not None
         rec: Record | None = flow.metadata.get(KEY)
         chosen, decision = choose(v.pending, v.method, flow.request)
-        if rec is not None and decision is not None:
-            rec.body = decision.summary
+        if rec is not None:
+            rec.bytes_out = len(flow.request.raw_content or b"")  # held whole, sent whole
+            if decision is not None:
+                rec.body = decision.summary
         if chosen is None:
             assert decision is not None and decision.reason is not None
             raise Denied(decision.reason, decision.detail)
+        if chosen.body is not None and chosen.body.mcp is not None:
+            mcpanswers.FILTERS[flow] = chosen.body.mcp  # tools/list shows the granted tools
         step.verdict = v._replace(rule=chosen, pending=())
         STEPS[flow] = step
         return self.forward.requestheaders(flow)

@@ -16,6 +16,7 @@ from addon.core.reasons import Reason
 from addon.mitm import hop, wire
 from addon.observe import audit
 from addon.observe.problem import problem
+from addon.proxy import mcpanswers
 from addon.proxy.failclosed import kill_on_error
 from addon.proxy.state import Record, record
 from addon.redaction import wsredact
@@ -25,6 +26,8 @@ BUFFER_LIMIT = 64 * 1024
 # Fields of AWS answers that hold keys (STS, IAM, Cognito and SSO spell them each their way).
 MINTED_KEYS = re.compile(rb"secret_?access_?key|session_?token|[\"<]secret_?key[\">]", re.I)
 MINTED = wire.Failure(Reason.CREDENTIALS_IN_RESPONSE, "minted-credentials")
+# An answer to a grant's MCP requests that cannot be read with certainty, so not filtered.
+UNFILTERABLE = wire.Failure(Reason.UPSTREAM_PROTOCOL_ERROR, "unfilterable-mcp-answer")
 
 
 class Responses:
@@ -36,6 +39,8 @@ class Responses:
             return
         hop.for_agent(response)
         redactor = wsredact.REDACTORS.get(flow)
+        mcp = mcpanswers.FILTERS.get(flow)
+        rewrites = redactor is not None or mcp is not None
         if response.status_code == 101 and "sec-websocket-extensions" in response.headers:
             # The request went without it: no permessage-deflate, whatever the upstream says.
             response.headers.pop("sec-websocket-extensions")
@@ -60,29 +65,31 @@ class Responses:
         if flow.request.method == "HEAD" or response.status_code in (204, 304):
             # No body follows, whatever Content-Length announces: keep the head as it is.
             rec.buffered = True
-        elif redactor is not None and encoding:
-            # Compressed anyway, despite Accept-Encoding: identity. Decode so redaction
-            # sees the plaintext; an encoding we cannot decode kills the flow.
+        elif rewrites and encoding:
+            # Compressed anyway, despite Accept-Encoding: identity. Decode so redaction (and
+            # the MCP filter) sees the plaintext; an encoding we cannot decode kills the flow.
             decoder = Decoder(encoding.decode("latin-1"))
             drop.add(b"content-encoding")
         elif len(lengths) == 1 and lengths[0].isdigit() and int(lengths[0]) <= BUFFER_LIMIT:
             # Small and of known length: mitmproxy holds it whole, `response` redacts it, and
             # it goes out as one write, as it would through bare mitmproxy.
             rec.buffered = True
-        if redactor is not None:
+        if rewrites:
             if not rec.buffered and (decoder is not None or lengths):
                 # Redaction may change the length: re-frame instead of sending a wrong one.
                 drop.update((b"content-length", b"transfer-encoding"))
             if drop:
                 fields = tuple(f for f in fields if f[0].lower() not in drop)
-            fields = redactor.headers(fields)
-            if response.data.reason:  # the HTTP/1 reason phrase, sent with the headers
-                response.data.reason = redactor.whole(response.data.reason)
+            if redactor is not None:
+                fields = redactor.headers(fields)
+                if response.data.reason:  # the HTTP/1 reason phrase, sent with the headers
+                    response.data.reason = redactor.whole(response.data.reason)
             if b"content-length" in drop and _chunked(flow.request):
                 fields += ((b"transfer-encoding", b"chunked"),)
             response.headers.fields = fields
         if not rec.buffered:
-            response.stream = _response_stream(rec, redactor, decoder)
+            tools = mcpanswers.stream(mcp, response) if mcp is not None else None
+            response.stream = _response_stream(rec, redactor, decoder, tools)
             rec.streamed = True
 
     @kill_on_error
@@ -105,6 +112,22 @@ class Responses:
                 if redacted != body:
                     response.raw_content = redacted
                     response.headers["content-length"] = str(len(redacted))
+            mcp = mcpanswers.FILTERS.get(flow)
+            if mcp is not None:
+                try:
+                    listed = mcpanswers.whole(mcp, response, response.raw_content or b"")
+                except mcpanswers.Unfilterable:
+                    rec.failure, rec.replaced = UNFILTERABLE, True
+                    refused = problem(
+                        UNFILTERABLE.reason or Reason.UPSTREAM_PROTOCOL_ERROR,
+                        UNFILTERABLE.detail,
+                        request_id=flow.id,
+                    )
+                    flow.response = refused.response()
+                    return
+                if listed is not None:
+                    response.raw_content = listed
+                    response.headers["content-length"] = str(len(listed))
         if rec.failure is not None and not rec.buffered:
             # A streamed body that could not be decoded or redacted: cut, never completed.
             flow.kill()
@@ -128,29 +151,48 @@ class Responses:
 
 
 def _response_stream(
-    rec: Record, redactor: Redactor | None, decoder: Decoder | None
+    rec: Record,
+    redactor: Redactor | None,
+    decoder: Decoder | None,
+    tools: Callable[[bytes], bytes] | None = None,
 ) -> Callable[[bytes], bytes | list[bytes]]:
+    def decoded(chunk: bytes) -> bytes:
+        if decoder is None:
+            return chunk
+        if chunk:
+            return decoder.feed(chunk)
+        return decoder.feed(b"")
+
     def redacted(chunk: bytes) -> bytes:
-        assert redactor is not None
+        if redactor is None:
+            return decoded(chunk)
         if decoder is None:
             return redactor.feed(chunk)
         if chunk:
-            decoded = decoder.feed(chunk)
-            return redactor.feed(decoded) if decoded else b""
+            plain = decoder.feed(chunk)
+            return redactor.feed(plain) if plain else b""
         rest = decoder.feed(b"")
         return (redactor.feed(rest) if rest else b"") + redactor.feed(b"")
+
+    def rewritten(chunk: bytes) -> bytes:
+        out = redacted(chunk)
+        if tools is None:
+            return out
+        if chunk:
+            return tools(out) if out else b""
+        return (tools(out) if out else b"") + tools(b"")
 
     seen = b""
 
     def stream(chunk: bytes) -> bytes | list[bytes]:
         nonlocal seen
         rec.bytes_in += len(chunk)
-        if redactor is None:
+        if redactor is None and tools is None:
             return chunk
         if rec.failure is not None:
             return []  # the flow dies in `response`; nothing more reaches the agent
         try:
-            out = redacted(chunk)
+            out = rewritten(chunk)
         except Exception as e:  # noqa: BLE001 - fail closed: the rest is dropped, the flow killed
             audit.logger().error("hook.failed", hook="response_stream", error_type=type(e).__name__)
             rec.failure = wire.Failure(Reason.UPSTREAM_PROTOCOL_ERROR, "undecodable-body")
