@@ -10,6 +10,7 @@ extensions or values.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -36,6 +37,7 @@ from store.rules.bodyrules import BodyRule, GraphQLRule, JsonRpcRule, McpRule
 MAX_DECIDED_BODY = 1024 * 1024  # bytes; the caller stops reading past it
 MAX_BATCH = 100
 MAX_TOKENS = 50_000  # GraphQL tokens and comments: parsing is linear, this bounds it
+MAX_CACHED_DOCUMENT = 16 * 1024  # characters: 512 kept documents hold at most 8 MiB
 MAX_LISTED = 20  # entries per summary list
 MAX_NAME = 100  # characters of a name in a detail or summary
 
@@ -341,7 +343,34 @@ def _graphql_request(
     _document(rule, query, operation_name, found)
 
 
+@dataclass(frozen=True, slots=True)
+class _Operation:
+    kind: str  # from the document: query, mutation or subscription
+    name: str | None
+    fields: tuple[str, ...]  # top-level, real names, through fragments
+
+
 def _document(rule: GraphQLRule, source: str, operation_name: str | None, found: list[Any]) -> None:
+    operations = _analysed(source) if len(source) <= MAX_CACHED_DOCUMENT else _analyse(source)
+    names = [op.name for op in operations]
+    if operation_name is None and len(operations) > 1:
+        raise _undecidable("several GraphQL operations and no operationName")
+    if operation_name is not None and operation_name not in names:
+        raise _undecidable("operationName names no operation of the document")
+    # Every operation, not only the one operationName selects: servers differ.
+    for op in operations:
+        found.append(
+            {
+                "type": op.kind,
+                "name": None if op.name is None else _name(op.name),
+                "fields": [_name(f) for f in op.fields[:MAX_LISTED]],
+            }
+        )
+        _check_operation(rule, op.kind, op.fields)
+
+
+def _analyse(source: str) -> tuple[_Operation, ...]:
+    """A document's operations, or _Refused when it cannot be read with certainty."""
     try:
         document = parse(source, no_location=True, max_tokens=MAX_TOKENS)
     except GraphQLError:
@@ -362,23 +391,16 @@ def _document(rule: GraphQLRule, source: str, operation_name: str | None, found:
         raise _undecidable("the GraphQL document has no operation")
     if len(set(names)) != len(names):
         raise _undecidable("the GraphQL document names two operations alike")
-    if operation_name is None and len(operations) > 1:
-        raise _undecidable("several GraphQL operations and no operationName")
-    if operation_name is not None and operation_name not in names:
-        raise _undecidable("operationName names no operation of the document")
     _check_fragments(operations, fragments)
-    # Every operation, not only the one operationName selects: servers differ.
-    for operation, name in zip(operations, names, strict=True):
-        kind = operation.operation.value
-        fields = _top_fields(operation.selection_set, fragments)
-        found.append(
-            {
-                "type": kind,
-                "name": None if name is None else _name(name),
-                "fields": [_name(f) for f in fields[:MAX_LISTED]],
-            }
-        )
-        _check_operation(rule, kind, fields)
+    return tuple(
+        _Operation(op.operation.value, name, tuple(_top_fields(op.selection_set, fragments)))
+        for op, name in zip(operations, names, strict=True)
+    )
+
+
+# Clients send the same few documents again and again (with other variables): parsing is most
+# of the cost, so a document's analysis is kept. Refusals are not cached; small documents only.
+_analysed = functools.lru_cache(maxsize=512)(_analyse)
 
 
 def _spreads(selections: SelectionSetNode) -> set[str]:
@@ -440,7 +462,7 @@ def _top_fields(
     return list(fields)
 
 
-def _check_operation(rule: GraphQLRule, kind: str, fields: list[str]) -> None:
+def _check_operation(rule: GraphQLRule, kind: str, fields: tuple[str, ...]) -> None:
     introspection = kind == "query" and rule.introspection
 
     def meta(field: str) -> bool:

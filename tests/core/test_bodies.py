@@ -1097,3 +1097,11 @@ def test_new_reasons_have_their_statuses() -> None:
 def test_undecidable_bodies_say_why(decision: BodyDecision, detail: str) -> None:
     """The wrapper would refuse these anyway; the checks name the reason."""
     assert (decision.reason, decision.detail) == (UNDECIDABLE, detail)
+
+
+def test_a_kept_analysis_is_decided_again_for_each_grant_and_name() -> None:
+    document = "query A { organization { id } } query B { viewer { id } }"
+    assert gql({"query": document, "operationName": "A"}).allowed
+    assert gql({"query": document, "operationName": "A"}, rule=READ_ONLY).reason is OPERATION
+    assert gql({"query": document}).reason is UNDECIDABLE
+    assert gql({"query": document, "operationName": "C"}).reason is UNDECIDABLE
