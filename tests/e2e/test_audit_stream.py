@@ -9,6 +9,7 @@ import json
 import os
 import select
 import shutil
+import socket
 import subprocess
 import tempfile
 import time
@@ -26,7 +27,8 @@ import trustme
 
 from store.crypto import Secret
 from store.repository import Store
-from tests.e2e.conftest import CREDPROXY, _env, _load_key
+from tests.e2e.conftest import CREDPROXY, Proxy, _env, _load_key
+from tests.e2e.raw import connect, proxy_auth
 from tests.e2e.upstream import Upstream
 
 pytestmark = pytest.mark.e2e
@@ -338,3 +340,35 @@ def test_a_full_disk_refuses_requests_like_a_closed_pipe_until_there_is_room(
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+# -- what a client sends never reaches the audit stream ------------------------------------
+
+
+# mitmproxy's 'Cannot parse ClientHello' warning hex-dumps the client's raw bytes: it never
+# reaches the audit stream, where anyone unauthenticated could write.
+@pytest.mark.parametrize(
+    "where",
+    [
+        pytest.param("proxy", id="bytes sent to the proxy itself reach the audit stream as hex"),
+        pytest.param("tunnel", id="bytes sent inside a tunnel reach the audit stream as hex"),
+    ],
+)
+def test_raw_client_bytes_never_reach_the_audit_stream(rproxy: Proxy, raw_agent, where: str):
+    marker = b"query-value-" + os.urandom(8).hex().encode()  # 28 bytes
+    record = b"\x16\x03\x01" + (len(marker) + 4).to_bytes(2, "big")
+    hello = b"\x01" + len(marker).to_bytes(3, "big") + marker
+    if where == "proxy":
+        sock = socket.create_connection(("127.0.0.1", rproxy.port), timeout=5)
+    else:
+        sock, reply = connect(rproxy.port, "raw.test:443", proxy_auth(*raw_agent))
+        assert reply.status == 200
+    with sock:
+        sock.sendall(record + hello)
+        try:
+            sock.recv(100)
+        except OSError:
+            pass
+    out = rproxy.output()
+    dumped = marker.hex() in out or marker.decode() in out
+    assert not dumped, "the client's raw bytes are in the audit stream"

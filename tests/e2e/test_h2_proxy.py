@@ -18,7 +18,8 @@ import pytest
 
 from store.crypto import Secret
 from tests.e2e.conftest import Proxy
-from tests.e2e.raw import connect, exchange, h2_streams, h2_tunnel, proxy_auth, read_reply
+from tests.e2e.echoes import _leaks, _principal
+from tests.e2e.raw import connect, exchange, h2_get, h2_streams, h2_tunnel, proxy_auth, read_reply
 from tests.e2e.upstream import Upstream
 
 pytestmark = pytest.mark.e2e
@@ -165,3 +166,119 @@ def test_each_tunnel_is_judged_by_its_own_credentials(proxy: Proxy, upstream: Up
     ]
     principals = [r["principal"] for r in proxy.requests() if r["decision"] == "allow"][-2:]
     assert principals == [agent, reader]
+
+
+# -- one principal per client connection, one destination per tunnel -----------------------
+
+
+def test_a_second_connect_inside_a_tunnel_is_refused(rproxy: Proxy, api: Upstream, names):
+    principal, token, cred = _principal(rproxy, names)
+    rproxy.store.add_grant(principal, ["GET"], credential=cred, hosts=["api.test"])
+    rproxy.wait_reload()
+    sock, reply = connect(rproxy.port, "raw.test:443", proxy_auth(principal, token))
+    with sock:
+        assert reply.status == 403  # raw.test is not granted to this principal
+        # The same connection: CONNECT to a granted host, then plaintext CONNECT inside it.
+        sock.sendall(
+            b"CONNECT api.test:443 HTTP/1.1\r\nHost: api.test:443\r\n"
+            + f"Proxy-Authorization: {proxy_auth(principal, token)}\r\n\r\n".encode()
+        )
+        assert read_reply(sock).status == 200
+        inner = (
+            b"CONNECT raw.test:443 HTTP/1.1\r\nHost: raw.test:443\r\n"
+            + f"Proxy-Authorization: {proxy_auth(principal, token)}\r\n\r\n".encode()
+        )
+        try:
+            answer = exchange(sock, inner)
+            assert answer.status in (400, 403, 407)
+        except (ConnectionError, OSError):
+            pass
+    forwarded = len(api.log.requests)
+    assert forwarded == 0
+
+
+def test_plaintext_inside_a_tunnel_never_gets_the_credential(rproxy: Proxy, api: Upstream, names):
+    principal, token, cred = _principal(rproxy, names)
+    rproxy.store.add_grant(principal, ["GET"], credential=cred, hosts=["api.test"])
+    rproxy.wait_reload()
+    sock, reply = connect(rproxy.port, "api.test:443", proxy_auth(principal, token))
+    with sock:
+        assert reply.status == 200
+        answer = exchange(sock, b"GET /v1/x HTTP/1.1\r\nHost: api.test:443\r\n\r\n")
+    assert answer.status == 403
+    assert answer.reason == "insecure-scheme"
+    forwarded = len(api.log.requests)
+    assert forwarded == 0
+
+
+def test_h2_scheme_http_inside_a_tls_tunnel_still_gets_https_rules(
+    rproxy: Proxy, api: Upstream, names
+):
+    """`:scheme http` on a TLS tunnel: mitmproxy takes the scheme from the connection."""
+    principal, token, cred = _principal(rproxy, names)
+    rproxy.store.add_grant(principal, ["GET"], credential=cred, hosts=["api.test"])
+    rproxy.wait_reload()
+    with h2_tunnel(rproxy, proxy_auth(principal, token), "api.test") as tls:
+        answer = h2_get(tls, "api.test", "/v1/echo-auth", scheme="http")
+    status, body = answer.status, answer.body
+    assert status is not None
+    leaked = _leaks(body)
+    assert not leaked, "the agent received the secret"
+    for r in api.log.requests:
+        assert r.sni == "api.test"
+
+
+# Plain-http proxy requests on one client connection belong to one principal, so two
+# principals never share it or its upstream connections.
+@pytest.mark.parametrize(
+    "target",
+    [
+        pytest.param(
+            "http://credproxy.internal/access-requests/1",
+            id="a second principal's request on the first's keep-alive connection is served",
+        )
+    ],
+)
+def test_one_client_connection_carries_one_principal(rproxy: Proxy, names, target: str):
+    agents = []
+    for _ in range(2):
+        principal = names("rva-p") + os.urandom(2).hex()
+        agents.append((principal, rproxy.store.add_principal(principal)))
+    rproxy.wait_reload()
+    sock = socket.create_connection(("127.0.0.1", rproxy.port), timeout=10)
+    statuses = []
+    with sock:
+        for agent in agents:
+            head = (
+                f"GET {target} HTTP/1.1\r\nHost: credproxy.internal\r\n"
+                f"Proxy-Authorization: {proxy_auth(*agent)}\r\n\r\n"
+            )
+            try:
+                statuses.append(exchange(sock, head.encode()).status)
+            except (ConnectionError, OSError):
+                statuses.append(None)
+    # The second principal on the same connection must be refused (or the connection closed).
+    assert statuses[1] in (None, 400, 407), statuses
+
+
+# -- a once-grant raced by the streams of one tunnel ---------------------------------------
+
+
+def test_a_once_grant_raced_by_h2_streams_of_one_tunnel_serves_one(
+    proxy_b: Proxy, names, upstream: Upstream
+):
+    """Twelve concurrent h2 streams in one tunnel, one once-grant: one 200, the rest
+    grant-consumed, one request upstream."""
+    name = names("once-h2")
+    token = proxy_b.store.add_principal(name)
+    proxy_b.store.add_grant(name, ["GET"], hosts=["api.test"], paths=["/v1/once"], once=True)
+    proxy_b.wait_reload()
+    request = [(":method", "GET"), (":scheme", "https"), (":authority", "api.test")]
+    with h2_tunnel(proxy_b, proxy_auth(name, token), "api.test") as tls:
+        tls.settimeout(5)
+        replies = h2_streams(tls, [[*request, (":path", "/v1/once")]] * 12)
+    statuses = {n: fields[":status"] for n, (_, fields) in replies.items()}
+    reasons = {n: fields.get("x-credproxy-reason", "") for n, (_, fields) in replies.items()}
+    assert sorted(statuses.values()) == ["200"] + ["403"] * 11
+    assert sorted(reasons.values()) == [""] + ["grant-consumed"] * 11
+    assert [r.target for r in upstream.log.requests] == ["/v1/once"]

@@ -561,3 +561,57 @@ def test_an_http1_client_that_stops_reading_holds_the_upstream_back(limited: Pro
             tls.sendall(b"GET /v1/big HTTP/1.1\r\nHost: big.test\r\n\r\n")
             time.sleep(2)
     assert peak.growth < MEMORY_BOUND, f"grew {peak.growth / 2**20:.1f} MiB"
+
+
+# -- a client without a token on another address -------------------------------------------
+
+
+@pytest.fixture
+def capped_proxy(
+    tmp_path: Path, shared_upstream: Upstream, upstream_ca: trustme.CA, initialised_home: Path
+) -> Iterator[Proxy]:
+    resolve = [f"api.test=127.0.0.1:{shared_upstream.port}"]
+    extra = ["--max-connections", "8", "--head-timeout", "1"]
+    running = start_proxy(tmp_path, upstream_ca, resolve, extra=extra, template=initialised_home)
+    yield running
+    stop_proxy(running)
+
+
+# --max-connections gives connections that have not authenticated a pool of their own (here a
+# quarter of 8), and a newcomer displaces the oldest of the address holding the most, so a
+# client without a token that keeps it full cannot shut every principal out. The hog is a
+# neighbour on another address (127.0.0.2), as a sandbox on a shared network is; hogs on the
+# principal's own address are the connection-cap tests above.
+def test_an_unauthenticated_client_cannot_shut_every_principal_out(capped_proxy: Proxy):
+    name = "capv-" + os.urandom(3).hex()
+    token = capped_proxy.store.add_principal(name)
+    capped_proxy.store.add_grant(name, ["GET"], hosts=["api.test"])
+    capped_proxy.wait_reload()
+    assert get(capped_proxy, (name, token)).status == 200
+    stop = time.monotonic() + 6
+
+    def hog() -> None:  # no token, never a byte: each connection lives for the head deadline
+        while time.monotonic() < stop:
+            try:
+                with socket.create_connection(
+                    ("127.0.0.1", capped_proxy.port), timeout=3, source_address=("127.0.0.2", 0)
+                ) as s:
+                    s.settimeout(max(0.01, stop - time.monotonic()))
+                    s.recv(1)
+            except OSError:
+                pass
+
+    hogs = [threading.Thread(target=hog) for _ in range(12)]
+    for thread in hogs:
+        thread.start()
+    time.sleep(0.5)
+    served = 0
+    for _ in range(5):
+        try:
+            served += get(capped_proxy, (name, token)).status == 200
+        except (OSError, ConnectionError):
+            pass
+        time.sleep(0.3)
+    for thread in hogs:
+        thread.join(10)
+    assert served >= 4, f"served {served} of 5"

@@ -22,7 +22,8 @@ import trustme
 
 from store.crypto import load_master_key
 from store.repository import Store
-from tests.e2e.conftest import CREDPROXY, NAMES, _env
+from tests.e2e.conftest import CREDPROXY, NAMES, Proxy, _env, _internal, _wait_for, start_proxy
+from tests.e2e.raw import connect, get, proxy_auth, read_reply
 from tests.e2e.upstream import Upstream
 
 SECRET = "ghp_runtime_secret_0123456789"
@@ -310,3 +311,144 @@ def test_a_second_proxy_on_a_busy_port_says_which_address_is_in_use(
     # The first proxy serves on.
     with running.client() as client:
         assert client.get("https://api.test/").status_code == 200
+
+
+# -- signals during traffic ----------------------------------------------------------------
+
+
+@pytest.fixture
+def own_proxy(
+    tmp_path: Path, shared_upstream: Upstream, upstream_ca: trustme.CA, initialised_home: Path
+) -> Iterator[Proxy]:
+    """A proxy of this test's own, to be signalled."""
+    resolve = [f"{name}=127.0.0.1:{shared_upstream.port}" for name in NAMES if name != "localhost"]
+    running = start_proxy(
+        tmp_path, upstream_ca, resolve, extra=["--drain-timeout", "2"], template=initialised_home
+    )
+    yield running
+    if running.process.poll() is None:
+        running.process.kill()
+        running.process.wait(5)
+    running.store.close()
+
+
+def _hold_in_flight(proxy: Proxy, who: tuple[str, str]) -> ssl.SSLSocket:
+    """A POST whose body stops half-way: in flight until something cuts it."""
+    sock, reply = connect(proxy.port, "api.test:443", proxy_auth(*who))
+    assert reply.status == 200
+    context = ssl.create_default_context(cafile=str(proxy.ca_file))
+    tls = context.wrap_socket(sock, server_hostname="api.test")
+    tls.sendall(b"POST /v1/up HTTP/1.1\r\nHost: api.test\r\nContent-Length: 100\r\n\r\nxx")
+    return tls
+
+
+@pytest.mark.parametrize(
+    "signals",
+    [
+        pytest.param(["SIGTERM", "SIGHUP", "SIGHUP", "SIGHUP"], id="SIGHUP during the drain"),
+        pytest.param(["SIGINT", "SIGINT"], id="a second SIGINT"),
+        pytest.param(["SIGHUP", "SIGTERM"], id="SIGTERM right after SIGHUP"),
+    ],
+)
+def test_signals_during_traffic_end_with_proxy_stopped_and_exit_0(own_proxy: Proxy, signals):
+    import signal as signal_module
+
+    name = "sig-" + os.urandom(3).hex()
+    token = own_proxy.store.add_principal(name)
+    own_proxy.store.add_grant(name, ["GET", "POST"], hosts=["api.test"])
+    own_proxy.wait_reload()
+    held = [_hold_in_flight(own_proxy, (name, token)) for _ in range(3)]
+    assert get(own_proxy, (name, token)).status == 200
+    try:
+        for sig in signals:
+            own_proxy.process.send_signal(getattr(signal_module, sig))
+            time.sleep(0.3)
+        rc = own_proxy.process.wait(15)
+    finally:
+        for tls in held:
+            tls.close()
+    lines = own_proxy.output().splitlines()
+    events = [json.loads(line).get("event") for line in lines]  # every line is JSON
+    assert rc == 0
+    assert events[-1] == "proxy.stopped"
+    assert "proxy.stopping" in events
+
+
+# -- a stdout that cannot take lines at shutdown -------------------------------------------
+
+
+@pytest.mark.parametrize("reader", ["stalled", "gone"])
+def test_sigterm_with_stdout_that_cannot_take_lines_still_exits_promptly(
+    tmp_path: Path, upstream_ca: trustme.CA, initialised_home: Path, reader: str
+):
+    """stdout a pipe that nobody reads (or whose reader has gone), the proxy refusing with
+    audit-unavailable; SIGTERM still ends it within the drain timeout plus the 5 s drain."""
+    import shutil
+    import subprocess
+
+    shutil.copytree(initialised_home, tmp_path, dirs_exist_ok=True)
+    env = _env(tmp_path)
+    args = [*CREDPROXY, "run", "--listen", "127.0.0.1:0", "--drain-timeout", "1"]
+    process = subprocess.Popen(
+        args, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        assert process.stdout is not None
+        started = json.loads(process.stdout.readline())
+        port = int(started["listen"][0].rsplit(":", 1)[1])
+        if reader == "gone":
+            process.stdout.close()
+        refused = None
+        for _ in range(3000):  # unauthenticated CONNECTs: one deny line each
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
+                sock.sendall(b"CONNECT api.test:443 HTTP/1.1\r\nHost: api.test:443\r\n\r\n")
+                reply = read_reply(sock)
+            if reply.reason == "audit-unavailable":
+                refused = reply
+                break
+        assert refused is not None and refused.status == 503
+        began = time.monotonic()
+        process.terminate()
+        rc = process.wait(15)
+        took = time.monotonic() - began
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(5)
+    assert rc == 0
+    assert took < 1 + 5 + 2 + 1
+    assert process.stderr is not None and process.stderr.read() == b""
+
+
+# -- the SQLite file removed ---------------------------------------------------------------
+
+
+# After the store file is deleted, an explicit ask is refused, never written to the unlinked
+# file and answered 202.
+def test_an_access_request_after_the_store_file_is_deleted_is_not_written_to_it(
+    own_proxy: Proxy,
+):
+    name = "gone-" + os.urandom(3).hex()
+    token = own_proxy.store.add_principal(name)
+    own_proxy.wait_reload()
+    database = own_proxy.home / "credproxy.db"
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{database}{suffix}").unlink(missing_ok=True)
+    assert _wait_for(lambda: "store.unavailable" in own_proxy.output(), 5)
+    ask = json.dumps({"host": "api.test", "method": "GET", "path": "/v1/lost"}).encode()
+    reply = _internal(own_proxy, (name, token), "POST", "/access-requests", ask)
+    # README: "credproxy never serves on from an unlinked file"; the ask is lost with it.
+    assert (reply.status, reply.reason) == (503, "store-unavailable")
+
+
+def test_a_once_grant_after_the_store_file_is_deleted_is_refused(own_proxy: Proxy):
+    name = "gone1-" + os.urandom(3).hex()
+    token = own_proxy.store.add_principal(name)
+    own_proxy.store.add_grant(name, ["GET"], hosts=["api.test"], once=True)
+    own_proxy.wait_reload()
+    database = own_proxy.home / "credproxy.db"
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{database}{suffix}").unlink(missing_ok=True)
+    assert _wait_for(lambda: "store.unavailable" in own_proxy.output(), 5)
+    reply = get(own_proxy, (name, token))
+    assert (reply.status, reply.reason) == (503, "store-unavailable")

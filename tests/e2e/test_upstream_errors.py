@@ -14,6 +14,8 @@ import gzip
 import json
 import os
 import socket
+import ssl
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -483,3 +485,31 @@ def test_a_malformed_request_head_gets_a_json_400_without_its_bytes(
     assert (reply.status, reply.reason) == (400, "bad-request")
     assert reply.headers["content-type"] == "application/problem+json"
     assert b"token-ECHO" not in reply.body and "token-ECHO" not in str(reply.headers)
+
+
+# -- an undecodable body -------------------------------------------------------------------
+
+
+# An undecodable Content-Encoding ends the agent's stream at once with a reason that blames
+# the upstream; raised inside the stream callable, it would crash mitmproxy's connection
+# handler and leave the agent hanging until a timeout.
+@pytest.mark.parametrize(
+    "path", [pytest.param("/v1/raw-deflate", id="deflate without its zlib header")]
+)
+def test_an_undecodable_body_ends_the_agents_stream_at_once(rproxy: Proxy, raw_agent, path: str):
+    import httpx
+
+    context = ssl.create_default_context(cafile=str(rproxy.ca_file))
+    start = time.monotonic()
+    with httpx.Client(proxy=rproxy.url(*raw_agent), verify=context, timeout=6) as client:
+        try:
+            with client.stream("GET", f"https://raw.test{path}") as reply:
+                for _ in reply.iter_raw():
+                    pass
+        except httpx.HTTPError:
+            pass
+    took = time.monotonic() - start
+    lines = [line for line in rproxy.requests(raw_agent[0]) if line["path"] == path]
+    reason = lines[-1].get("reason") if lines else None
+    crashed = "mitmproxy has crashed" in rproxy.output()
+    assert (took < 3, reason, crashed) == (True, "upstream-protocol-error", False)
