@@ -245,3 +245,26 @@ def plain_flow(host: str = "plain.test", port: int = 80, auth: str | None = None
     flow.request.headers["proxy-authorization"] = auth or basic("a", "tok-a")
     flow.client_conn.tls = False
     return flow
+
+
+# The policy file of docs/policy-files.md: one principal, a credential read from GITHUB_TOKEN,
+# one grant. A test adds `token_dir` or an expiry around it; the line numbers that its
+# messages name follow this layout.
+POLICY = """\
+[[principal]]
+name = "agent"
+
+[[credential]]
+name = "github"
+scheme = "bearer"
+hosts = ["api.github.com"]
+secret_env = "GITHUB_TOKEN"
+
+[[grant]]
+id = "triage-widgets"
+principal = "agent"
+credential = "github"
+methods = ["GET"]
+paths = ["/repos/acme/widgets/issues"]
+purpose = "triage widgets issues"
+"""

@@ -9,28 +9,9 @@ import pytest
 
 from store.errors import InvalidInput
 from store.policyfile.parse import PolicyFileError, SecretSource, load
+from tests.fakes import POLICY
 
-GOOD = """\
-token_dir = "tokens"
-
-[[principal]]
-name = "agent"
-
-[[credential]]
-name = "github"
-scheme = "bearer"
-hosts = ["api.github.com"]
-secret_env = "GITHUB_TOKEN"
-
-[[grant]]
-id = "triage-widgets"
-principal = "agent"
-credential = "github"
-methods = ["GET"]
-paths = ["/repos/acme/widgets/issues"]
-purpose = "triage widgets issues"
-expires = 2027-01-31T00:00:00Z
-"""
+GOOD = 'token_dir = "tokens"\n\n' + POLICY + "expires = 2027-01-31T00:00:00Z\n"
 
 
 def _write(tmp_path: Path, text: str) -> Path:

@@ -14,31 +14,13 @@ from store.errors import Conflict, InvalidInput
 from store.policyfile import reconcile
 from store.policyfile.parse import PolicyFileError, load
 from store.repository import Store
+from tests.fakes import POLICY
 from tests.stores import SECRET
-
-POLICY = """\
-[[principal]]
-name = "agent"
-
-[[credential]]
-name = "github"
-scheme = "bearer"
-hosts = ["api.github.com"]
-secret_env = "CP_TEST_GITHUB"
-
-[[grant]]
-id = "triage-widgets"
-principal = "agent"
-credential = "github"
-methods = ["GET"]
-paths = ["/repos/acme/widgets/issues"]
-purpose = "triage widgets issues"
-"""
 
 
 @pytest.fixture
 def policy_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[[str], Path]:
-    monkeypatch.setenv("CP_TEST_GITHUB", "ghp_policy_secret_1")
+    monkeypatch.setenv("GITHUB_TOKEN", "ghp_policy_secret_1")
 
     def write(text: str) -> Path:
         path = tmp_path / "policy.toml"
@@ -102,7 +84,7 @@ def test_a_changed_secret_shows_only_as_fingerprints_and_is_resealed(
 ) -> None:
     path = policy_file(POLICY)
     _apply(store, key, path)
-    monkeypatch.setenv("CP_TEST_GITHUB", "ghp_policy_secret_2")
+    monkeypatch.setenv("GITHUB_TOKEN", "ghp_policy_secret_2")
     (change,) = reconcile.plan(store.db, key, load(path)).changes
     assert change.fields.keys() == {"secret"}
     before, after = change.fields["secret"]
@@ -116,7 +98,7 @@ def test_without_a_secret_source_an_existing_credential_keeps_its_secret(
     store: Store, key: MasterKey, policy_file: Callable[[str], Path]
 ) -> None:
     _apply(store, key, policy_file(POLICY))
-    no_source = POLICY.replace('secret_env = "CP_TEST_GITHUB"\n', "")
+    no_source = POLICY.replace('secret_env = "GITHUB_TOKEN"\n', "")
     assert reconcile.plan(store.db, key, load(policy_file(no_source))).empty
 
 
@@ -124,7 +106,7 @@ def test_without_a_secret_source_an_existing_credential_keeps_its_secret(
     ("edit", "message"),
     [
         pytest.param(
-            ('secret_env = "CP_TEST_GITHUB"', 'secret_env = "CP_TEST_NEVER_SET"'),
+            ('secret_env = "GITHUB_TOKEN"', 'secret_env = "CP_TEST_NEVER_SET"'),
             'policy.toml:8: credential "github": the variable secret_env names is not set',
             id="a missing secret source changes nothing and says where",
         ),
@@ -346,7 +328,7 @@ def test_secret_sources_that_are_refused(
     edit: str,
     message: str,
 ) -> None:
-    path = policy_file(POLICY.replace('secret_env = "CP_TEST_GITHUB"', edit))
+    path = policy_file(POLICY.replace('secret_env = "GITHUB_TOKEN"', edit))
     with pytest.raises(PolicyFileError) as raised:
         _apply(store, key, path)
     assert any(message in p for p in raised.value.problems), raised.value.problems
