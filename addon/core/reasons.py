@@ -30,6 +30,9 @@ class Reason(enum.StrEnum):
     UPSTREAM_UNRESOLVABLE = "upstream-unresolvable"
     UPSTREAM_TLS_ERROR = "upstream-tls-error"
     UPSTREAM_TIMEOUT = "upstream-timeout"
+    # The corporate proxy of `run --upstream-proxy` refused or failed the CONNECT.
+    UPSTREAM_PROXY_REFUSED = "upstream-proxy-refused"
+    UPSTREAM_PROXY_AUTH = "upstream-proxy-auth"
     AUDIT_UNAVAILABLE = "audit-unavailable"
     REQUEST_TOO_LARGE = "request-too-large"
     REQUEST_TIMEOUT = "request-timeout"
@@ -64,6 +67,9 @@ STATUS = {
     Reason.UPSTREAM_UNRESOLVABLE: 502,
     Reason.UPSTREAM_TLS_ERROR: 502,
     Reason.UPSTREAM_TIMEOUT: 504,
+    # 502, never 407: a 407 to the agent would read as credproxy's own challenge.
+    Reason.UPSTREAM_PROXY_REFUSED: 502,
+    Reason.UPSTREAM_PROXY_AUTH: 502,
     Reason.AUDIT_UNAVAILABLE: 503,
     Reason.REQUEST_TOO_LARGE: 431,
     Reason.REQUEST_TIMEOUT: 408,
@@ -87,6 +93,8 @@ UPSTREAM_REASONS = frozenset(
         Reason.UPSTREAM_UNRESOLVABLE,
         Reason.UPSTREAM_TLS_ERROR,
         Reason.UPSTREAM_TIMEOUT,
+        Reason.UPSTREAM_PROXY_REFUSED,
+        Reason.UPSTREAM_PROXY_AUTH,
         Reason.CREDENTIALS_UNAVAILABLE,
     }
 )

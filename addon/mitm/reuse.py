@@ -16,11 +16,16 @@ answer that began before its request was sent whole or a non-2xx answer to a req
 body (the upstream may have left that body unread). HTTP/2 clients keep mitmproxy's own
 upstream connections. `install()` patches mitmproxy's HttpLayer.get_connection and
 ConnectionHandler.open_connection once, and raises at start-up if either changed shape.
+
+Behind a corporate proxy (`run --upstream-proxy`, addon/mitm/via.py) every upstream
+connection is dialled here, mitmproxy's own too (those without TLS in the transport: its TLS
+layer then runs inside the tunnel), so that none leaves around the corporate proxy.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import ssl
 import time
@@ -43,6 +48,7 @@ from mitmproxy.proxy.server import ConnectionHandler, ConnectionIO
 from addon.mitm import once
 from addon.mitm.bounds import timed_out_servers
 from addon.mitm.connects import RESET
+from addon.mitm.via import ProxyFailed, Route
 from addon.observe import audit
 
 if TYPE_CHECKING:
@@ -174,8 +180,15 @@ class Pool:
 class Reuse:
     """The addon: which connections credproxy dials, its TLS contexts, and the pool."""
 
-    def __init__(self, clients: Clients, idle: float = IDLE, connect_timeout: float = 10.0) -> None:
+    def __init__(
+        self,
+        clients: Clients,
+        idle: float = IDLE,
+        connect_timeout: float = 10.0,
+        route: Route | None = None,
+    ) -> None:
         self.clients = clients
+        self.route = route  # the corporate proxy, if there is one
         self.connect_timeout = connect_timeout
         self.pool = Pool(idle)
         self.usable = False  # mitmproxy's TLS options are ones credproxy's TLS matches
@@ -268,6 +281,33 @@ class Reuse:
             self._contexts[offers] = found
         return found
 
+    async def open(
+        self, server: connection.Server, tls: bool
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """A new connection to the server's vetted address, or through the corporate proxy
+        by the name it was pinned for; TLS for that name in the transport if `tls`.
+
+        Raises: OSError, ProxyFailed, ValueError.
+        """
+        assert server.address is not None
+        name = server.sni
+        if name is None:
+            raise ValueError("no name pinned for this connection")
+        context = self.context(tuple(server.alpn_offers)) if tls else None
+        # addon/proxy/limits.py's --connect-timeout cuts it first; this is the backstop.
+        handshake = self.connect_timeout + 5
+        if self.route is not None and not self.route.direct(name, server.address):
+            return await self.route.open(name, server.address[1], context, handshake)
+        if context is None:
+            return await asyncio.open_connection(*server.address)
+        return await asyncio.open_connection(
+            *server.address,
+            ssl=context,
+            server_hostname=name,
+            ssl_handshake_timeout=handshake,
+            ssl_shutdown_timeout=1.0,
+        )
+
 
 _active: Reuse | None = None
 # The HttpClient layer of each connection credproxy dials: is it idle? Held weakly both ways:
@@ -337,15 +377,22 @@ def _get_connection(original: Callable[..., Any]) -> Callable[..., Any]:
 def _open_connection(original: Callable[..., Any]) -> Callable[..., Any]:
     async def open_connection(self: Any, command: Any) -> Any:
         active = _active
-        if active is None or command.connection not in _layers:
+        if active is None:
             return await original(self, command)
-        await _dial(self, command, active)
+        if command.connection in _layers:
+            await _dial(self, command, active, tls=True)
+        elif active.route is not None:
+            await _dial(self, command, active, tls=False)
+        else:
+            return await original(self, command)
 
     return open_connection
 
 
-async def _dial(handler: Any, command: Any, active: Reuse) -> None:
-    """mitmproxy's open_connection, with TLS in the transport and the pool in front of it."""
+async def _dial(handler: Any, command: Any, active: Reuse, tls: bool) -> None:
+    """mitmproxy's open_connection, with TLS in the transport and the pool in front of it;
+    without `tls`, a plain transport (maybe a tunnel) that mitmproxy's TLS layer runs over,
+    never parked."""
     server = command.connection
     hook_data = server_hooks.ServerConnectionHookData(client=handler.client, server=server)
     await handler.handle_hook(server_hooks.ServerConnectHook(hook_data))  # pins the SNI
@@ -355,20 +402,15 @@ async def _dial(handler: Any, command: Any, active: Reuse) -> None:
             events.OpenConnectionCompleted(command, f"Connection killed: {err}")
         )
         return
-    key = active.key(handler.client, server)
+    key = active.key(handler.client, server) if tls else None
     async with handler.max_conns[server.address]:
         server.timestamp_start = time.time()
         taken = active.pool.take(key) if key is not None else None
         try:
+            if server.transport_protocol != "tcp":
+                raise ValueError("only TCP is dialled")  # http3 is off: never through here
             if taken is None:
-                reader, writer = await asyncio.open_connection(
-                    *server.address,
-                    ssl=active.context(tuple(server.alpn_offers)),
-                    server_hostname=server.sni,
-                    # addon/proxy/limits.py's --connect-timeout cuts it first; this is the backstop.
-                    ssl_handshake_timeout=active.connect_timeout + 5,
-                    ssl_shutdown_timeout=1.0,
-                )
+                reader, writer = await active.open(server, tls)
             else:
                 reader, writer = taken
             peername = writer.get_extra_info("peername")
@@ -376,7 +418,9 @@ async def _dial(handler: Any, command: Any, active: Reuse) -> None:
                 close(writer)
                 raise ConnectionResetError(RESET)
         except Exception as e:  # noqa: BLE001 - fail closed: the request gets an answer
-            if isinstance(e, OSError):
+            if isinstance(e, ProxyFailed):
+                err = str(e)  # a fixed phrase: addon/mitm/via.py
+            elif isinstance(e, OSError):
                 err = str(e) or CLOSED_IN_HANDSHAKE  # asyncio's bare ConnectionResetError()
             else:
                 err = DIAL_FAILED
@@ -391,17 +435,18 @@ async def _dial(handler: Any, command: Any, active: Reuse) -> None:
             await handler.handle_hook(server_hooks.ServerConnectErrorHook(hook_data))
             await handler.server_event(events.OpenConnectionCompleted(command, err))
             raise
-        now = time.time()
-        server.timestamp_tcp_setup = server.timestamp_tls_setup = now
+        server.timestamp_tcp_setup = time.time()
+        if tls:
+            server.timestamp_tls_setup = server.timestamp_tcp_setup
         server.state = ConnectionState.OPEN
         server.peername = peername
         server.sockname = writer.get_extra_info("sockname")
-        tls = writer.get_extra_info("ssl_object")
-        if tls is not None:
-            alpn = tls.selected_alpn_protocol()
+        ssl_object = writer.get_extra_info("ssl_object")
+        if ssl_object is not None:
+            alpn = ssl_object.selected_alpn_protocol()
             server.alpn = alpn.encode("ascii") if alpn else None
-            server.tls_version = tls.version()
-            cipher = tls.cipher()
+            server.tls_version = ssl_object.version()
+            cipher = ssl_object.cipher()
             server.cipher = cipher[0] if cipher else None
         handler.transports[server] = ConnectionIO(
             handler=asyncio.current_task(), reader=reader, writer=writer
@@ -409,7 +454,7 @@ async def _dial(handler: Any, command: Any, active: Reuse) -> None:
         await handler.handle_hook(server_hooks.ServerConnectedHook(hook_data))
         await handler.server_event(events.OpenConnectionCompleted(command, None))
         try:
-            await _serve(handler, server, key, active)
+            await _serve(handler, server, key, active, tls)
         finally:
             server.timestamp_end = time.time()
             await handler.handle_hook(server_hooks.ServerDisconnectedHook(hook_data))
@@ -433,7 +478,7 @@ def _idle(server: Any) -> bool:
     )
 
 
-async def _serve(handler: Any, server: Any, key: Key | None, active: Reuse) -> None:
+async def _serve(handler: Any, server: Any, key: Key | None, active: Reuse, tls: bool) -> None:
     """mitmproxy's handle_connection; a connection idle when its client went is parked."""
     io = handler.transports[server]
     reader, writer = io.reader, io.writer
@@ -474,7 +519,11 @@ async def _serve(handler: Any, server: Any, key: Key | None, active: Reuse) -> N
         except asyncio.CancelledError as e:
             cancelled = e
     if not parked:
-        close(writer)
+        if tls:
+            close(writer)
+        else:
+            with contextlib.suppress(OSError):
+                writer.close()  # plain TCP, as mitmproxy closes it: what was written goes
         handler.transports.pop(server, None)
     if cancelled:
         raise cancelled

@@ -32,7 +32,7 @@ from mitmproxy.proxy.layers.http._events import (
 from mitmproxy.proxy.layers.http._http1 import Http1Server
 
 from addon.core.reasons import STATUS, Reason
-from addon.mitm import hop, once
+from addon.mitm import hop, once, via
 from addon.mitm.bounds import TIMEOUT_PREFIX
 from addon.observe.problem import Problem, problem
 from addon.redaction.wsredact import REDACTORS
@@ -89,6 +89,8 @@ Rule = tuple[str, Reason | None, str]  # (lower-case text, reason, error class)
 # is the peer's to choose. First match wins.
 _TO = Reason.UPSTREAM_TIMEOUT
 UPSTREAM_PREFIXES: tuple[Rule, ...] = (
+    # The corporate proxy's refusals (addon/mitm/via.py's fixed phrases).
+    *((f"{via.PREFIX} {error}", reason, error) for error, (reason, _) in via.ERRORS.items()),
     # addon/proxy/limits.py's deadlines, by phase (its own text: no peer bytes in it).
     (f"{TIMEOUT_PREFIX}: no connection", _TO, "connect-timeout"),
     (f"{TIMEOUT_PREFIX}: no response", _TO, "response-timeout"),
@@ -187,6 +189,7 @@ DETAILS = {
     "request-trailers": REQUEST_TRAILERS,
     "request-too-large": "the request body is too large",
     "minted-credentials": "the upstream's answer held AWS keys, which no agent may receive",
+    **{error: detail for error, (_, detail) in via.ERRORS.items()},
 }
 
 

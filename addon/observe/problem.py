@@ -46,6 +46,8 @@ TITLES = {
     Reason.UPSTREAM_UNRESOLVABLE: "Upstream name does not resolve",
     Reason.UPSTREAM_TLS_ERROR: "Upstream TLS failed",
     Reason.UPSTREAM_TIMEOUT: "Upstream timed out",
+    Reason.UPSTREAM_PROXY_REFUSED: "Upstream proxy refused the connection",
+    Reason.UPSTREAM_PROXY_AUTH: "Upstream proxy refused credproxy's credentials",
     Reason.AUDIT_UNAVAILABLE: "Audit stream unavailable",
     Reason.REQUEST_TOO_LARGE: "Request head too large",
     Reason.REQUEST_TIMEOUT: "Request timed out",

@@ -3,8 +3,8 @@
 Events go through a bounded queue to one sender task: a request never waits for the webhook,
 and one that fails or hangs only delays or drops notifications (counted). The webhook is
 dialled like an upstream (--resolve, or a lookup the destination guard vetted) over verified
-TLS. A payload holds what the audit line of the event holds: never a secret, a token or a
-query string.
+TLS, through the corporate proxy of --upstream-proxy as the requests are. A payload holds
+what the audit line of the event holds: never a secret, a token or a query string.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 
 import certifi
 
+from addon.mitm.via import ProxyFailed, Route
 from addon.observe import audit
 from addon.proxy.dns import LookupFailed
 from store.errors import InvalidInput
@@ -89,8 +90,10 @@ class Notifier:
         attempts: int = ATTEMPTS,
         timeout: float = TIMEOUT,
         backoff: float = BACKOFF,
+        route: Route | None = None,
     ) -> None:
         self.webhook = webhook
+        self.route = route  # the corporate proxy, if there is one
         self.dial = dial
         self.metrics = metrics
         self.attempts = attempts
@@ -132,7 +135,7 @@ class Notifier:
                 await asyncio.sleep(self.backoff * 2 ** (attempt - 1))
             try:
                 status = await asyncio.wait_for(self._send(body), self.timeout)
-            except (OSError, TimeoutError, LookupFailed, ValueError) as e:
+            except (OSError, TimeoutError, LookupFailed, ValueError, ProxyFailed) as e:
                 error = type(e).__name__
                 continue
             if 200 <= status < 300:
@@ -147,10 +150,14 @@ class Notifier:
     async def _send(self, body: bytes) -> int:
         """One POST; the answer's status code. Raises on any failure."""
         hook = self.webhook
-        address = await self.dial(hook.host, hook.port)
-        reader, writer = await asyncio.open_connection(
-            address[0], address[1], ssl=self._context, server_hostname=hook.host
-        )
+        address = await self.dial(hook.host, hook.port)  # vetted, through a proxy or not
+        if self.route is not None and not self.route.direct(hook.host, address):
+            opened = self.route.open(hook.host, hook.port, self._context, self.timeout)
+            reader, writer = await opened
+        else:
+            reader, writer = await asyncio.open_connection(
+                address[0], address[1], ssl=self._context, server_hostname=hook.host
+            )
         try:
             authority = hook.host if hook.port == 443 else f"{hook.host}:{hook.port}"
             head = (

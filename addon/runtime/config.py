@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import errno
 import socket
 from dataclasses import dataclass
@@ -11,11 +12,13 @@ from typing import TYPE_CHECKING
 
 from addon.core.guard import DestinationGuard
 from addon.core.hosts import ResolveMap
+from addon.mitm.via import UpstreamProxy
 from addon.proxy.dns import DEFAULT_TTL
 from addon.proxy.limits import LimitSettings
 from addon.proxy.notify import Webhook
 from addon.runtime.upstreamca import UpstreamCA
 from store.errors import InvalidInput
+from store.rules.grammar import parse_authority
 from store.settings import Settings
 
 if TYPE_CHECKING:
@@ -43,6 +46,7 @@ class RunConfig:
     shared_rates: bool = False
     workers: int = 1
     upstream_idle: float = 4.0  # addon/mitm/reuse.py: seconds an idle upstream connection is kept
+    upstream_proxy: UpstreamProxy | None = None  # addon/mitm/via.py: the corporate proxy
     worker: Role | None = None  # set in a worker process of `--workers N`
 
     @classmethod
@@ -58,6 +62,7 @@ class RunConfig:
         except ValueError as e:
             raise InvalidInput(str(e)) from e
         admin = parse_listen(args.admin, "--admin") if args.admin else None
+        upstream_proxy = parse_upstream_proxy(args)
         return cls(
             settings,
             host,
@@ -76,7 +81,27 @@ class RunConfig:
             args.shared_rates,
             args.workers,
             args.upstream_idle,
+            upstream_proxy=upstream_proxy,
         )
+
+
+def parse_upstream_proxy(args: argparse.Namespace) -> UpstreamProxy | None:
+    """--upstream-proxy and its companions; the names --resolve maps are dialled directly."""
+    if not args.upstream_proxy:
+        if args.upstream_proxy_bypass or args.upstream_proxy_credential:
+            raise InvalidInput(
+                "--upstream-proxy-bypass and --upstream-proxy-credential need --upstream-proxy"
+            )
+        return None
+    try:
+        proxy = UpstreamProxy.parse(
+            args.upstream_proxy, args.upstream_proxy_bypass, args.upstream_proxy_credential
+        )
+    except ValueError as e:
+        raise InvalidInput(str(e)) from e
+    # Already checked by ResolveMap.parse.
+    resolved = frozenset(parse_authority(spec.partition("=")[0])[0] for spec in args.resolve)
+    return dataclasses.replace(proxy, resolved=resolved)
 
 
 def parse_listen(text: str, flag: str) -> tuple[str, int]:

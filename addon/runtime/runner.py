@@ -107,6 +107,26 @@ def add_command(sub: Any, common: argparse.ArgumentParser) -> None:
         help="keep an idle upstream connection this long for the principal's next client "
         "connection to the same host; 0: never (default %(default)g)",
     )
+    p.add_argument(
+        "--upstream-proxy",
+        metavar="URL",
+        default=os.environ.get("CREDPROXY_UPSTREAM_PROXY"),
+        help="reach upstreams through this corporate proxy, http://HOST:PORT, with a CONNECT "
+        "by name and TLS end to end (default: $CREDPROXY_UPSTREAM_PROXY)",
+    )
+    p.add_argument(
+        "--upstream-proxy-bypass",
+        action="append",
+        default=[],
+        metavar="HOSTS",
+        help="dial these directly: host names (and the names under them), addresses, CIDRs "
+        "or *, comma-separated as in NO_PROXY (repeatable)",
+    )
+    p.add_argument(
+        "--upstream-proxy-credential",
+        metavar="NAME",
+        help="send the corporate proxy this stored basic credential (bound to its HOST:PORT)",
+    )
     add_limit_flags(p)
     p.set_defaults(func=cmd_run)
 

@@ -18,6 +18,7 @@ from addon.observe import audit
 from addon.observe.admin import AdminServer
 from addon.proxy import signing
 from addon.proxy.chain import REQUIRED_OPTIONS
+from addon.proxy.corporate import ProxyCredential
 from addon.proxy.forward import Forward
 from addon.proxy.live import LivePolicy, abandoned
 from addon.proxy.trail import Trail
@@ -50,6 +51,9 @@ async def serve(config: RunConfig, started: asyncio.Event | None = None) -> int:
         check_ca(settings.certs)
         live = LivePolicy(store, max_stale=config.max_stale, reload_key=settings.key)
         policy = live.load()
+        proxy = config.upstream_proxy
+        if proxy is not None and proxy.credential is not None:
+            ProxyCredential(live, proxy).check(policy)
     except CredproxyError:
         store.close()
         raise
@@ -112,6 +116,7 @@ async def _serve(
         update.get("ssl_verify_upstream_trusted_ca"),
         config.shared_rates,
         config.upstream_idle,
+        config.upstream_proxy,
     )
     master.addons.add(chain)
     reuse.activate(chain.part(reuse.Reuse))

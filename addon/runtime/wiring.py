@@ -13,6 +13,7 @@ import time
 from addon.core.guard import DestinationGuard
 from addon.core.hosts import ResolveMap
 from addon.mitm.reuse import Reuse
+from addon.mitm.via import Route, UpstreamProxy
 from addon.observe import audit
 from addon.observe.metrics import Metrics, StreakAlerts
 from addon.proxy.access import AccessEndpoint, AccessRequests
@@ -20,6 +21,7 @@ from addon.proxy.approval import Holds, HoldSettings
 from addon.proxy.auth import Auth
 from addon.proxy.bodygate import BodyGate
 from addon.proxy.chain import Chain, Lifecycle
+from addon.proxy.corporate import ProxyCredential
 from addon.proxy.dns import DEFAULT_TTL
 from addon.proxy.forward import Forward
 from addon.proxy.gate import Gate
@@ -48,6 +50,7 @@ def build_chain(
     cafile: str | None = None,
     shared_rates: bool = False,
     upstream_idle: float = 4.0,
+    upstream_proxy: UpstreamProxy | None = None,
 ) -> Chain:
     """credproxy's addons, in the order they run for each hook.
 
@@ -81,9 +84,15 @@ def build_chain(
     )
     deadlines = Limits(limits, clients, trail)
     holds.on_hold = deadlines.hold
+    route = None
+    if upstream_proxy is not None:
+        credential = None
+        if upstream_proxy.credential is not None:
+            credential = ProxyCredential(live, upstream_proxy)
+        route = Route(upstream_proxy, credential)
     notifier = None
     if notify is not None:
-        notifier = Notifier(notify, forward.dial, metrics, cafile)
+        notifier = Notifier(notify, forward.dial, metrics, cafile, route=route)
         holds.notify = access.notify = notifier.post
     _schemes(forward, live, metrics, cafile)
     return Chain(
@@ -92,7 +101,8 @@ def build_chain(
             Auth(live, clients, trail),  # http_connect, requestheaders: who, and the tunnel
             Pinning(clients),  # tls_clienthello, tls_start_client, server_connect
             # running, configure, responseheaders, done: parked upstream connections
-            Reuse(clients, upstream_idle, limits.connect_timeout),
+            # every upstream connection, when there is a corporate proxy (addon/mitm/via.py)
+            Reuse(clients, upstream_idle, limits.connect_timeout, route),
             Gate(access, trail, limiter),  # requestheaders: the principal's rate, the verdict
             # requestheaders: hold a body that decides the grant; request: decide, then forward
             BodyGate(forward, trail),
