@@ -88,6 +88,7 @@ class Coverage:
     path: str
     until: datetime | None
     counted: bool  # limited to a number of requests, spent in the store
+    operation: str | None = None  # what the body asked, for a grant with a body rule
 
 
 @dataclass(frozen=True)
@@ -239,3 +240,4 @@ class AccessRequestEntry:
     cover_until: datetime | None = None
     cover_uses: int | None = None
     covered: int = 0
+    operation: str | None = None  # what a held request's body asked (a grant's body rule)

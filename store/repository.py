@@ -255,9 +255,10 @@ class Store:
         path: str,
         seconds: int,
         share: bool,
+        operation: str | None = None,
     ) -> tuple[int, bool]:
         return approvals.hold(
-            self.db, principal, grant_id, host, port, method, path, seconds, share
+            self.db, principal, grant_id, host, port, method, path, seconds, share, operation
         )
 
     def hold_states(self, ids: Sequence[int]) -> dict[int, str]:

@@ -140,6 +140,7 @@ def coverage(now: datetime) -> Query:
             AccessRequest.path,
             AccessRequest.cover_until,
             AccessRequest.cover_uses.is_not(None),
+            AccessRequest.operation,
         )
         .join(Grant, AccessRequest.grant_id == Grant.id)
         .where(
@@ -160,9 +161,9 @@ def coverage(now: datetime) -> Query:
 
 def compile_coverage(rows: Iterable[Any]) -> dict[int, tuple[Coverage, ...]]:
     found: dict[int, tuple[Coverage, ...]] = {}
-    for gid, rid, method, host, port, path, until, counted in rows:
+    for gid, rid, method, host, port, path, until, counted, operation in rows:
         assert gid is not None  # joined to its grant
-        cover = Coverage(rid, method, host, port, path, until, bool(counted))
+        cover = Coverage(rid, method, host, port, path, until, bool(counted), operation)
         found[gid] = (*found.get(gid, ()), cover)
     return found
 

@@ -463,11 +463,20 @@ class Policy:
         return rules.rules.get(grant_id) if rules is not None else None
 
     def covering(
-        self, grant_id: int, method: str, host: str, port: int, path: str, now: datetime
+        self,
+        grant_id: int,
+        method: str,
+        host: str,
+        port: int,
+        path: str,
+        now: datetime,
+        operation: str | None = None,
     ) -> Coverage | None:
-        """An owner's approval that lets this request of a `first` grant go without a hold."""
+        """An owner's approval that lets this request of a `first` grant go without a hold.
+        For a grant with a body rule, the kind includes what the body asked (`operation`)."""
+        kind = (method, host, port, path, operation)
         for found in self._coverage.get(grant_id, ()):
-            if (found.method, found.host, found.port, found.path) == (method, host, port, path):
+            if (found.method, found.host, found.port, found.path, found.operation) == kind:
                 if found.until is None or now < found.until:
                     return found
         return None

@@ -86,7 +86,10 @@ class Holds:
         assert v.method is not None and v.path is not None
         rule = v.rule
         now = datetime.now(UTC)
-        cover = step.policy.covering(rule.grant_id, v.method, v.host, v.port, v.path, now)
+        operation = operation_of(rec.body)
+        cover = step.policy.covering(
+            rule.grant_id, v.method, v.host, v.port, v.path, now, operation
+        )
         if cover is not None and (not cover.counted or await self._spend(cover.id)):
             rec.approval = cover.id
             return
@@ -104,7 +107,7 @@ class Holds:
         started = time.monotonic()
         keep = 0.0  # how long the place stays taken after the request is answered
         try:
-            request_id = await self._record(step, rule, v.host, v.port, v.method, v.path)
+            request_id = await self._record(step, rule, v.host, v.port, v.method, v.path, operation)
             rec.approval = request_id
             self.waited.add(flow)
             self.on_hold(flow)
@@ -148,7 +151,14 @@ class Holds:
             del self._held[principal]
 
     async def _record(
-        self, step: Step, rule: Rule, host: str, port: int, method: str, path: str
+        self,
+        step: Step,
+        rule: Rule,
+        host: str,
+        port: int,
+        method: str,
+        path: str,
+        operation: str | None,
     ) -> int:
         try:
             request_id, created = await self.live.call(
@@ -161,6 +171,7 @@ class Holds:
                 path,
                 rule.hold,
                 rule.approval == "first",
+                operation,
             )
         except CredproxyError as e:
             raise Denied(Reason.STORE_UNAVAILABLE, "the store did not answer") from e
@@ -174,6 +185,8 @@ class Holds:
             "path": path,
             "hold_s": rule.hold,
         }
+        if operation is not None:
+            event["operation"] = operation
         self.log.info("approval.pending", **event)
         if created:
             self.notify("approval.pending", event)
@@ -369,3 +382,25 @@ def _stream_reset(flow: http.HTTPFlow) -> bool:
 
 
 _MAX_LAYERS = 4096
+
+
+def operation_of(body: dict[str, Any] | None) -> str | None:
+    """What a request's body asked, in words an owner approves: `mutation addComment`,
+    `tools/call search_issues`, `eth_call`. None without a body rule. Names only: a body rule's
+    summary holds no argument or value."""
+    if not body:
+        return None
+    parts: list[str] = []
+    for kind, found in body.items():
+        for item in found:
+            if kind == "graphql":
+                fields = ",".join(item.get("fields") or ())
+                parts.append(f"{item.get('type')} {fields}".strip())
+            elif kind == "mcp":
+                target = item.get("tool") or item.get("uri") or item.get("prompt")
+                parts.append(
+                    f"{item.get('method')} {target}" if target else str(item.get("method"))
+                )
+            else:
+                parts.append(str(item))
+    return "; ".join(parts)[:500] or None

@@ -211,5 +211,8 @@ class AccessRequest(Base):
     cover_until: Mapped[datetime | None] = mapped_column(UTCDateTime)
     cover_uses: Mapped[int | None] = mapped_column(Integer)
     covered: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+    # What the held request's body asked, as a grant's body rule decided it: shown to the owner
+    # and part of the kind a `first` approval covers. NULL: a request without a body rule.
+    operation: Mapped[str | None] = mapped_column(Text)
 
     __table_args__ = (Index("ix_access_requests_principal_state", "principal_id", "state"),)

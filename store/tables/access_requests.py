@@ -228,6 +228,7 @@ def _entry(row: AccessRequest, principal: str) -> AccessRequestEntry:
         decision_reason=row.decision_reason,
         grant_id=row.grant_id,
         kind=row.kind,
+        operation=row.operation,
         hold_until=row.hold_until,
         cover_until=row.cover_until,
         cover_uses=row.cover_uses,

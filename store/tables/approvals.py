@@ -32,6 +32,7 @@ def hold(
     path: str,
     seconds: int,
     share: bool,
+    operation: str | None = None,
 ) -> tuple[int, bool]:
     """Record a held request; returns (id, created). With `share`, one of the same kind
     still pending is joined instead (its count goes up): one decision answers them all.
@@ -55,6 +56,9 @@ def hold(
                     AccessRequest.port == port,
                     AccessRequest.method == method,
                     AccessRequest.path == path,
+                    AccessRequest.operation.is_(None)
+                    if operation is None
+                    else AccessRequest.operation == operation,
                     AccessRequest.hold_until > now,
                 )
             ).first()
@@ -76,6 +80,7 @@ def hold(
             first_seen=now,
             last_seen=now,
             hold_until=now + timedelta(seconds=seconds),
+            operation=operation,
         )
         session.add(row)
         session.flush()

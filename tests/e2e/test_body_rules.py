@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import gzip
 import json
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import parse_qs, urlsplit
 
 import httpx
@@ -27,7 +29,11 @@ SECRET = b"ghp-body-rules-e2e-secret"
 SCHEMA = build_schema(
     """
     type Query { viewer: String, issues: [String] }
-    type Mutation { addComment(body: String): String, deleteRepository(name: String): String }
+    type Mutation {
+      addComment(body: String): String
+      deleteRepository(name: String): String
+      createIssue: String
+    }
     """
 )
 ROOT = {
@@ -35,6 +41,7 @@ ROOT = {
     "issues": ["#1"],
     "addComment": lambda info, **kw: "commented",
     "deleteRepository": lambda info, **kw: "deleted",
+    "createIssue": lambda info, **kw: "created",
 }
 
 
@@ -280,3 +287,48 @@ def test_a_grant_without_a_body_rule_still_allows_what_the_body_rule_refuses(
         again = _post(client, {"query": 'mutation { deleteRepository(name: "x") }'})
     assert [read.status_code, wrote.status_code, again.status_code] == [200, 200, 403]
     assert again.headers["x-credproxy-reason"] == "operation-not-allowed"
+
+
+# -- held for approval: the owner sees what the body asks ------------------------------------
+
+
+def _pending_events(proxy: Proxy, agent: str, count: int) -> list[dict]:
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        found = [
+            line
+            for line in proxy.audit()
+            if line.get("event") == "approval.pending" and line.get("principal") == agent
+        ]
+        if len(found) >= count:
+            return found
+        time.sleep(0.05)
+    raise AssertionError("no approval.pending event")
+
+
+def test_a_held_body_ruled_request_names_its_operation_and_a_first_approval_covers_only_it(
+    proxy: Proxy, upstream: Upstream, names
+):
+    limits = validation.limits(None, None, approval="first", hold="30s")
+    agent, token = _granted(
+        proxy, names, {"mutation": ["addComment", "createIssue"]}, limits=limits
+    )
+    comment = {"query": 'mutation { addComment(body: "hi") }'}
+    create = {"query": "mutation { createIssue }"}
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(lambda: _post(proxy.client(agent, token, timeout=60), comment))
+        [event] = _pending_events(proxy, agent, 1)
+        assert event["operation"] == "mutation addComment"
+        assert upstream.log.requests == []  # held: nothing sent yet
+        proxy.store.approve_access_request(event["id"])
+        assert first.result(timeout=20).status_code == 200
+        proxy.wait_reload()
+        # The same operation again: covered by the approval, not held.
+        with proxy.client(agent, token) as client:
+            assert _post(client, comment).status_code == 200
+        # Another operation of the grant is another kind: held again, with its own name.
+        second = pool.submit(lambda: _post(proxy.client(agent, token, timeout=60), create))
+        events = _pending_events(proxy, agent, 2)
+        assert events[-1]["operation"] == "mutation createIssue"
+        proxy.store.deny_access_request(events[-1]["id"])
+        assert second.result(timeout=20).status_code == 403
