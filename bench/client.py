@@ -30,6 +30,7 @@ class Target:
     # One (principal, token) per connection slot, round-robin; empty for no proxy auth.
     credentials: tuple[tuple[str, str], ...] = ()
     close: bool = False  # every request says `Connection: close`
+    body: bytes | None = None  # sent with POST as application/json
 
     @property
     def authority(self) -> str:
@@ -130,6 +131,12 @@ class _Connection:
 
 def request_bytes(target: Target) -> bytes:
     close = "Connection: close\r\n" if target.close else ""
+    if target.body is not None:
+        return (
+            f"POST {target.path} HTTP/1.1\r\nHost: {target.authority}\r\n"
+            f"User-Agent: credproxy-bench\r\nAccept: */*\r\n{close}"
+            f"Content-Type: application/json\r\nContent-Length: {len(target.body)}\r\n\r\n"
+        ).encode() + target.body
     return (
         f"GET {target.path} HTTP/1.1\r\nHost: {target.authority}\r\n"
         f"User-Agent: credproxy-bench\r\nAccept: */*\r\n{close}\r\n"

@@ -16,6 +16,7 @@ from sqlalchemy import insert, update
 from store.crypto import MasterKey, Secret, hash_token, new_token
 from store.db.models import Credential, Grant, Principal, StoreState, utcnow
 from store.repository import Store
+from store.rules import bodyrules
 from store.rules.grammar import parse_host, validate_method, validate_name, validate_path_pattern
 from store.tables.keys import seal
 
@@ -34,6 +35,8 @@ class Population:
     # "sigv4": every request signed with AWS SigV4 (bench.test is no AWS name: the scope is
     # given as --service/--region would give it).
     scheme: str = "bearer"
+    # The benchmark's grant decides each request's body: POST with a GraphQL query rule.
+    graphql: bool = False
 
     @property
     def grants(self) -> int:
@@ -44,10 +47,18 @@ def _hosts(*specs: str) -> list[str]:
     return [str(parse_host(spec)) for spec in specs]
 
 
-def _grant(host: str, principal_id: int, credential: int, j: int) -> dict[str, object]:
+GRAPHQL_RULE = bodyrules.parse("graphql", {"query": "*", "mutation": ["addComment"]})
+
+
+def _grant(
+    host: str, principal_id: int, credential: int, j: int, graphql: bool = False
+) -> dict[str, object]:
     """Grant j of a principal: 0 is the benchmark's, 1 shares its host, the rest elsewhere."""
+    body = None
     if j == 0:
         hosts, methods, paths = _hosts(host), ["GET"], ["/bench/"]
+        if graphql:
+            methods, body = ["POST"], GRAPHQL_RULE.to_json()
     elif j == 1:
         hosts, methods, paths = _hosts(host), ["POST", "PUT"], ["/upload/"]
     else:
@@ -68,6 +79,7 @@ def _grant(host: str, principal_id: int, credential: int, j: int) -> dict[str, o
         "once": False,
         "websocket": False,
         "created_at": utcnow(),
+        "body": body,
     }
 
 
@@ -107,7 +119,13 @@ def populate(store: Store, key: MasterKey, spec: Population) -> list[tuple[str, 
             }
         )
     grants = [
-        _grant(spec.host, i + 1, (i * spec.grants_per_principal + j) % spec.credentials, j)
+        _grant(
+            spec.host,
+            i + 1,
+            (i * spec.grants_per_principal + j) % spec.credentials,
+            j,
+            spec.graphql,
+        )
         for i in range(spec.principals)
         for j in range(spec.grants_per_principal)
     ]

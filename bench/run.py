@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import platform
 import shutil
@@ -51,11 +52,26 @@ POPULATIONS = {
     # The same with `--upstream-idle 0`: no upstream connection outlives its client connection
     # (what one-shot clients paid before addon/mitm/reuse.py).
     "credproxy-10-nokeep": Population(principals=10, credentials=10, grants_per_principal=1),
+    # Every request a 2 KiB GraphQL query, decided on its body by the grant's graphql rule.
+    "credproxy-graphql": Population(
+        principals=10, credentials=10, grants_per_principal=1, graphql=True
+    ),
     # Every request signed with AWS SigV4 (botocore) at the edge.
     "credproxy-sigv4": Population(
         principals=10, credentials=10, grants_per_principal=1, scheme="sigv4"
     ),
 }
+# About 2 KiB: a GitHub-style query of a repository's issues and their comments.
+GRAPHQL_QUERY = json.dumps(
+    {
+        "query": "query Issues($owner: String!, $name: String!) { repository(owner: $owner, "
+        "name: $name) { issues(first: 50, states: OPEN) { nodes { number title body "
+        "author { login } labels(first: 10) { nodes { name color } } comments(first: 20) "
+        "{ nodes { body author { login } createdAt } } } pageInfo { hasNextPage endCursor } "
+        "} } } " + "# " + "padding " * 200,
+        "variables": {"owner": "acme", "name": "widgets"},
+    }
+).encode()
 DNS_CONFIGS = frozenset({"credproxy-10-dns", "credproxy-10-dns-miss"})
 # Extra `credproxy run` flags per configuration.
 RUN_FLAGS = {
@@ -202,7 +218,14 @@ class Bench:
                     RUN_FLAGS.get(config, ()),
                     pin=config not in UNPINNED,
                 )
-                target = Target(HOST, 443, PATH, proxy_context, credentials=tuple(tokens))
+                target = Target(
+                    HOST,
+                    443,
+                    PATH,
+                    proxy_context,
+                    credentials=tuple(tokens),
+                    body=GRAPHQL_QUERY if POPULATIONS[config].graphql else None,
+                )
             else:
                 continue
             running = self._launch(config, launch)

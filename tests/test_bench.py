@@ -44,10 +44,11 @@ def _rows(results: dict[str, Any]) -> dict[tuple[str, int], dict[str, Any]]:
     [
         pytest.param(
             "keep-alive",
-            ("direct", "mitmproxy", "credproxy-10"),
+            ("direct", "mitmproxy", "credproxy-10", "credproxy-graphql"),
             20,
             (),
-            id="keep-alive through every proxy and direct gives a row per config and level",
+            id="keep-alive through every proxy and direct gives a row per config and level "
+            "(a GraphQL body decided per request among them)",
         ),
         pytest.param(
             "new-connection",
