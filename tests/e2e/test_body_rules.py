@@ -332,3 +332,32 @@ def test_a_held_body_ruled_request_names_its_operation_and_a_first_approval_cove
         assert events[-1]["operation"] == "mutation createIssue"
         proxy.store.deny_access_request(events[-1]["id"])
         assert second.result(timeout=20).status_code == 403
+
+
+def test_json_rpc_methods_outside_the_list_never_reach_the_upstream(
+    proxy: Proxy, upstream: Upstream, names
+):
+    agent, cred = names("rpc"), names("rpccred")
+    token = proxy.store.add_principal(agent)
+    proxy.store.add_credential(cred, "bearer", ["api.test"], Secret(SECRET))
+    proxy.store.add_grant(
+        agent,
+        ["POST"],
+        credential=cred,
+        paths=["/rpc"],
+        body=bodyrules.parse("jsonrpc", {"methods": ["eth_call", "eth_getBalance"]}),
+    )
+    proxy.wait_reload()
+    call = {"jsonrpc": "2.0", "id": 1, "method": "eth_call", "params": []}
+    send = {"jsonrpc": "2.0", "id": 2, "method": "eth_sendTransaction", "params": []}
+    with proxy.client(agent, token) as client:
+        allowed = client.post("https://api.test/rpc", json=call)
+        refused = client.post("https://api.test/rpc", json=send)
+        batched = client.post("https://api.test/rpc", json=[call, send])
+    assert allowed.status_code == 200
+    assert [refused.status_code, batched.status_code] == [403, 403]
+    assert {refused.headers["x-credproxy-reason"], batched.headers["x-credproxy-reason"]} == {
+        "rpc-method-not-allowed"
+    }
+    assert [r.target for r in upstream.log.requests] == ["/rpc"]
+    assert [line["body"] for line in proxy.requests(agent)][0] == {"jsonrpc": ["eth_call"]}
