@@ -61,9 +61,10 @@ class DemoFailed(CredproxyError):
 Main = Callable[[Sequence[str]], int]
 
 
-def add_command(sub: Any, main: Main) -> None:
+def register(sub: Any, common: argparse.ArgumentParser, *, main: Main) -> None:
     """`credproxy demo`; `main` is the CLI's own entry point, which the demo calls in this
-    process for each command it shows (passed in: the CLI imports the demo)."""
+    process for each command it shows (passed in: the CLI imports the demo). The demo makes a
+    store of its own, so it takes none of `common`'s options."""
     p = sub.add_parser(
         "demo",
         help="a trial on this machine, offline: five requests shown",

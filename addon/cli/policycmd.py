@@ -20,7 +20,7 @@ from store.settings import Settings
 CHANGES = 1
 
 
-def add_commands(sub: Any, common: argparse.ArgumentParser) -> None:
+def register(sub: Any, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser(
         "plan", parents=[common], help="show what applying a policy file would change"
     )

@@ -1,0 +1,248 @@
+"""`credproxy credential`: the secrets, read from stdin, and the hosts they may go to."""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import sys
+from typing import Any
+
+from addon.cli.output import emit, table
+from addon.cli.parsing import group
+from store.crypto import Secret
+from store.errors import InvalidInput
+from store.records import CredentialEntry
+from store.rules import aws, validation
+from store.rules.grammar import validate_name
+from store.rules.mintspec import GITHUB_API, MINTED
+from store.rules.validation import SCHEMES
+from store.settings import Settings
+
+COMMAND = "credential"
+MAX_SECRET = 64 * 1024
+MINT_OPTIONS = (
+    "token_url",
+    "scope",
+    "audience",
+    "client_auth",
+    "token_prefix",
+    "subject",
+    "installation",
+    "repository",
+    "permission",
+    "api_url",
+)
+
+
+def register(sub: Any, common: argparse.ArgumentParser) -> None:
+    """Its `add` and `rotate` read a secret: `reads_secret` keeps their arguments out of errors."""
+    credential = group(sub, COMMAND, "secrets and the hosts they may go to")
+    p = credential.add_parser("add", parents=[common], help="the secret is read from stdin")
+    p.add_argument("name", help="[a-z0-9][a-z0-9._-]{0,62}")
+    p.add_argument("--scheme", required=True, choices=SCHEMES, help="how the secret is stamped")
+    p.add_argument(
+        "--host", action="append", required=True, help="HOST[:PORT] it may be sent to, repeatable"
+    )
+    p.add_argument("--header", help="header name, with --scheme header or a minted-token scheme")
+    p.add_argument("--param", help="query parameter name, with --scheme query")
+    p.add_argument("--region", help="AWS region, with --scheme sigv4 (default: from the host)")
+    p.add_argument(
+        "--service", help="AWS signing name, with --scheme sigv4 (default: from the host)"
+    )
+    p.add_argument("--assume-role", metavar="ARN", help="sign as this role (STS), with sigv4")
+    p.add_argument("--external-id", help="with --assume-role")
+    p.add_argument("--session-policy", metavar="FILE", help="JSON policy, with --assume-role")
+    p.add_argument("--placeholder", help="what the agent sends in its place, with --scheme path")
+    p.add_argument(
+        "--position",
+        action="append",
+        default=[],
+        help="path prefix where the placeholder goes, e.g. /bot{}, with --scheme path",
+    )
+    p.add_argument("--placeholder-env", help="a variable `credproxy exec` sets to a placeholder")
+    _mint_flags(p)
+    p.set_defaults(func=cmd_credential_add, reads_secret=True)
+    p = credential.add_parser("list", parents=[common], help="credentials (never secrets)")
+    p.set_defaults(func=cmd_credential_list)
+    p = credential.add_parser("remove", parents=[common], help="destroy; revokes its grants")
+    p.add_argument("name", help="the credential")
+    p.set_defaults(func=cmd_credential_remove)
+    p = credential.add_parser("rotate", parents=[common], help="new secret from stdin")
+    p.add_argument("name", help="the credential")
+    p.set_defaults(func=cmd_credential_rotate, reads_secret=True)
+
+
+def _mint_flags(p: argparse.ArgumentParser) -> None:
+    """The minted-token schemes' flags (oauth2-client, oauth2-refresh, google-service-account,
+    github-app)."""
+    p.add_argument("--token-url", metavar="URL", help="https token endpoint, with oauth2-*")
+    p.add_argument(
+        "--scope",
+        action="append",
+        default=[],
+        help="a scope to ask for, repeatable, with oauth2-* and google-service-account",
+    )
+    p.add_argument("--audience", help="the audience parameter, with oauth2-client")
+    p.add_argument(
+        "--client-auth",
+        choices=("basic", "post", "none"),
+        help="how the client authenticates, with oauth2-* (default: basic; none without a "
+        "client_secret)",
+    )
+    p.add_argument(
+        "--token-prefix",
+        metavar="TEXT",
+        help="what goes before the token in the header (default: 'Bearer ')",
+    )
+    p.add_argument(
+        "--subject", metavar="EMAIL", help="the user to act as, with google-service-account"
+    )
+    p.add_argument("--installation", metavar="ID", help="installation id, with github-app")
+    p.add_argument(
+        "--repository",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="narrow the token to this repository, repeatable, with github-app",
+    )
+    p.add_argument(
+        "--permission",
+        action="append",
+        default=[],
+        metavar="NAME=read|write",
+        help="narrow the token to this permission, repeatable, with github-app",
+    )
+    p.add_argument(
+        "--api-url",
+        metavar="URL",
+        help="GitHub API base, with github-app (default https://api.github.com)",
+    )
+
+
+def read_secret() -> Secret:
+    """The secret from stdin, one trailing newline stripped; a prompt without echo on a tty."""
+    if sys.stdin.isatty():
+        raw = getpass.getpass("secret (not echoed): ").encode()
+    else:
+        raw = sys.stdin.buffer.read(MAX_SECRET + 3)  # room for the newline that is stripped
+        if raw.endswith(b"\r\n"):
+            raw = raw[:-2]
+        elif raw.endswith(b"\n"):
+            raw = raw[:-1]
+        if len(raw) > MAX_SECRET:
+            raise InvalidInput("the secret is longer than 64 KiB")
+    if not raw:
+        raise InvalidInput("the secret is empty (it is read from standard input)")
+    return Secret(raw)
+
+
+def cmd_credential_add(args: argparse.Namespace, settings: Settings) -> int:
+    # Arguments before input: a wrong --host is the error to show, not the empty secret after it.
+    validate_name("credential", args.name)
+    validation.credential_hosts(args.host)
+    store = settings.store()
+    secret = read_secret()
+    options = {
+        "region": args.region,
+        "service": args.service,
+        "assume_role": args.assume_role,
+        "external_id": args.external_id,
+        "session_policy": _policy_file(args.session_policy),
+        "placeholder": args.placeholder,
+        "position": args.position,
+        "placeholder_env": args.placeholder_env,
+        **{name: getattr(args, name) for name in MINT_OPTIONS},
+    }
+    fp = store.add_credential(
+        args.name, args.scheme, args.host, secret, args.header, args.param, options
+    )
+    emit(
+        settings,
+        {"name": args.name, "scheme": args.scheme, "fingerprint": fp},
+        [f"added credential {args.name} ({args.scheme}, {fp})"],
+    )
+    return 0
+
+
+def _policy_file(path: str | None) -> str | None:
+    if path is None:
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read(64 * 1024)
+    except (OSError, UnicodeDecodeError) as e:
+        raise InvalidInput(f"cannot read --session-policy {path!r}") from e
+
+
+def _credential_row(c: CredentialEntry) -> dict[str, Any]:
+    return {
+        "name": c.name,
+        "scheme": c.scheme,
+        "header": c.header_name,
+        "param": c.param_name,
+        "hosts": c.hosts,
+        **_scheme_columns(c),
+        "fingerprint": c.fingerprint,
+        "created_at": c.created_at.isoformat(timespec="seconds"),
+        "rotated_at": c.rotated_at.isoformat(timespec="seconds") if c.rotated_at else None,
+        "placeholder_env": c.options.get("placeholder_env"),
+    }
+
+
+def _scheme_columns(c: CredentialEntry) -> dict[str, Any]:
+    """A sigv4 credential's region, service and masked key id; a path one's placeholder."""
+    if c.scheme == "sigv4":
+        service, region = c.options.get("service"), c.options.get("region")
+        scopes = [aws.scope_of(aws.representative(h), service, region) for h in c.hosts]
+        return {
+            "region": ",".join(sorted({s.region for s in scopes if s})) or None,
+            "service": ",".join(sorted({s.service for s in scopes if s})) or None,
+            "access_key_id": c.options.get("access_key_id"),
+            "assume_role": c.options.get("assume_role"),
+        }
+    if c.scheme == "path":
+        return {
+            "placeholder": c.options.get("placeholder"),
+            "positions": c.options.get("positions"),
+        }
+    if c.scheme in MINTED:
+        return {"token_url": _token_endpoint(c), "scope": c.options.get("scope")}
+    return {}
+
+
+def _token_endpoint(c: CredentialEntry) -> str | None:
+    """Where a minted credential's tokens come from."""
+    if c.scheme == "github-app":
+        api = c.options.get("api_url", GITHUB_API)
+        return f"{api}/app/installations/{c.options.get('installation')}/access_tokens"
+    found: str | None = c.options.get("token_url") or c.options.get("token_uri")
+    return found
+
+
+def cmd_credential_list(args: argparse.Namespace, settings: Settings) -> int:
+    rows = [_credential_row(c) for c in settings.reader().list_credentials()]
+    columns = ["name", "scheme", "header", "param", "hosts"]
+    extras = ("region", "service", "access_key_id", "assume_role", "placeholder", "positions")
+    for extra in (*extras, "token_url", "scope"):
+        if any(extra in row for row in rows):
+            columns.append(extra)
+    columns += ["fingerprint", "rotated_at"]
+    emit(settings, rows, table([{c: row.get(c) for c in columns} for row in rows], columns))
+    return 0
+
+
+def cmd_credential_remove(args: argparse.Namespace, settings: Settings) -> int:
+    revoked = settings.store().remove_credential(args.name)
+    emit(
+        settings,
+        {"name": args.name, "revoked_grants": revoked},
+        [f"removed credential {args.name}; revoked {revoked} grant(s)"],
+    )
+    return 0
+
+
+def cmd_credential_rotate(args: argparse.Namespace, settings: Settings) -> int:
+    store = settings.store()
+    fp = store.rotate_credential(args.name, read_secret())
+    emit(settings, {"name": args.name, "fingerprint": fp}, [f"rotated {args.name} ({fp})"])
+    return 0
