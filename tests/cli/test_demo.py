@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from addon.cli.demo import Demo
+from addon.cli.demostage import Stage
 from tests.clihelp import COMMAND
 
 pytestmark = pytest.mark.e2e
@@ -134,7 +134,7 @@ def test_a_step_interrupted_is_an_interrupt_not_a_failure(tmp_path: Path) -> Non
     # main() answers Ctrl-C with status 130: the demo must stop as interrupted, never say
     # "credproxy init failed:" with an empty reason.
     with pytest.raises(KeyboardInterrupt):
-        Demo(tmp_path, lambda argv: 130).cli("init")
+        Stage(tmp_path, lambda argv: 130).cli("init")
 
 
 def test_ctrl_c_at_the_first_step_exits_130_quietly(tmp_path: Path) -> None:
