@@ -390,3 +390,33 @@ def test_without_the_proxys_credential_squid_answers_407_and_the_agent_reads_a_r
         assert "proxy-authenticate" not in reply.headers
     finally:
         stop_proxy(anonymous)
+
+
+def test_a_credential_not_bound_to_the_proxy_stops_the_start(
+    tmp_path_factory: pytest.TempPathFactory, squid: Squid
+) -> None:
+    home = tmp_path_factory.mktemp("unbound")
+    env = _env(home)
+    subprocess.run([*CREDPROXY, "init"], env=env, cwd=home, check=True, capture_output=True)
+    store = Store(env["CREDPROXY_DB"], _load_key(home))
+    try:  # bound to the proxy and to another host: a grant could stamp it there
+        hosts = [f"127.0.0.1:{squid.port}", "api.example.com"]
+        store.add_credential(
+            "corp-proxy", "basic", hosts, Secret(b"corp:" + PROXY_PASSWORD.encode())
+        )
+    finally:
+        store.close()
+    done = subprocess.run(
+        [*CREDPROXY, "run", "--listen", "127.0.0.1:0"]
+        + ["--upstream-proxy", f"http://127.0.0.1:{squid.port}"]
+        + ["--upstream-proxy-credential", "corp-proxy"],
+        env=env,
+        cwd=home,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert "--upstream-proxy-credential corp-proxy" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert PROXY_PASSWORD not in done.stderr + done.stdout
