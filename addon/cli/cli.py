@@ -1,9 +1,10 @@
 """The operator's CLI, `credproxy`: parse once, call one function, print one line or exit 2.
 
-Each command's module (init.py, principals.py, credentials.py, grants.py, requests.py, keys.py,
-policycmd.py, demo.py; launcher's launch.py and runtime's runner.py) adds its parsers and sets
-their `func`; this module builds the parser from them, runs the one handler, and turns every
-error into one line on stderr and exit status 2.
+Each command's module (init.py, principals.py, credentials.py, grants.py, accessrequests.py,
+keys.py, policycmd.py, demo.py; launcher's launch.py and runtime's runner.py) has one
+`register(sub, common)` that adds its parsers and sets their `func`; this module builds the
+parser from them, runs the one handler, and turns every error into one line on stderr and exit
+status 2.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from addon.cli import credentials, grants, init, keys, principals, report, requests
+from addon.cli import accessrequests, credentials, grants, init, keys, principals, report
 from addon.cli.parsing import Handler, Parser, Version, common, global_options
 from store.db import lite
 from store.errors import CredproxyError, InvalidInput, StoreUnavailable
@@ -62,7 +63,7 @@ FLAGS = {
 
 # The commands whose modules are light; the others come from modules heavy to import
 # (mitmproxy, cryptography's x509, the policy-file reader), which these commands never load.
-LIGHT = (init, principals, credentials, grants, requests, keys)
+LIGHT = (init, principals, credentials, grants, accessrequests, keys)
 _OWN = frozenset(module.COMMAND for module in LIGHT)
 # Options before the command that take a value, so that the value is not read as the command.
 _VALUED = ("--db", "--key-file", "--certs")
@@ -111,8 +112,8 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     from addon.runtime import runner
 
     policycmd.register(sub, shared)
-    launch.add_commands(sub, shared)
-    runner.add_command(sub, shared)  # mitmproxy is imported only when `run` runs
+    launch.register(sub, shared)
+    runner.register(sub, shared)  # mitmproxy is imported only when `run` runs
     demo.register(sub, shared, main=main)
     return parser
 

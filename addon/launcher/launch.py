@@ -50,7 +50,7 @@ class ProxyUnavailable(CredproxyError):
     pass
 
 
-def add_commands(sub: Any, common: argparse.ArgumentParser) -> None:
+def register(sub: Any, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser(
         "exec", parents=[common], help="run a command behind the proxy with a session token"
     )

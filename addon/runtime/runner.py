@@ -22,7 +22,7 @@ from store.settings import Settings
 MAX_SIGNED_BODY = 1024 * 1024 * 1024
 
 
-def add_command(sub: Any, common: argparse.ArgumentParser) -> None:
+def register(sub: Any, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("run", parents=[common], help="run the proxy")
     p.add_argument(
         "--listen", default="127.0.0.1:8080", help="HOST:PORT to listen on (default %(default)s)"
