@@ -36,6 +36,9 @@ from store.rules.bodyrules import BodyRule, GraphQLRule, JsonRpcRule, McpRule
 
 MAX_DECIDED_BODY = 1024 * 1024  # bytes; the caller stops reading past it
 MAX_BATCH = 100
+# Operations in one document: each is decided, and real clients send one (a few at most).
+MAX_OPERATIONS = 32
+INTROSPECTION_FIELDS = frozenset({"__schema", "__type"})
 MAX_TOKENS = 50_000  # GraphQL tokens and comments: parsing is linear, this bounds it
 MAX_CACHED_DOCUMENT = 16 * 1024  # characters: 512 kept documents hold at most 8 MiB
 MAX_LISTED = 20  # entries per summary list
@@ -348,6 +351,9 @@ class _Operation:
     kind: str  # from the document: query, mutation or subscription
     name: str | None
     fields: tuple[str, ...]  # top-level, real names, through fragments
+    # __schema or __type anywhere in the document, at any depth: a field that returns the
+    # query root (a mutation payload's `query`, Relay's pattern) reaches introspection too.
+    introspects: bool = False
 
 
 def _document(rule: GraphQLRule, source: str, operation_name: str | None, found: list[Any]) -> None:
@@ -367,6 +373,8 @@ def _document(rule: GraphQLRule, source: str, operation_name: str | None, found:
             }
         )
         _check_operation(rule, op.kind, op.fields)
+        if op.introspects and not rule.introspection:
+            raise _Refused(Reason.OPERATION_NOT_ALLOWED, "introspection is not granted")
 
 
 def _analyse(source: str) -> tuple[_Operation, ...]:
@@ -389,13 +397,35 @@ def _analyse(source: str) -> tuple[_Operation, ...]:
     names = [op.name.value if op.name else None for op in operations]
     if not operations:
         raise _undecidable("the GraphQL document has no operation")
+    if len(operations) > MAX_OPERATIONS:
+        raise _undecidable(f"a GraphQL document holds at most {MAX_OPERATIONS} operations")
     if len(set(names)) != len(names):
         raise _undecidable("the GraphQL document names two operations alike")
     _check_fragments(operations, fragments)
+    introspects = _introspects(document.definitions)
+    tops: dict[str, tuple[str, ...]] = {}  # each fragment's top-level fields, found once
     return tuple(
-        _Operation(op.operation.value, name, tuple(_top_fields(op.selection_set, fragments)))
+        _Operation(
+            op.operation.value,
+            name,
+            tuple(_top_fields(op.selection_set, fragments, tops)),
+            introspects,
+        )
         for op, name in zip(operations, names, strict=True)
     )
+
+
+def _introspects(definitions: Any) -> bool:
+    """Whether __schema or __type is selected anywhere in the document."""
+    stack = [d.selection_set for d in definitions]
+    while stack:
+        for selection in stack.pop().selections:
+            if isinstance(selection, FieldNode) and selection.name.value in INTROSPECTION_FIELDS:
+                return True
+            if isinstance(selection, FieldNode | InlineFragmentNode):
+                if selection.selection_set is not None:
+                    stack.append(selection.selection_set)
+    return False
 
 
 # Clients send the same few documents again and again (with other variables): parsing is most
@@ -443,11 +473,16 @@ def _check_fragments(
 
 
 def _top_fields(
-    selections: SelectionSetNode, fragments: dict[str, FragmentDefinitionNode]
+    selections: SelectionSetNode,
+    fragments: dict[str, FragmentDefinitionNode],
+    tops: dict[str, tuple[str, ...]],
 ) -> list[str]:
-    """The real names of an operation's top-level fields, through fragments and aliases."""
+    """The real names of an operation's top-level fields, through fragments and aliases.
+
+    A fragment's own are found once per document (`tops`) and reused by every operation that
+    spreads it: the work is the document's size, not operations times fragment size.
+    """
     fields: dict[str, None] = {}
-    expanded: set[str] = set()  # each fragment once: spreading one twice adds nothing
     stack = [selections]
     while stack:
         for selection in stack.pop().selections:
@@ -456,9 +491,11 @@ def _top_fields(
             elif isinstance(selection, InlineFragmentNode):
                 stack.append(selection.selection_set)
             elif isinstance(selection, FragmentSpreadNode):
-                if selection.name.value not in expanded:
-                    expanded.add(selection.name.value)
-                    stack.append(fragments[selection.name.value].selection_set)
+                name = selection.name.value
+                if name not in tops:
+                    tops[name] = ()  # no cycles (checked before): a marker while found
+                    tops[name] = tuple(_top_fields(fragments[name].selection_set, fragments, tops))
+                fields.update(dict.fromkeys(tops[name]))
     return list(fields)
 
 

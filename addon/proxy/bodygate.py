@@ -10,8 +10,10 @@ body is chosen (a grant without one allows any body) and Forward runs as it woul
 
 from __future__ import annotations
 
+import asyncio
 import weakref
 from collections.abc import Awaitable
+from dataclasses import dataclass
 from typing import Protocol
 
 from mitmproxy import http
@@ -26,6 +28,8 @@ from addon.proxy.state import KEY, STEPS, Record, Step
 from addon.proxy.trail import Trail
 
 TOO_LARGE = f"a body its grant decides is limited to {MAX_DECIDED_BODY} bytes"
+# Bodies larger than this are decided in a thread (a 2 KiB query takes well under 0.1 ms).
+OFF_LOOP = 16 * 1024
 
 
 class _Forwards(Protocol):
@@ -71,8 +75,31 @@ class BodyGate:
             return None
         v = step.verdict
         assert v is not None and v.method is not None
+        asked = Asked.of(flow.request)
+        if len(asked.body) > OFF_LOOP:
+            # A large document costs milliseconds to parse: decided in a thread, so one
+            # agent's body does not stall every other connection of the event loop.
+            return self._off_loop(flow, step, asked)
+        return self._decided(flow, step, choose(v.pending, v.method, asked))
+
+    async def _off_loop(self, flow: http.HTTPFlow, step: Step, asked: Asked) -> None:
+        v = step.verdict
+        assert v is not None and v.method is not None
+        decided = await asyncio.to_thread(choose, v.pending, v.method, asked)
+        forwarding = self._decided(flow, step, decided)
+        if forwarding is not None:
+            await forwarding
+
+    def _decided(
+        self,
+        flow: http.HTTPFlow,
+        step: Step,
+        decided: tuple[Rule | None, BodyDecision | None],
+    ) -> Awaitable[None] | None:
+        v = step.verdict
+        assert v is not None
+        chosen, decision = decided
         rec: Record | None = flow.metadata.get(KEY)
-        chosen, decision = choose(v.pending, v.method, flow.request)
         if rec is not None:
             rec.bytes_out = len(flow.request.raw_content or b"")  # held whole, sent whole
             if decision is not None:
@@ -87,15 +114,32 @@ class BodyGate:
         return self.forward.requestheaders(flow)
 
 
+@dataclass(frozen=True, slots=True)
+class Asked:
+    """What a body rule reads of a request, as plain values (a thread may read them)."""
+
+    target: bytes
+    types: tuple[str, ...]
+    codings: tuple[str, ...]
+    body: bytes
+
+    @classmethod
+    def of(cls, request: http.Request) -> Asked:
+        return cls(
+            request.data.path,
+            tuple(request.headers.get_all("content-type")),
+            tuple(request.headers.get_all("content-encoding")),
+            request.raw_content or b"",
+        )
+
+
 def choose(
-    pending: tuple[Rule, ...], method: str, request: http.Request
+    pending: tuple[Rule, ...], method: str, asked: Asked
 ) -> tuple[Rule | None, BodyDecision | None]:
     """The first rule that allows the body, and its decision (None for a rule without a body
     rule); or None and the first refusal."""
     refused: BodyDecision | None = None
-    types = request.headers.get_all("content-type")
-    codings = request.headers.get_all("content-encoding")
-    body = request.raw_content or b""
+    types, codings, body = asked.types, asked.codings, asked.body
     for rule in pending:
         if rule.body is None:
             return rule, None
@@ -106,7 +150,7 @@ def choose(
             decision = bodies.decide(
                 rule.body,
                 method,
-                request.data.path,
+                asked.target,
                 types[0] if types else None,
                 codings[0] if codings else None,
                 body,

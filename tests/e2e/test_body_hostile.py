@@ -137,11 +137,8 @@ NESTED_INTROSPECTION = {
 }
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BREAK: introspection reaches the upstream below a top-level field that returns the "
-    "Query type (Relay's payload { query: Query }); only top-level __schema/__type are refused",
-)
+# Found by this review: introspection reached the upstream below a top-level field that returns
+# the Query type (Relay's payload { query: Query }). __schema/__type are refused at any depth.
 @pytest.mark.parametrize("document", NESTED_INTROSPECTION.values(), ids=NESTED_INTROSPECTION)
 def test_introspection_is_refused_when_not_granted_even_below_a_granted_field(
     proxy: Proxy, upstream: Upstream, executed, names, document
@@ -157,8 +154,8 @@ def test_introspection_is_refused_when_not_granted_even_below_a_granted_field(
 
 @pytest.mark.xfail(
     strict=True,
-    reason="BREAK (same root): a query-root field outside the grant's list (secretNotes) is read "
-    "below a granted mutation whose payload returns the Query type; only top-level fields count",
+    reason="LIMITATION, documented in docs/grants.md: field lists bound top-level fields only; a "
+    "granted mutation whose payload returns the Query type reads query fields below it",
 )
 def test_a_query_field_outside_the_list_is_not_read_through_a_mutation_payload(
     proxy: Proxy, upstream: Upstream, executed, names
@@ -812,12 +809,9 @@ def test_many_aliases_and_deep_nesting_are_decided_and_the_proxy_stays_up(
     assert after.status_code == 200
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BREAK: one ~260 KB GraphQL body (4000 operations each spreading a 25000-field "
-    "fragment, the last a mutation) blocks the proxy's event loop for seconds: _top_fields "
-    "re-expands the fragment for every operation (quadratic in the 50k-token bound)",
-)
+# Found by this review: one ~260 KB GraphQL body (4000 operations each spreading a 25000-field
+# fragment) blocked the event loop for seconds. Now: at most 32 operations, each fragment's
+# fields found once, and a large body decided in a thread.
 def test_one_agents_body_does_not_stall_another_agents_request(
     proxy: Proxy, upstream: Upstream, executed, names
 ):
@@ -853,7 +847,7 @@ def test_one_agents_body_does_not_stall_another_agents_request(
         victim = client.get("https://other.test/ping")
         waited = time.monotonic() - started
     thread.join(120)
-    assert hostile.get("status") == 403 and victim.status_code == 200
+    assert hostile.get("status") in (400, 403) and victim.status_code == 200
     assert waited < 2.0, f"the victim waited {waited:.1f} s (the attacker's took {hostile})"
 
 
