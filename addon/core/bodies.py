@@ -6,6 +6,9 @@ encoding, a charset, a duplicate key, a document that does not parse, an ambiguo
 is refused as body-undecidable, never guessed; any other exception is refused the same way.
 Details and summaries name operations, fields, tools and methods, never arguments, variables,
 extensions or values.
+
+One module, about 600 lines: the three kinds share strict JSON, the batch and envelope rules
+and the refusal wording; split, a check would live apart from the table that tests it.
 """
 
 from __future__ import annotations

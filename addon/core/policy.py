@@ -1,6 +1,9 @@
 """The decision: a principal's compiled grants + the facts of one request -> allow or deny.
 
 Pure: imports neither mitmproxy nor SQLAlchemy, so the hostile-input table can test it alone.
+
+One module, about 530 lines: the compiled policy, its incremental update and the decision
+share one index; the decision's single pass must read the structures it was built with.
 """
 
 from __future__ import annotations

@@ -20,6 +20,9 @@ ConnectionHandler.open_connection once, and raises at start-up if either changed
 Behind a corporate proxy (`run --upstream-proxy`, addon/mitm/via.py) every upstream
 connection is dialled here, mitmproxy's own too (those without TLS in the transport: its TLS
 layer then runs inside the tunnel), so that none leaves around the corporate proxy.
+
+One module, about 530 lines: parking, reuse and the dial are one patch of mitmproxy's
+connection handling, installed and checked together.
 """
 
 from __future__ import annotations

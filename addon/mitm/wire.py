@@ -7,6 +7,9 @@ replaces and raises at start-up if mitmproxy changed: fail closed at start, neve
 Every protocol error is classified into a `Failure`: a reason code, the status the agent is
 answered with, and a fixed error class for the audit line. Upstream text goes no further. The
 agent's answer is addon/observe/problem.py's, with the flow's request id where the stream knows it.
+
+One module, about 460 lines: every replacement of what mitmproxy writes on the wire, with its
+shape check, in one place a reviewer reads at once.
 """
 
 from __future__ import annotations

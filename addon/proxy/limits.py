@@ -5,6 +5,9 @@ and upstream connections, and closes what is overdue from one sweeper task. Whic
 may wait to authenticate is addon/proxy/admission.py's decision. What no hook can see (head sizes,
 h2 queues, the answer of a stream cut off, a response body's reads) is bounded in
 addon/mitm/bounds.py.
+
+One module, about 520 lines: every deadline and cap is kept by one sweeper over one table of
+connections, so that no limit can be forgotten by another.
 """
 
 from __future__ import annotations

@@ -7,6 +7,9 @@ own stdout with the worker's index, tells each worker its stream's state on the 
 stdin (a worker refuses requests while the supervisor's stdout does not take lines), serves
 the one admin listener from the workers' own (a Unix socket each), restarts a worker that
 exits and drains them all on SIGTERM.
+
+One module, about 450 lines: the supervisor's life (port, children, signals, merged metrics)
+is one state machine.
 """
 
 from __future__ import annotations
