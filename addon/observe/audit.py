@@ -76,6 +76,11 @@ _BYTES_RE = re.compile(
 )
 
 Write = Callable[[int, bytes], int]
+# The line as written, whatever its form (addon/observe/ocsf.py reshapes request lines).
+Shape = Callable[[dict[str, Any]], dict[str, Any]]
+# Sees each line this process writes, once (addon/observe/otlp.py): an event dict, or text
+# rendered by structlog or logging. Must never raise, wait, or write to the audit stream.
+Tap = Callable[[dict[str, Any] | str], None]
 # Takes what it can of the bytes without ever waiting: raises BlockingIOError, or writes less.
 NoWait = Callable[[bytes], int]
 
@@ -126,8 +131,11 @@ class AuditWriter:
         retry: float | None = None,
         nowait: NoWait | None = None,
         close_nowait: Callable[[], None] = lambda: None,
+        shape: Shape | None = None,
     ) -> None:
         self._fd = fd
+        self._shape = shape
+        self.tap: Tap | None = None
         self._write = write
         self._nowait = nowait
         self._close_nowait = close_nowait
@@ -240,13 +248,21 @@ class AuditWriter:
         self._out += self._line({EVENT: "audit.lines_lost", "count": lost}).encode()
 
     def _line(self, item: str | dict[str, Any]) -> str:
+        tap = self.tap
         if isinstance(item, str):
+            if tap is not None and type(item) is str:  # not _Relayed: its process tapped it
+                tap(item)
             return item
         try:
-            return f"{self._render(self, 'info', item)!s}\n"
+            if self._shape is not None:
+                item = self._shape(item)
+            text = f"{self._render(self, 'info', item)!s}\n"
         except Exception as e:  # noqa: BLE001 - a line is still written, without the values
-            fallback = {EVENT: "audit.unrenderable", "error_type": type(e).__name__}
-            return f"{self._render(self, 'info', fallback)!s}\n"
+            item = {EVENT: "audit.unrenderable", "error_type": type(e).__name__}
+            text = f"{self._render(self, 'info', item)!s}\n"
+        if tap is not None:
+            tap(item)
+        return text
 
     def _run(self) -> None:
         while True:
@@ -295,7 +311,14 @@ class AuditWriter:
         return len(text)
 
 
+class _Relayed(str):
+    """A line another process rendered (a worker's), and exported itself."""
+
+    __slots__ = ()
+
+
 _writer: AuditWriter | None = None
+_tap: Tap | None = None
 _pre_processors: list[Processor] = []
 # A worker of `run --workers N`: the supervisor's own stream state, which it relays to us.
 _relay = OK
@@ -339,7 +362,15 @@ def state() -> str:
 def relay(line: str) -> None:
     """Queue a line already rendered elsewhere (a worker's), ending in a newline."""
     if _writer is not None:
-        _writer.add(line)
+        _writer.add(_Relayed(line))
+
+
+def set_tap(tap: Tap | None) -> None:
+    """Show every line this process writes from now on to `tap` too (the OTLP export)."""
+    global _tap
+    _tap = tap
+    if _writer is not None:
+        _writer.tap = tap
 
 
 def relay_state(value: str) -> None:
@@ -394,6 +425,7 @@ def configure(
     level: int = logging.WARNING,
     write: Write = os.write,
     nowait: bool = True,
+    shape: Shape | None = None,
 ) -> AuditWriter:
     """Render structlog events and stdlib logging (mitmproxy) as JSON lines on `fd` (stdout)."""
     global _writer, _pre_processors
@@ -413,7 +445,9 @@ def configure(
         write,
         nowait=direct[0] if direct else None,
         close_nowait=direct[1] if direct else lambda: None,
+        shape=shape,
     )
+    writer.tap = _tap
     atexit.register(writer.drain)
     structlog.configure(
         processors=[*_pre_processors, renderer],

@@ -17,7 +17,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.utils import floatToGoString
 
-from addon.observe import audit
+from addon.observe import audit, otlp
 
 # Reasons that mean the proxy, not the agent, is failing.
 FAILURE_REASONS = frozenset({"internal-error", "store-unavailable", "audit-unavailable"})
@@ -155,7 +155,21 @@ class Metrics:
             "Writes to stdout that failed (each retried)",
             value=audit.write_failures(),
         )
+        export_dropped = CounterMetricFamily(
+            "credproxy_audit_export_dropped",
+            "Audit records not exported over OTLP, by reason: queue-full, export-failed, "
+            "unexportable, shutdown (stdout has every line)",
+            labels=["reason"],
+        )
+        for reason, n in otlp.dropped().items():
+            export_dropped.add_metric([reason], n)
+        export_queue = GaugeMetricFamily(
+            "credproxy_audit_export_queue",
+            "Audit records waiting for the OTLP collector (--otlp-queue bounds it)",
+            value=otlp.waiting(),
+        )
         families = [requests, by_principal, duration, redactions, failures]
+        families += [export_dropped, export_queue]
         if self.dns is not None:
             dns = self.dns
             families += [

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 from addon.core.guard import DestinationGuard
 from addon.core.hosts import ResolveMap
 from addon.mitm.via import UpstreamProxy
+from addon.observe.otlp import OtlpSettings
 from addon.proxy.dns import DEFAULT_TTL
 from addon.proxy.limits import LimitSettings
 from addon.proxy.notify import Webhook
@@ -47,6 +48,8 @@ class RunConfig:
     workers: int = 1
     upstream_idle: float = 4.0  # addon/mitm/reuse.py: seconds an idle upstream connection is kept
     upstream_proxy: UpstreamProxy | None = None  # addon/mitm/via.py: the corporate proxy
+    audit_format: str = "json"  # or "ocsf": addon/observe/ocsf.py
+    otlp: OtlpSettings | None = None  # addon/observe/otlp.py: the audit's OTLP export
     worker: Role | None = None  # set in a worker process of `--workers N`
 
     @classmethod
@@ -82,6 +85,10 @@ class RunConfig:
             args.workers,
             args.upstream_idle,
             upstream_proxy=upstream_proxy,
+            audit_format=args.audit_format,
+            otlp=OtlpSettings.parse(args.otlp_endpoint, args.otlp_queue)
+            if args.otlp_endpoint
+            else None,
         )
 
 

@@ -12,6 +12,7 @@ import sys
 from typing import Any
 
 from addon.core.argtypes import count, seconds
+from addon.observe import otlp
 from addon.proxy.dns import DEFAULT_TTL
 from addon.proxy.limits import add_limit_flags
 from addon.runtime import workers
@@ -127,12 +128,34 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="send the corporate proxy this stored basic credential (bound to its HOST:PORT)",
     )
+    p.add_argument(
+        "--audit-format",
+        choices=("json", "ocsf"),
+        default="json",
+        help="request lines as credproxy's JSON (default) or OCSF 1.5.0 HTTP Activity events",
+    )
+    p.add_argument(
+        "--otlp-endpoint",
+        metavar="URL",
+        help="also export every audit line as an OTLP log record to URL/v1/logs (HTTP, "
+        "protobuf; the otel extra); OTEL_EXPORTER_OTLP_HEADERS and the like apply",
+    )
+    p.add_argument(
+        "--otlp-queue",
+        type=count(1, 1_000_000),
+        default=otlp.QUEUE,
+        metavar="N",
+        help="records waiting for the collector beyond which they are dropped and counted "
+        "(default %(default)s)",
+    )
     add_limit_flags(p)
     p.set_defaults(func=cmd_run)
 
 
 def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     config = RunConfig.from_args(args, settings)
+    if config.otlp is not None:
+        otlp.start(config.otlp)  # each process exports its own lines, workers and supervisor
     if config.workers > 1:
         role = Role.from_env()
         if role is None:

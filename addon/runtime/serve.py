@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from addon.mitm import patches, reuse
-from addon.observe import audit
+from addon.observe import audit, ocsf
 from addon.observe.admin import AdminServer
 from addon.proxy import signing
 from addon.proxy.chain import REQUIRED_OPTIONS
@@ -34,7 +34,7 @@ from store.repository import Store
 
 def main(config: RunConfig) -> int:
     """Serve until stopped; the exit status."""
-    audit.configure()
+    audit.configure(shape=ocsf.shape if config.audit_format == "ocsf" else None)
     code = asyncio.run(serve(config))
     if abandoned():
         # Threads stuck on dead database connections would be joined at exit, forever.

@@ -1,0 +1,235 @@
+"""`--otlp-endpoint` end to end: a real `credproxy run` exporting to an OTLP/HTTP receiver on
+127.0.0.1, which decodes what it gets with the protocol's own protobuf messages
+(opentelemetry-proto). No OpenTelemetry Collector binary can be installed here: this small
+server stands in for one.
+
+One record per audit line, with the line's fields as `credproxy.*` attributes; no secret,
+token, header value, query or body in any byte received; and a receiver that hangs neither
+slows requests nor costs a JSON line on stdout."""
+
+from __future__ import annotations
+
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trustme
+from opentelemetry.proto.collector.logs.v1.logs_service_pb2 import (
+    ExportLogsServiceRequest,
+    ExportLogsServiceResponse,
+)
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+
+from store.crypto import Secret
+from tests.e2e.conftest import Proxy, start_proxy, stop_proxy
+from tests.e2e.upstream import Upstream
+
+pytestmark = pytest.mark.e2e
+
+CREDENTIAL = b"sk-otlp-credential-3141"
+QUERY = "qs-otlp-5926"
+HEADER = "hv-otlp-5358"
+BODY = b"body-otlp-9793"
+QUEUE = 16
+WAIT = 5.0  # the export's batches leave every 50 ms here: seconds mean it is broken
+
+
+def _value(value: AnyValue) -> Any:
+    kind = value.WhichOneof("value")
+    if kind == "array_value":
+        return [_value(v) for v in value.array_value.values]
+    return getattr(value, kind) if kind else None
+
+
+@dataclass
+class Receiver:
+    """What an OTLP/HTTP logs endpoint received: every byte, and the decoded records."""
+
+    server: ThreadingHTTPServer
+    raw: list[bytes] = field(default_factory=list)
+    records: list[dict[str, Any]] = field(default_factory=list)
+    resources: list[dict[str, Any]] = field(default_factory=list)
+    hang: threading.Event = field(default_factory=threading.Event)
+    release: threading.Event = field(default_factory=threading.Event)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def requests(self) -> list[dict[str, Any]]:
+        with self.lock:
+            return [r for r in self.records if r["attributes"].get("credproxy.event") == "request"]
+
+
+def _receiver() -> Receiver:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers["content-length"]))
+            head = "".join(f"{k}: {v}\n" for k, v in self.headers.items()).encode()
+            with receiver.lock:
+                receiver.raw.append(self.requestline.encode() + b"\n" + head + body)
+            if receiver.hang.is_set():
+                receiver.release.wait(30)  # never answers while the test runs
+                return
+            assert self.path == "/v1/logs"
+            assert self.headers["content-type"] == "application/x-protobuf"
+            request = ExportLogsServiceRequest.FromString(body)
+            with receiver.lock:
+                for resource_logs in request.resource_logs:
+                    resource = {a.key: _value(a.value) for a in resource_logs.resource.attributes}
+                    receiver.resources.append(resource)
+                    for scope in resource_logs.scope_logs:
+                        for record in scope.log_records:
+                            receiver.records.append(
+                                {
+                                    "event_name": record.event_name,
+                                    "body": _value(record.body),
+                                    "severity": record.severity_text,
+                                    "attributes": {
+                                        a.key: _value(a.value) for a in record.attributes
+                                    },
+                                }
+                            )
+            answer = ExportLogsServiceResponse().SerializeToString()
+            self.send_response(200)
+            self.send_header("content-type", "application/x-protobuf")
+            self.send_header("content-length", str(len(answer)))
+            self.end_headers()
+            self.wfile.write(answer)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    receiver = Receiver(server)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return receiver
+
+
+@dataclass
+class Setup:
+    proxy: Proxy
+    receiver: Receiver
+    token: str
+    admin: str
+
+
+@pytest.fixture(scope="module")
+def exported(
+    tmp_path_factory: pytest.TempPathFactory,
+    shared_upstream: Upstream,
+    upstream_ca: trustme.CA,
+    initialised_home: Path,
+) -> Iterator[Setup]:
+    receiver = _receiver()
+    home = tmp_path_factory.mktemp("otlp")
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("OTEL_BLRP_SCHEDULE_DELAY", "50")
+        env.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "5")
+        env.delenv("OTEL_EXPORTER_OTLP_COMPRESSION", raising=False)
+        proxy = start_proxy(
+            home,
+            upstream_ca,
+            [f"api.test=127.0.0.1:{shared_upstream.port}"],
+            extra=[
+                "--otlp-endpoint",
+                receiver.url,
+                "--otlp-queue",
+                str(QUEUE),
+                "--admin",
+                "127.0.0.1:0",
+            ],
+            template=initialised_home,
+        )
+    token = proxy.store.add_principal("agent")
+    proxy.store.add_credential("cred", "bearer", ["api.test"], Secret(CREDENTIAL))
+    proxy.store.add_grant("agent", ["GET", "POST"], credential="cred", paths=["/v1/"])
+    proxy.wait_reload()
+    started = next(line for line in proxy.audit() if line.get("event") == "proxy.started")
+    try:
+        yield Setup(proxy, receiver, token, started["admin"][0])
+    finally:
+        receiver.release.set()
+        stop_proxy(proxy)
+        receiver.server.shutdown()
+        receiver.server.server_close()
+
+
+def _until(check: Any, timeout: float = WAIT) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.02)
+    return bool(check())
+
+
+def test_each_decision_is_one_record_with_its_fields_and_no_secret_in_any_byte(
+    exported: Setup,
+) -> None:
+    proxy, receiver = exported.proxy, exported.receiver
+    with proxy.client("agent", exported.token, timeout=WAIT) as client:
+        assert client.get(f"https://api.test/v1/a?key={QUERY}", headers={"x-k": HEADER}).is_success
+        assert client.post("https://api.test/v1/b", content=BODY).is_success
+        assert client.get("https://api.test/elsewhere").status_code == 403
+    assert _until(lambda: len(receiver.requests()) >= 3), receiver.records
+    lines = {line["request_id"]: line for line in proxy.requests("agent")}
+    records = {r["attributes"]["credproxy.request_id"]: r for r in receiver.requests()}
+    assert records.keys() == lines.keys() and len(lines) == 3
+    for request_id, line in lines.items():
+        record = records[request_id]
+        assert record["event_name"] == "credproxy.request" and record["body"] == "request"
+        attributes = record["attributes"]
+        # The JSON line's fields, each as credproxy.<field>; nulls are absent, as OTLP has none.
+        expected = {f"credproxy.{k}": v for k, v in line.items() if v is not None}
+        assert attributes == expected
+    by_path = {r["attributes"]["credproxy.path"]: r["attributes"] for r in records.values()}
+    assert by_path["/v1/a"]["credproxy.decision"] == "allow"
+    assert by_path["/v1/a"]["credproxy.credential_fp"]
+    assert by_path["/v1/b"]["credproxy.method"] == "POST"
+    assert by_path["/elsewhere"]["credproxy.decision"] == "deny"
+    assert "credproxy.grant_id" not in by_path["/elsewhere"]
+    assert {"service.name": "credproxy"}.items() <= receiver.resources[0].items()
+    # Other events are exported too: the proxy's start.
+    assert any(r["event_name"] == "credproxy.proxy.started" for r in receiver.records)
+    received = b"".join(receiver.raw)
+    for secret in (CREDENTIAL, exported.token.encode(), QUERY.encode(), HEADER.encode(), BODY):
+        assert secret not in received
+
+
+def test_a_receiver_that_hangs_slows_no_request_and_costs_no_json_line(exported: Setup) -> None:
+    proxy, receiver = exported.proxy, exported.receiver
+    receiver.hang.set()
+    before = {line["request_id"] for line in proxy.requests("agent")}
+    slowest = 0.0
+    count = QUEUE * 2 + 8  # past the export's queue while the receiver holds a batch
+    with proxy.client("agent", exported.token, timeout=WAIT) as client:
+        for n in range(count):
+            start = time.monotonic()
+            assert client.get(f"https://api.test/v1/hang-{n}").is_success
+            slowest = max(slowest, time.monotonic() - start)
+    # The receiver holds its request for seconds (OTEL_EXPORTER_OTLP_TIMEOUT is 5): a request
+    # that waited on the export would take that long.
+    assert slowest < 1.0
+    lines = [line for line in proxy.requests("agent") if line["request_id"] not in before]
+    assert sorted(line["path"] for line in lines) == sorted(f"/v1/hang-{n}" for n in range(count))
+    # What the full queue dropped is counted, in a line on stdout and in the metrics.
+    assert _until(
+        lambda: any(line.get("event") == "audit.export_dropped" for line in proxy.audit())
+    )
+    dropped = [line for line in proxy.audit() if line.get("event") == "audit.export_dropped"]
+    assert sum(line["reasons"].get("queue-full", 0) for line in dropped) > 0
+    with urllib.request.urlopen(f"http://{exported.admin}/metrics", timeout=WAIT) as reply:
+        metrics = reply.read().decode()
+    assert 'credproxy_audit_export_dropped_total{reason="queue-full"}' in metrics
+    assert "credproxy_audit_export_queue " in metrics
