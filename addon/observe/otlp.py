@@ -114,7 +114,7 @@ class Export:
     def __call__(self, item: dict[str, Any] | str) -> None:
         with self._lock:
             if self._stopped:
-                return
+                return  # shut down: stdout alone has what follows
             if self.waiting >= self._limit:
                 self._drop(QUEUE_FULL, 1)
                 return
@@ -150,29 +150,39 @@ class Export:
         """One `audit.export_dropped` line a REPORT_SECONDS at most, while records drop."""
         while True:
             self._wake.wait()
-            time.sleep(REPORT_SECONDS)
+            if not self._stopped:
+                time.sleep(REPORT_SECONDS)
             with self._lock:
+                if self._stopped:
+                    return  # shutdown() reports what is left
                 self._wake.clear()
                 counts, self._unreported = self._unreported, Counter()
-            if counts:
-                audit.emit(
-                    "audit.export_dropped",
-                    {"count": sum(counts.values()), "reasons": dict(counts)},
-                )
+            _report_dropped(counts)
+
+    def close(self) -> None:
+        """Take no more lines; the reporter ends."""
+        with self._lock:
+            self._stopped = True
+        self._wake.set()
 
     def shutdown(self) -> None:
         """Give what is queued SHUTDOWN_SECONDS to go, then say how many did not."""
         stopper = threading.Thread(target=self._provider.shutdown, name="otlp-stop", daemon=True)
         stopper.start()
         stopper.join(SHUTDOWN_SECONDS)
+        self.close()
         with self._lock:
-            self._stopped = True
-            left = self.waiting
-            if left:
-                self.dropped[SHUTDOWN] += left
-        if left:
-            audit.emit("audit.export_dropped", {"count": left, "reasons": {SHUTDOWN: left}})
+            if self.waiting:
+                self._drop(SHUTDOWN, self.waiting)
+            counts, self._unreported = self._unreported, Counter()
+        if counts:
+            _report_dropped(counts)
             audit.drain()
+
+
+def _report_dropped(counts: Counter[str]) -> None:
+    if counts:
+        audit.emit("audit.export_dropped", {"count": sum(counts.values()), "reasons": dict(counts)})
 
 
 _export: Export | None = None
