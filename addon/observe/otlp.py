@@ -121,7 +121,10 @@ class Export:
             self.waiting += 1
         try:
             line = json.loads(item) if isinstance(item, str) else item
-            event = str(line.get(audit.EVENT, ""))
+            # An OCSF event (--audit-format ocsf) has no `event`: it is a request's line.
+            event = str(
+                line.get(audit.EVENT) or (audit.REQUEST_EVENT if "class_uid" in line else "")
+            )
             level = str(line.get("level", "info"))
             self._logger.emit(
                 timestamp=time.time_ns(),

@@ -9,6 +9,7 @@ slows requests nor costs a JSON line on stdout."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 import urllib.request
@@ -233,3 +234,50 @@ def test_a_receiver_that_hangs_slows_no_request_and_costs_no_json_line(exported:
         metrics = reply.read().decode()
     assert 'credproxy_audit_export_dropped_total{reason="queue-full"}' in metrics
     assert "credproxy_audit_export_queue " in metrics
+
+
+def test_the_ocsf_form_is_written_and_exported(
+    tmp_path: Path,
+    shared_upstream: Upstream,
+    upstream_ca: trustme.CA,
+    initialised_home: Path,
+) -> None:
+    from jsonschema import Draft202012Validator
+
+    schema = Path(__file__).parents[1] / "observe" / "ocsf_schema" / "http_activity-1.5.0.json"
+    validator = Draft202012Validator(json.loads(schema.read_text()))
+    receiver = _receiver()
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("OTEL_BLRP_SCHEDULE_DELAY", "50")
+        proxy = start_proxy(
+            tmp_path / "home",
+            upstream_ca,
+            [f"api.test=127.0.0.1:{shared_upstream.port}"],
+            extra=["--audit-format", "ocsf", "--otlp-endpoint", receiver.url],
+            template=initialised_home,
+        )
+    try:
+        token = proxy.store.add_principal("agent")
+        proxy.store.add_credential("cred", "bearer", ["api.test"], Secret(CREDENTIAL))
+        proxy.store.add_grant("agent", ["GET"], credential="cred", paths=["/v1/"])
+        proxy.wait_reload()
+        with proxy.client("agent", token, timeout=WAIT) as client:
+            assert client.get("https://api.test/v1/ocsf").is_success
+        assert _until(
+            lambda: any(
+                r["attributes"].get("credproxy.class_uid") == 4002 for r in receiver.records
+            )
+        )
+        (line,) = [line for line in proxy.audit() if line.get("class_uid") == 4002]
+        assert not list(validator.iter_errors(line))
+        assert line["actor"]["user"]["name"] == "agent"
+        assert line["http_request"]["url"]["path"] == "/v1/ocsf"
+        (record,) = [r for r in receiver.records if r["event_name"] == "credproxy.request"]
+        assert record["attributes"]["credproxy.disposition"] == "Allowed"
+        assert record["attributes"]["credproxy.http_request.url.hostname"] == "api.test"
+        # credproxy's own events keep their JSON shape.
+        assert any(line.get("event") == "proxy.started" for line in proxy.audit())
+    finally:
+        stop_proxy(proxy)
+        receiver.server.shutdown()
+        receiver.server.server_close()
