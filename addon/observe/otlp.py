@@ -77,14 +77,19 @@ def attributes(line: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+_PRIMITIVE = (str, int, float, bool)
+
+
 def _flatten(prefix: str, fields: dict[str, Any], out: dict[str, Any]) -> None:
     for key, value in fields.items():
-        name = prefix + str(key)
         if value is None:
             continue
-        if isinstance(value, dict):
+        name = prefix + key
+        if type(value) in _PRIMITIVE:  # the common case, checked first: once per field
+            out[name] = value
+        elif isinstance(value, dict):
             _flatten(name + ".", value, out)
-        elif isinstance(value, str | bool | int | float):
+        elif isinstance(value, _PRIMITIVE):
             out[name] = value
         elif isinstance(value, list) and all(isinstance(v, str) for v in value):
             out[name] = value
