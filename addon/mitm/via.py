@@ -18,6 +18,7 @@ import asyncio
 import base64
 import ipaddress
 import re
+import socket
 import ssl
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -207,6 +208,50 @@ class Route:
                 writer.transport.abort()
                 raise
         return reader, writer
+
+
+    def tunnel(
+        self, name: str, port: int, address: tuple[str, int], timeout: float
+    ) -> socket.socket | None:
+        """In a thread, for credproxy's own calls (token endpoints, STS): a plain tunnel to
+        name:port through the proxy, its TLS left to the caller; None when `address` is
+        dialled directly. Raises: ProxyFailed.
+        """
+        if self.direct(name, address):
+            return None
+        head = connect_head(name, port, self.authorization() if self.authorization else None)
+        try:
+            sock = socket.create_connection((self.proxy.host, self.proxy.port), timeout=timeout)
+        except OSError as e:
+            raise ProxyFailed("proxy-unreachable") from e
+        try:
+            sock.sendall(head)
+            del head  # the credential goes into this one write only
+            answer = b""
+            while b"\r\n\r\n" not in answer:
+                chunk = sock.recv(4096)
+                if not chunk:
+                    raise ProxyFailed("proxy-closed")
+                answer += chunk
+                if len(answer) > ANSWER_LIMIT:
+                    raise ProxyFailed("proxy-bad-answer")
+            error = refusal(answer)
+            if error is None and not answer.endswith(b"\r\n\r\n"):
+                error = "proxy-bad-answer"  # the origin speaks after the client: nothing yet
+            if error is not None:
+                raise ProxyFailed(error)
+        except OSError as e:
+            sock.close()
+            raise ProxyFailed("proxy-closed") from e
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+
+
+# The corporate proxy's answer to a CONNECT, read by `Route.tunnel` (`open` uses the stream
+# reader's own limit).
+ANSWER_LIMIT = 64 * 1024
 
 
 def connect_head(name: str, port: int, authorization: bytes | None) -> bytes:

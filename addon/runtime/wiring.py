@@ -9,6 +9,7 @@ credential schemes (SESSIONS and TOKENS, which mint tokens and renew keys for an
 from __future__ import annotations
 
 import time
+from functools import partial
 
 from addon.core.guard import DestinationGuard
 from addon.core.hosts import ResolveMap
@@ -32,6 +33,7 @@ from addon.proxy.pinning import Pinning
 from addon.proxy.ratelimit import Limiter, SharedLimiter
 from addon.proxy.responses import Responses
 from addon.proxy.signing import Signing
+from addon.proxy.sources import STATES
 from addon.proxy.state import Clients
 from addon.proxy.trail import Trail
 from addon.schemes.assume import SESSIONS
@@ -63,6 +65,10 @@ def build_chain(
         store_up=lambda: bool(getattr(live, "store_up", False)),
     )
     live.on_reload = metrics.reloads.inc
+    held = getattr(live, "sources", None)
+    if held is not None:
+        for state in STATES:
+            metrics.secret_sources.labels(state).set_function(partial(held.count, state))
     trail = Trail(metrics, StreakAlerts(alert_streak, log))
     clients = Clients()
     access = AccessRequests(live, log)
@@ -95,6 +101,9 @@ def build_chain(
         notifier = Notifier(notify, forward.dial, metrics, cafile, route=route)
         holds.notify = access.notify = notifier.post
     _schemes(forward, live, metrics, cafile)
+    if route is not None:
+        # Token endpoints and STS go through the corporate proxy as the requests do.
+        TOKENS.tunnel = SESSIONS.tunnel = partial(route.tunnel, timeout=limits.connect_timeout)
     return Chain(
         [
             Lifecycle(live),  # configure, running, done: the options and the policy poller

@@ -23,7 +23,7 @@ from botocore.credentials import Credentials
 
 from addon.observe import audit
 from addon.redaction.redactset import ROLE, SETS
-from addon.schemes.https import Dial, https_call
+from addon.schemes.https import Dial, Tunnel, https_call
 from addon.schemes.renewal import IDLE, Renewal, Unavailable
 
 __all__ = ["IDLE", "RoleSession", "SESSIONS", "Sessions", "Temporary", "Unavailable"]
@@ -54,7 +54,13 @@ class RoleSession(Renewal[Temporary]):
     changed = ROLE_UNAVAILABLE
 
     def __init__(
-        self, name: str, base: Credentials, options: dict[str, Any], dial: Dial, cafile: str | None
+        self,
+        name: str,
+        base: Credentials,
+        options: dict[str, Any],
+        dial: Dial,
+        cafile: str | None,
+        tunnel: Tunnel | None = None,
     ) -> None:
         super().__init__(name)
         self._base = base
@@ -63,6 +69,7 @@ class RoleSession(Renewal[Temporary]):
         self._policy: str | None = options.get("session_policy")
         self._dial = dial
         self._cafile = cafile
+        self._tunnel = tunnel
         self._failure = ROLE_UNAVAILABLE
 
     def _usable(self, value: Temporary) -> bool:
@@ -111,7 +118,7 @@ class RoleSession(Renewal[Temporary]):
         SigV4Auth(self._base, "sts", "us-east-1").add_auth(request)
         headers = {k: v for k, v in request.headers.items() if k.lower() != "host"}
         answer = https_call(
-            address, STS_HOST, 443, self._cafile, "POST", "/", request.body, headers
+            address, STS_HOST, 443, self._cafile, "POST", "/", request.body, headers, self._tunnel
         )
         if answer.status != 200:
             raise RuntimeError(f"STS answered {answer.status}")
@@ -140,6 +147,7 @@ class Sessions:
 
     def __init__(self) -> None:
         self.dial: Dial = _no_network
+        self.tunnel: Tunnel | None = None  # through the corporate proxy, when there is one
         self.cafile: str | None = None
         self._sessions: dict[str, tuple[tuple[Any, ...], RoleSession]] = {}
 
@@ -158,7 +166,7 @@ class Sessions:
         if found is not None:
             found[1].close()  # rotated or changed: its keys must not sign any more
             SETS.hold(name, ROLE, ())  # retired: redacted for the grace period
-        session = RoleSession(name, base, options, self.dial, self.cafile)
+        session = RoleSession(name, base, options, self.dial, self.cafile, self.tunnel)
         self._sessions[name] = (key, session)
         return session
 

@@ -28,6 +28,9 @@ class MintFailed(Exception):
 
 
 Dial = Callable[[str, int], Awaitable[tuple[str, int]]]
+# In the call's thread: a plain tunnel to (name, port) through a corporate proxy for the vetted
+# address, or None to dial the address directly (addon/mitm/via.py's Route.tunnel).
+Tunnel = Callable[[str, int, tuple[str, int]], "socket.socket | None"]
 
 
 class Answer(NamedTuple):
@@ -89,16 +92,19 @@ def https_call(
     target: str,
     body: bytes,
     headers: dict[str, str],
+    tunnel: Tunnel | None = None,
 ) -> Answer:
-    """One request to a credproxy-side endpoint (in a thread): the dialled address, the name
-    for SNI and certificate, at most MAX_ANSWER bytes read, TIMEOUT for the whole call.
-    Raises on any failure (TimeoutError when the time ran out)."""
+    """One request to a credproxy-side endpoint (in a thread): the dialled address (or a
+    tunnel through the corporate proxy), the name for SNI and certificate, at most MAX_ANSWER
+    bytes read, TIMEOUT for the whole call. Raises on any failure (TimeoutError when the time
+    ran out)."""
     context = ssl.create_default_context(cafile=cafile or certifi.where())
     deadline = _Deadline()
 
     class Connection(urllib3.connection.HTTPSConnection):
         def _new_conn(self) -> socket.socket:
-            sock = super()._new_conn()
+            tunnelled = tunnel(host, port, address) if tunnel is not None else None
+            sock = tunnelled if tunnelled is not None else super()._new_conn()
             # A duplicate of its descriptor: shutting it down ends the connection however
             # it is wrapped (TLS takes the socket over), and it is ours to close.
             deadline.watch(sock.dup())

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from addon.observe import audit
 from addon.redaction.redactset import MINTED, SETS
-from addon.schemes.https import Dial, MintFailed
+from addon.schemes.https import Dial, MintFailed, Tunnel
 from addon.schemes.minters import GitHubApp, GoogleServiceAccount, OAuth2Client
 from addon.schemes.refresh import OAuth2Refresh
 from addon.schemes.tokens import Minter, TokenSession
@@ -29,6 +29,7 @@ class Tokens:
 
     def __init__(self) -> None:
         self.dial: Dial = _no_network
+        self.tunnel: Tunnel | None = None  # through the corporate proxy, when there is one
         self.cafile: str | None = None
         self.vault: Any = None  # the store, for schemes that seal state back (oauth2-refresh)
         self.count: Callable[[str, str], None] = lambda credential, outcome: None

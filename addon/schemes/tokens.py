@@ -27,7 +27,7 @@ import urllib3.connection
 
 from addon.observe import audit
 from addon.redaction.redactset import MINTED, SETS
-from addon.schemes.https import Answer, Dial, MintFailed, Post, https_call
+from addon.schemes.https import Answer, Dial, MintFailed, Post, Tunnel, https_call
 from addon.schemes.renewal import Renewal
 
 REFRESH_AT = 0.75
@@ -87,6 +87,7 @@ class Context(Protocol):
     """What a session reads from its registry (mint.Tokens) at each mint, as wired then."""
 
     dial: Dial
+    tunnel: Tunnel | None  # through the corporate proxy, when there is one
     cafile: str | None
     count: Callable[[str, str], None]  # (credential, outcome): the token_mints metric
 
@@ -135,11 +136,11 @@ class TokenSession(Renewal[Token]):
     async def _obtain(self) -> Token:
         minter = self.minter
         address = await self._tokens.dial(minter.host, minter.port)
-        cafile = self._tokens.cafile
+        cafile, tunnel = self._tokens.cafile, self._tokens.tunnel
 
         def post(target: str, body: bytes, headers: dict[str, str]) -> Answer:
             return https_call(
-                address, minter.host, minter.port, cafile, "POST", target, body, headers
+                address, minter.host, minter.port, cafile, "POST", target, body, headers, tunnel
             )
 
         return await asyncio.to_thread(self._mint, post)

@@ -420,3 +420,54 @@ def test_a_credential_not_bound_to_the_proxy_stops_the_start(
     assert "--upstream-proxy-credential corp-proxy" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
     assert PROXY_PASSWORD not in done.stderr + done.stdout
+
+
+# -- credproxy's own calls: token endpoints ------------------------------------------------
+
+MINTED = "minted-" + os.urandom(8).hex()
+
+
+def _token_endpoint(received) -> tuple[int, list[tuple[str, str]], bytes] | None:
+    """An OAuth 2 token endpoint on the same upstream: any client gets MINTED."""
+    if received.method != "POST" or received.target != "/oauth/token":
+        return None
+    body = {"access_token": MINTED, "token_type": "Bearer", "expires_in": 3600}
+    return 200, [("content-type", "application/json")], json.dumps(body).encode()
+
+
+@pytest.fixture(scope="module")
+def oauth(ca: trustme.CA) -> Iterator[Upstream]:
+    with Upstream(ca, ["localhost"], app=_token_endpoint) as running:
+        yield running
+
+
+def test_a_token_endpoint_is_reached_through_the_corporate_proxy(
+    proxy: Proxy, squid: Squid, oauth: Upstream
+) -> None:
+    """A minted credential's token is fetched through squid too: behind a corporate proxy
+    nothing else leads out."""
+    host = f"localhost:{oauth.port}"
+    n = next(_n)
+    agent, cred = f"minter-{n}", f"oauth-{n}"
+    token = proxy.store.add_principal(agent)
+    client = {"client_id": "corp-client", "client_secret": "cs-" + os.urandom(8).hex()}
+    done = subprocess.run(
+        [*CREDPROXY, "credential", "add", cred, "--scheme", "oauth2-client", "--host", host,
+         "--token-url", f"https://{host}/oauth/token"],
+        input=json.dumps(client).encode(), env=proxy.env, cwd=proxy.home,
+        capture_output=True, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    proxy.store.add_grant(agent, ["GET"], credential=cred, hosts=[host], paths=["/"])
+    proxy.wait_reload()
+    before = len(squid.lines())
+    oauth.log.clear()
+    reply = _get(proxy, (agent, token), f"https://{host}/v1/minted")
+    assert reply.status_code == 200
+    token_calls = [r for r in oauth.log.requests if r.target == "/oauth/token"]
+    [api_call] = [r for r in oauth.log.requests if r.target == "/v1/minted"]
+    assert len(token_calls) == 1 and api_call.header("authorization") == [f"Bearer {MINTED}"]
+    # Two tunnels by name through squid: the token endpoint's and the request's.
+    lines = squid.since(before, 2)
+    assert [(f[5], f[6], f[7]) for f in lines] == [("CONNECT", host, PROXY_USER)] * 2
+    assert client["client_secret"] not in squid.everything()

@@ -207,3 +207,45 @@ async def test_tls_through_the_tunnel_is_verified_for_the_name() -> None:
         with pytest.raises(ssl.SSLCertVerificationError):
             await _route(server).open("api.example.com", 443, trusted, 5)
     assert received == []
+
+
+# -- Route.tunnel: the same answers, for credproxy's own calls (in a thread) -----------------
+
+
+@pytest.mark.parametrize(
+    ("answer", "error"),
+    [
+        pytest.param(
+            b"HTTP/1.1 407 Auth\r\nProxy-Authenticate: Basic\r\n\r\n", "proxy-auth-required"
+        ),
+        pytest.param(b"HTTP/1.1 403 Forbidden\r\n\r\n<html>", "proxy-denied"),
+        pytest.param(b"", "proxy-closed", id="closed without an answer"),
+        pytest.param(b"HTTP/1.1 200 OK\r\n\r\nearly", "proxy-bad-answer", id="bytes before TLS"),
+    ],
+)
+async def test_a_refused_tunnel_for_a_token_endpoint_raises_its_fixed_failure(
+    answer: bytes, error: str
+) -> None:
+    server, heads = await _scripted(answer)
+    route = _route(server, b"Basic c2VjcmV0")
+    async with server:
+        with pytest.raises(ProxyFailed) as raised:
+            await asyncio.to_thread(route.tunnel, "auth.example.com", 443, ("192.0.2.1", 443), 5)
+    assert raised.value.error == error
+    assert heads[0].startswith(b"CONNECT auth.example.com:443 HTTP/1.1\r\n")
+    assert b"Proxy-Authorization: Basic c2VjcmV0\r\n" in heads[0]
+
+
+async def test_a_tunnel_is_opened_by_name_and_a_bypassed_address_is_dialled_directly() -> None:
+    server, heads = await _scripted(b"HTTP/1.1 200 Connection established\r\n\r\n")
+    port = server.sockets[0].getsockname()[1]
+    route = Route(UpstreamProxy("127.0.0.1", port, Bypass.parse(["10.0.0.0/8"])), None)
+    async with server:
+        sock = await asyncio.to_thread(route.tunnel, "auth.example.com", 443, ("192.0.2.1", 443), 5)
+        assert sock is not None
+        sock.close()
+        direct = await asyncio.to_thread(
+            route.tunnel, "auth.example.com", 443, ("10.1.2.3", 443), 5
+        )
+    assert direct is None
+    assert len(heads) == 1 and b"Proxy-Authorization" not in heads[0]
