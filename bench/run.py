@@ -56,6 +56,9 @@ POPULATIONS = {
     "credproxy-graphql": Population(
         principals=10, credentials=10, grants_per_principal=1, graphql=True
     ),
+    # credproxy-10 exporting every audit line over OTLP/HTTP (to the bench's upstream, which
+    # answers 200 to anything): the cost of --otlp-endpoint.
+    "credproxy-10-otlp": Population(principals=10, credentials=10, grants_per_principal=1),
     # Every request signed with AWS SigV4 (botocore) at the edge.
     "credproxy-sigv4": Population(
         principals=10, credentials=10, grants_per_principal=1, scheme="sigv4"
@@ -72,6 +75,7 @@ GRAPHQL_QUERY = json.dumps(
         "variables": {"owner": "acme", "name": "widgets"},
     }
 ).encode()
+OTLP_CONFIGS = frozenset({"credproxy-10-otlp"})
 DNS_CONFIGS = frozenset({"credproxy-10-dns", "credproxy-10-dns-miss"})
 # Extra `credproxy run` flags per configuration.
 RUN_FLAGS = {
@@ -208,6 +212,10 @@ class Bench:
             elif config in POPULATIONS:
                 tokens = self._store(config, POPULATIONS[config])
                 env = credproxy_env(self.workdir, self.workdir / f"{config}.db")
+                flags = RUN_FLAGS.get(config, ())
+                if config in OTLP_CONFIGS:
+                    flags += ("--otlp-endpoint", f"https://127.0.0.1:{port}")
+                    env["OTEL_EXPORTER_OTLP_CERTIFICATE"] = str(upstream_ca)
                 launch = partial(
                     start_credproxy,
                     config,
@@ -215,7 +223,7 @@ class Bench:
                     env,
                     upstream_ca,
                     resolve,
-                    RUN_FLAGS.get(config, ()),
+                    flags,
                     pin=config not in UNPINNED,
                 )
                 target = Target(
