@@ -6,6 +6,7 @@ agent's access requests read as the *Entry records.
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -21,6 +22,9 @@ PENDING, APPROVED, DENIED = "pending", "approved", "denied"
 EXPIRED = "expired"  # a held request no owner decided on in time
 REQUEST_STATES = (PENDING, APPROVED, DENIED, EXPIRED)
 ACCESS, HOLD = "access", "hold"  # access_requests.kind
+# The secret of a credential record whose secret is held elsewhere and not resolved: random,
+# so that it matches nothing (a path secret that is empty would be found in every target).
+NO_SECRET = Secret(b"credproxy-unresolved-" + secrets.token_hex(16).encode())
 
 
 def utcnow() -> datetime:
@@ -54,6 +58,11 @@ class CredentialRecord:
     fingerprint: str
     # The scheme's own settings (region, token URL, ...); never a secret.
     options: dict[str, Any] = field(default_factory=dict, hash=False)
+    # Where the secret is held when the store does not seal it (store/rules/secretref.py).
+    # The store's record of such a credential has no secret (`available` False): the proxy
+    # puts the resolved value in (addon/proxy/sources.py), and stamps nothing without one.
+    secret_ref: str | None = None
+    available: bool = True
 
 
 @dataclass(frozen=True)
@@ -189,6 +198,7 @@ class CredentialEntry:
     created_at: datetime
     rotated_at: datetime | None
     options: dict[str, Any] = field(default_factory=dict)
+    secret_ref: str | None = None  # where the secret is held, when the store does not seal it
 
 
 @dataclass(frozen=True)

@@ -117,14 +117,15 @@ class Store:
         name: str,
         scheme: str,
         hosts: Sequence[str],
-        secret: Secret,
+        secret: Secret | None,
         header_name: str | None = None,
         param_name: str | None = None,
         options: Mapping[str, Any] | None = None,
+        secret_ref: str | None = None,
     ) -> str:
         key = keys.need(self.key)
         return credentials.add(
-            self.db, key, name, scheme, hosts, secret, header_name, param_name, options
+            self.db, key, name, scheme, hosts, secret, header_name, param_name, options, secret_ref
         )
 
     def list_credentials(self) -> list[CredentialEntry]:
@@ -143,8 +144,10 @@ class Store:
     ) -> T:
         return credentials.exchange(self.db, keys.need(self.key), name, fingerprint, step, hold)
 
-    def rotate_credential(self, name: str, secret: Secret) -> str:
-        return credentials.rotate(self.db, keys.need(self.key), name, secret)
+    def rotate_credential(
+        self, name: str, secret: Secret | None, secret_ref: str | None = None
+    ) -> str:
+        return credentials.rotate(self.db, keys.need(self.key), name, secret, secret_ref)
 
     def remove_credential(self, name: str) -> int:
         return credentials.remove(self.db, name)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hmac
 import json
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
@@ -25,6 +26,7 @@ from store.errors import InvalidInput, SealError
 from store.records import (
     APPROVED,
     HOLD,
+    NO_SECRET,
     TOMBSTONE_RETENTION,
     Coverage,
     CredentialRecord,
@@ -32,7 +34,7 @@ from store.records import (
     SessionToken,
     Snapshot,
 )
-from store.rules import bodyrules
+from store.rules import bodyrules, secretref
 from store.rules.bodyrules import BodyRule
 from store.rules.grammar import parse_host, parse_rate
 from store.tables import keys
@@ -95,6 +97,7 @@ def credentials() -> Query:
         Credential.ciphertext,
         Credential.fingerprint,
         _json_text(Credential.options),
+        Credential.secret_ref,
     ).where(Credential.removed_at.is_(None))
 
 
@@ -189,12 +192,20 @@ class Compiler:
         by_id: dict[int, CredentialRecord] = {}
         unreadable: dict[int, str] = {}
         # Rows are unpacked, not read by attribute name: that is measurably slower at scale.
-        for cid, name, scheme, header, param, hosts, key_id, nonce, ciphertext, fp, opts in rows:
-            try:
-                secret = keys.unseal(self.key, name, key_id, nonce, ciphertext)
-            except SealError:  # one bad row must not hide the others; it is named
-                unreadable[cid] = name
-                continue
+        for row in rows:
+            cid, name, scheme, header, param, hosts, key_id, nonce, ciphertext, fp, opts = row[:11]
+            ref = row[11]
+            if ref is not None:  # held elsewhere: the proxy resolves it
+                if not hmac.compare_digest(fp, secretref.mark(self.key, name, ref)):
+                    unreadable[cid] = name  # not written with the master key: never read
+                    continue
+                secret, fp = NO_SECRET, ""
+            else:
+                try:
+                    secret = keys.unseal(self.key, name, key_id, nonce, ciphertext)
+                except SealError:  # one bad row must not hide the others; it is named
+                    unreadable[cid] = name
+                    continue
             by_id[cid] = CredentialRecord(
                 name=name,
                 scheme=scheme,
@@ -204,6 +215,8 @@ class Compiler:
                 secret=secret,
                 fingerprint=fp,
                 options=self.options_of(opts),
+                secret_ref=ref,
+                available=ref is None,
             )
         return by_id, unreadable
 

@@ -117,6 +117,9 @@ class Credential(Base):
     nonce: Mapped[bytes | None] = mapped_column(LargeBinary)
     ciphertext: Mapped[bytes | None] = mapped_column(LargeBinary)
     fingerprint: Mapped[str] = mapped_column(String(32))
+    # Where the secret is held when it is not sealed here (store/rules/secretref.py): then
+    # key_id, nonce and ciphertext are NULL and fingerprint is empty.
+    secret_ref: Mapped[str | None] = mapped_column(String(2048))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     rotated_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     removed_at: Mapped[datetime | None] = mapped_column(UTCDateTime)

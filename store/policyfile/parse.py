@@ -2,7 +2,8 @@
 
 Every problem in the file is collected with its line, so one run names them all. Secrets are
 never in the file: a credential names where its secret comes from (`secret_env`, `secret_file`),
-and the secret is read only when a plan needs it.
+and the secret is read only when a plan needs it; or where it is held (`secret_ref`), which the
+store keeps and the proxy reads.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 
 from store.crypto import Secret
 from store.errors import CredproxyError, InvalidInput
-from store.rules import bodyrules, validation
+from store.rules import bodyrules, secretref, validation
 from store.rules.bodyrules import BodyRule
 from store.rules.grammar import (
     check_registered_method,
@@ -47,7 +48,7 @@ KEYS = {
 TOP_KEYS = frozenset({"token_dir", "principal", "credential", "grant"})
 PRINCIPAL_KEYS = frozenset({"name", "rate", "burst"})
 CREDENTIAL_KEYS = frozenset(
-    {"name", "scheme", "hosts", "header", "param", "secret_env", "secret_file"}
+    {"name", "scheme", "hosts", "header", "param", "secret_env", "secret_file", "secret_ref"}
 )
 # Scheme settings kept in the credential's options, by key; schemes that have settings add
 # theirs here.
@@ -114,10 +115,16 @@ class PolicyFileError(InvalidInput):
 
 @dataclass(frozen=True)
 class SecretSource:
+    """Where a credential's secret comes from: read once to be sealed (secret_env,
+    secret_file), or held there for good and read by the proxy (secret_ref)."""
+
     env: str | None = None
     file: Path | None = None
+    ref: str | None = None
 
     def describe(self) -> str:
+        if self.ref is not None:
+            return f"secret_ref {self.ref}"
         return f"secret_env {self.env}" if self.env is not None else f"secret_file {self.file}"
 
     def read(self) -> Secret:
@@ -479,7 +486,7 @@ def _credential(t: _Table) -> CredentialSpec | None:
     scheme = t.text("scheme", required=True)
     hosts = t.texts("hosts")
     header, param = t.text("header"), t.text("param")
-    env, file = t.text("secret_env"), t.text("secret_file")
+    env, file, ref = t.text("secret_env"), t.text("secret_file"), t.text("secret_ref")
     if name is not None:
         with t.checking("name"):
             validate_name("credential", name)
@@ -491,6 +498,12 @@ def _credential(t: _Table) -> CredentialSpec | None:
     source = None
     if env is not None and file is not None:
         t.problem("secret_file", "give secret_env or secret_file, not both")
+    elif ref is not None and (env is not None or file is not None):
+        # A reference is held elsewhere for good; the other two are read once and sealed.
+        t.problem("secret_ref", "give secret_ref or a secret to seal (secret_env, secret_file)")
+    elif ref is not None:
+        with t.checking("secret_ref"):
+            source = SecretSource(ref=secretref.for_scheme(scheme or "", ref))
     elif env is not None:
         if not ENV_NAME.fullmatch(env):
             # Not echoed: a value here is more likely a pasted secret than a name.
@@ -511,7 +524,9 @@ def _credential(t: _Table) -> CredentialSpec | None:
         options[option] = t.texts(option) if option in LIST_OPTIONS else t.text(option)
     if name is None or scheme is None:
         return None
-    source_line = t.at("secret_env" if env is not None else "secret_file")
+    source_line = t.at(
+        "secret_env" if env is not None else "secret_ref" if ref is not None else "secret_file"
+    )
     return CredentialSpec(name, scheme, hosts, header, param, options, source, t.line, source_line)
 
 

@@ -28,7 +28,7 @@ from store.db.models import AccessRequest, Credential, Grant, Principal, utcnow
 from store.errors import Conflict, InvalidInput
 from store.policyfile.parse import KEYS, CredentialSpec, GrantSpec, PolicyFile, raise_problems
 from store.records import APPROVED, HOLD
-from store.rules import bodyrules, validation
+from store.rules import bodyrules, secretref, validation
 from store.rules.grammar import REGISTERED_METHODS
 from store.tables import credentials, keys, principals
 
@@ -214,7 +214,7 @@ class _Planner:
         return Plan(tuple(changes), tuple(untouched))
 
     def _secret(self, c: CredentialSpec, settings: dict[str, Any]) -> Secret | None:
-        if c.source is None:
+        if c.source is None or c.source.ref is not None:
             return None
         if c.name not in self.secrets:
             try:
@@ -251,6 +251,8 @@ class _Planner:
             }
             if secret is not None:
                 fields["secret"] = (None, self.key.fingerprint(secret))
+            if c.source.ref is not None:
+                fields["secret_ref"] = (None, c.source.ref)
             return Change("credential", c.name, CREATE, fields)
         have = {
             "scheme": row.scheme,
@@ -265,7 +267,12 @@ class _Planner:
         if secret is not None:
             fp = self.key.fingerprint(secret)
             if fp != row.fingerprint:
-                fields["secret"] = (row.fingerprint, fp)
+                fields["secret"] = (None if row.secret_ref else row.fingerprint, fp)
+            if row.secret_ref is not None:  # sealed from now on
+                fields["secret_ref"] = (row.secret_ref, None)
+        ref = c.source.ref if c.source is not None else None
+        if ref is not None and ref != row.secret_ref:
+            fields["secret_ref"] = (row.secret_ref, ref)
         return Change("credential", c.name, UPDATE, fields) if fields else None
 
     def _grant(
@@ -455,6 +462,15 @@ def _execute(
                 hint = validation.secret_hint(spec.scheme, secret)
                 cred.key_id, cred.nonce, cred.ciphertext = keys.seal(key, spec.name, secret)
                 cred.fingerprint = key.fingerprint(secret)
+                cred.secret_ref = None
+                if change.action == UPDATE:
+                    cred.rotated_at = now
+            elif change.fields.get("secret_ref", (None, None))[1] is not None:
+                # Held elsewhere from now on: nothing sealed is kept.
+                cred.secret_ref = change.fields["secret_ref"][1]
+                cred.key_id = cred.nonce = cred.ciphertext = None
+                cred.fingerprint = secretref.mark(key, spec.name, cred.secret_ref)
+                hint = {}
                 if change.action == UPDATE:
                     cred.rotated_at = now
             cred.options = (settings | hint) or None
@@ -579,6 +595,9 @@ def export(db: Database) -> str:
                 lines.append(f"param = {_toml(c.param_name)}")
             for option, value in sorted((_settings(c.options) or {}).items()):
                 lines.append(f"{FILE_KEYS.get(option, option)} = {_toml(value)}")
+            if c.secret_ref is not None:  # a reference is no secret: written as it is
+                lines.append(f"secret_ref = {_toml(c.secret_ref)}")
+                continue
             # Not CREDPROXY_*: those are credproxy's own settings, which secret_env may not name.
             env = "SECRET_" + "".join(ch if ch.isalnum() else "_" for ch in name.upper())
             lines.append(f"# secret_env = {_toml(env)}")

@@ -1,4 +1,5 @@
-"""The credentials table: secrets sealed under the master key, and the hosts each is for."""
+"""The credentials table: secrets sealed under the master key (or where each is held, when
+elsewhere), and the hosts each is for."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from store.db.engine import Database, bump, changed, covered, rowcount, sqlite_p
 from store.db.models import Credential, Grant, utcnow
 from store.errors import Conflict, NotFound, StoreUnavailable
 from store.records import CredentialEntry
-from store.rules import validation
+from store.rules import secretref, validation
 from store.rules.grammar import validate_name
 from store.tables import keys
 
@@ -44,23 +45,34 @@ def add(
     name: str,
     scheme: str,
     hosts: Sequence[str],
-    secret: Secret,
+    secret: Secret | None,
     header_name: str | None = None,
     param_name: str | None = None,
     options: Mapping[str, Any] | None = None,
+    secret_ref: str | None = None,
 ) -> str:
-    """Seal and store a credential; returns its fingerprint."""
+    """Seal and store a credential, or store where its secret is held (`secret_ref`, then
+    `secret` is None); returns its fingerprint, or the reference."""
     validate_name("credential", name)
     patterns = validation.credential_hosts(hosts)
     header_name, param_name = validation.scheme_options(scheme, header_name, param_name)
     settings = validation.credential_options(scheme, options or {}, patterns)
-    secret = validation.scheme_secret(scheme, secret, settings)
-    settings |= validation.secret_hint(scheme, secret)
+    sealed: tuple[str | None, bytes | None, bytes | None] = (None, None, None)
+    fingerprint = ""
+    if secret_ref is not None:
+        secret_ref = secretref.for_scheme(scheme, secret_ref)
+    else:
+        assert secret is not None
+        secret = validation.scheme_secret(scheme, secret, settings)
+        settings |= validation.secret_hint(scheme, secret)
     with db.change() as session:
         if find(session, name) is not None:
             raise Conflict(f"credential {name!r} already exists")
-        key_id, nonce, ciphertext = keys.seal(key, name, secret)
-        fingerprint = key.fingerprint(secret)
+        if secret_ref is not None:
+            fingerprint = secretref.mark(key, name, secret_ref)
+        elif secret is not None:
+            sealed = keys.seal(key, name, secret)
+            fingerprint = key.fingerprint(secret)
         row = Credential(
             name=name,
             scheme=scheme,
@@ -68,15 +80,16 @@ def add(
             param_name=param_name,
             hosts=[str(p) for p in patterns],
             options=settings or None,
-            key_id=key_id,
-            nonce=nonce,
-            ciphertext=ciphertext,
+            key_id=sealed[0],
+            nonce=sealed[1],
+            ciphertext=sealed[2],
             fingerprint=fingerprint,
+            secret_ref=secret_ref,
             created_at=utcnow(),
         )
         session.add(row)
         changed(session, CREDENTIAL, row)
-    return fingerprint
+    return secret_ref or fingerprint
 
 
 def listing(db: Database) -> list[CredentialEntry]:
@@ -91,29 +104,40 @@ def listing(db: Database) -> list[CredentialEntry]:
                 header_name=c.header_name,
                 param_name=c.param_name,
                 hosts=c.hosts,
-                fingerprint=c.fingerprint,
+                fingerprint="" if c.secret_ref is not None else c.fingerprint,
                 created_at=c.created_at,
                 rotated_at=c.rotated_at,
                 options=c.options or {},
+                secret_ref=c.secret_ref,
             )
             for c in rows
         ]
 
 
-def rotate(db: Database, key: MasterKey, name: str, secret: Secret) -> str:
-    """Seal a new secret for the credential; returns its fingerprint."""
+def rotate(
+    db: Database, key: MasterKey, name: str, secret: Secret | None, secret_ref: str | None = None
+) -> str:
+    """Seal a new secret for the credential, or hold it at `secret_ref` instead (`secret`
+    None); returns its fingerprint, or the reference."""
     with db.change() as session:
         row = need(session, name)
         settings = dict(row.options or {})
-        secret = validation.scheme_secret(row.scheme, secret, settings)
-        hint = validation.secret_hint(row.scheme, secret)
-        if hint:
-            row.options = settings | hint
-        row.key_id, row.nonce, row.ciphertext = keys.seal(key, name, secret)
-        row.fingerprint = key.fingerprint(secret)
+        if secret_ref is not None:
+            row.secret_ref = secretref.for_scheme(row.scheme, secret_ref)
+            row.key_id = row.nonce = row.ciphertext = None
+            row.fingerprint = secretref.mark(key, name, row.secret_ref)
+        else:
+            assert secret is not None
+            secret = validation.scheme_secret(row.scheme, secret, settings)
+            hint = validation.secret_hint(row.scheme, secret)
+            if hint:
+                row.options = settings | hint
+            row.key_id, row.nonce, row.ciphertext = keys.seal(key, name, secret)
+            row.fingerprint = key.fingerprint(secret)
+            row.secret_ref = None
         row.rotated_at = utcnow()
         changed(session, CREDENTIAL, row)  # its grants are read with it
-        return row.fingerprint
+        return row.secret_ref or row.fingerprint
 
 
 def remove(db: Database, name: str) -> int:

@@ -8,6 +8,7 @@ from store.crypto import MasterKey, Secret
 from store.db.engine import Database
 from store.db.models import Credential, StoreState
 from store.errors import MasterKeyError
+from store.rules import secretref
 
 
 def _context(name: str) -> str:
@@ -69,5 +70,10 @@ def rotate(db: Database, old: MasterKey, new: MasterKey) -> int:
             secret = unseal(old, row.name, row.key_id, row.nonce, row.ciphertext)
             row.key_id, row.nonce, row.ciphertext = seal(new, row.name, secret)
             row.fingerprint = new.fingerprint(secret)
+        held = session.scalars(select(Credential).where(Credential.secret_ref.is_not(None)))
+        for row in held:  # a reference's mark is keyed too
+            assert row.secret_ref is not None
+            if row.fingerprint == secretref.mark(old, row.name, row.secret_ref):
+                row.fingerprint = secretref.mark(new, row.name, row.secret_ref)
         state.key_id, state.key_check = new.key_id, new.check_value
         return len(rows)

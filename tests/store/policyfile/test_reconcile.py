@@ -494,3 +494,51 @@ def test_minted_credentials_take_their_options_from_the_file(
     bad = MINTED.replace("https://auth.saas.example", "http://auth.saas.example")
     with pytest.raises(PolicyFileError, match="must be an https:// URL"):
         reconcile.plan(store.db, key, load(policy_file(bad)))
+
+
+def test_a_secret_ref_is_stored_as_it_is_exported_back_and_never_read(
+    store: Store, key: MasterKey, policy_file: Callable[[str], Path], tmp_path: Path
+) -> None:
+    """secret_file is read at apply and sealed; secret_ref is kept, and read by the proxy."""
+    ref = f"file:{tmp_path}/not-there-at-apply"
+    path = policy_file(POLICY.replace('secret_env = "GITHUB_TOKEN"', f'secret_ref = "{ref}"'))
+    applied = _apply(store, key, path)
+    (change,) = [c for c in applied.plan.changes if c.kind == "credential"]
+    assert change.fields["secret_ref"] == (None, ref) and "secret" not in change.fields
+    (listed,) = store.list_credentials()
+    assert (listed.secret_ref, listed.fingerprint) == (ref, "")
+    exported = tmp_path / "exported.toml"
+    exported.write_text(reconcile.export(store.db))
+    assert f'secret_ref = "{ref}"' in exported.read_text()
+    assert reconcile.plan(store.db, key, load(exported), prune=True).empty
+    # Back to a sealed secret: the reference goes, the secret is sealed.
+    again = _apply(store, key, policy_file(POLICY))
+    (change,) = [c for c in again.plan.changes if c.kind == "credential"]
+    assert change.fields["secret_ref"] == (ref, None) and "secret" in change.fields
+    assert store.snapshot().credentials["github"].secret.reveal() == b"ghp_policy_secret_1"
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        pytest.param(
+            'secret_ref = "ghp_PASTED_secret"',
+            "a secret reference starts with file:",
+            id="a secret_ref that does not parse is one line",
+        ),
+        pytest.param(
+            'secret_ref = "file:/run/s"\nsecret_file = "/run/s"',
+            "give secret_ref or a secret to seal",
+            id="one source of the secret, not two",
+        ),
+    ],
+)
+def test_secret_refs_that_are_refused(
+    store: Store, key: MasterKey, policy_file: Callable[[str], Path], edit: str, message: str
+) -> None:
+    path = policy_file(POLICY.replace('secret_env = "GITHUB_TOKEN"', edit))
+    with pytest.raises(PolicyFileError) as raised:
+        _apply(store, key, path)
+    assert any(message in p for p in raised.value.problems), raised.value.problems
+    assert "ghp_PASTED" not in "".join(raised.value.problems)
+    assert store.list_credentials() == []

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from store.crypto import MasterKey, Secret
@@ -234,3 +234,88 @@ def test_two_processes_never_present_one_refresh_token_twice(
     twice = len(presented) != len(set(presented))
     assert not twice, "one refresh token was presented twice"
     assert len(presented) == 2
+
+
+# -- secrets held elsewhere ----------------------------------------------------------------
+
+
+def test_a_reference_is_stored_in_place_of_a_sealed_secret(store: Store) -> None:
+    assert (
+        store.add_credential(
+            "gh", "bearer", ["api.github.com"], None, secret_ref="file:/run/secrets/gh"
+        )
+        == "file:/run/secrets/gh"
+    )
+    (listed,) = store.list_credentials()
+    assert (listed.secret_ref, listed.fingerprint) == ("file:/run/secrets/gh", "")
+    row: Any = read_row(store, Credential, "gh")
+    assert (row.key_id, row.nonce, row.ciphertext) == (None, None, None)
+    snapshot = store.snapshot()
+    record = snapshot.credentials["gh"]
+    # The store holds no secret for it: nothing the proxy could stamp until it resolves one.
+    assert (record.secret_ref, record.available, snapshot.unreadable) == (
+        "file:/run/secrets/gh",
+        False,
+        (),
+    )
+
+
+def test_rotate_moves_a_credential_between_sealed_and_referenced(
+    store: Store, key: MasterKey
+) -> None:
+    seed(store)
+    assert store.rotate_credential("gh", None, "vault:secret/gh#token") == "vault:secret/gh#token"
+    row: Any = read_row(store, Credential, "gh")
+    assert (row.ciphertext, row.secret_ref) == (None, "vault:secret/gh#token")
+    fp = store.rotate_credential("gh", Secret(b"sealed-again"))
+    row = read_row(store, Credential, "gh")
+    assert (row.secret_ref, row.fingerprint) == (None, fp)
+    assert store.snapshot().credentials["gh"].available
+
+
+@pytest.mark.parametrize(
+    ("scheme", "ref", "reason"),
+    [
+        pytest.param("bearer", "gh-token-pasted", "starts with file:", id="a reference parses"),
+        pytest.param(
+            "oauth2-refresh",
+            "file:/run/secrets/tokens",
+            "cannot hold a secret reference",
+            id="a refresh-token credential is sealed",
+        ),
+    ],
+)
+def test_a_reference_that_does_not_parse_is_refused(
+    store: Store, scheme: str, ref: str, reason: str
+) -> None:
+    options = {"token_url": "https://auth.example/token"} if scheme == "oauth2-refresh" else {}
+    with pytest.raises(InvalidInput, match=reason):
+        store.add_credential(
+            "gh", scheme, ["api.github.com"], None, options=options, secret_ref=ref
+        )
+    assert store.list_credentials() == []
+
+
+def test_a_master_key_rotation_keeps_references_readable(
+    store: Store, open_store: Callable[[MasterKey | None], Store]
+) -> None:
+    seed(store)
+    store.add_credential("ref", "bearer", ["example.com"], None, secret_ref="file:/run/s")
+    new = MasterKey.generate("new")
+    assert store.rotate_key(new) == 1
+    snapshot = open_store(new).snapshot()
+    assert snapshot.credentials["ref"].secret_ref == "file:/run/s" and not snapshot.unreadable
+
+
+def test_a_reference_written_without_the_master_key_is_never_read(store: Store) -> None:
+    """Whoever can write the database but has no key must not point a credential at a file
+    of the proxy's own (its master key, its CA key): such a row is unreadable."""
+    store.add_credential("ref", "bearer", ["example.com"], None, secret_ref="file:/run/s")
+    with store.engine.begin() as connection:
+        connection.execute(
+            update(Credential)
+            .where(Credential.name == "ref")
+            .values(secret_ref="file:/etc/credproxy/credproxy.key")
+        )
+    snapshot = store.snapshot()
+    assert "ref" not in snapshot.credentials and snapshot.unreadable == ("ref",)
