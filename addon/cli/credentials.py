@@ -11,8 +11,8 @@ from addon.cli.output import emit, table
 from addon.cli.parsing import group
 from store.crypto import Secret
 from store.errors import InvalidInput
-from store.records import CredentialEntry
-from store.rules import aws, validation
+from store.records import NO_SECRET, CredentialEntry, CredentialRecord
+from store.rules import aws, secretref, validation
 from store.rules.grammar import validate_name
 from store.rules.mintspec import GITHUB_API, MINTED
 from store.rules.validation import SCHEMES
@@ -37,7 +37,9 @@ MINT_OPTIONS = (
 def register(sub: Any, common: argparse.ArgumentParser) -> None:
     """Its `add` and `rotate` read a secret: `reads_secret` keeps their arguments out of errors."""
     credential = group(sub, COMMAND, "secrets and the hosts they may go to")
-    p = credential.add_parser("add", parents=[common], help="the secret is read from stdin")
+    p = credential.add_parser(
+        "add", parents=[common], help="the secret is read from stdin, or held at --secret-ref"
+    )
     p.add_argument("name", help="[a-z0-9][a-z0-9._-]{0,62}")
     p.add_argument("--scheme", required=True, choices=SCHEMES, help="how the secret is stamped")
     p.add_argument(
@@ -60,6 +62,7 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         help="path prefix where the placeholder goes, e.g. /bot{}, with --scheme path",
     )
     p.add_argument("--placeholder-env", help="a variable `credproxy exec` sets to a placeholder")
+    _ref_flag(p)
     _mint_flags(p)
     p.set_defaults(func=cmd_credential_add, reads_secret=True)
     p = credential.add_parser("list", parents=[common], help="credentials (never secrets)")
@@ -67,9 +70,21 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     p = credential.add_parser("remove", parents=[common], help="destroy; revokes its grants")
     p.add_argument("name", help="the credential")
     p.set_defaults(func=cmd_credential_remove)
-    p = credential.add_parser("rotate", parents=[common], help="new secret from stdin")
+    p = credential.add_parser(
+        "rotate", parents=[common], help="new secret from stdin, or held at --secret-ref"
+    )
     p.add_argument("name", help="the credential")
+    _ref_flag(p)
     p.set_defaults(func=cmd_credential_rotate, reads_secret=True)
+
+
+def _ref_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--secret-ref",
+        metavar="REF",
+        help="keep no secret: the proxy reads it from file:/PATH, aws-sm:SECRET_ID[#KEY] or "
+        "vault:MOUNT/PATH#FIELD (see docs/secret-sources.md); stdin is not read",
+    )
 
 
 def _mint_flags(p: argparse.ArgumentParser) -> None:
@@ -140,8 +155,10 @@ def cmd_credential_add(args: argparse.Namespace, settings: Settings) -> int:
     # Arguments before input: a wrong --host is the error to show, not the empty secret after it.
     validate_name("credential", args.name)
     validation.credential_hosts(args.host)
+    if args.secret_ref is not None:
+        secretref.for_scheme(args.scheme, args.secret_ref)
     store = settings.store()
-    secret = read_secret()
+    secret = read_secret() if args.secret_ref is None else None
     options = {
         "region": args.region,
         "service": args.service,
@@ -154,8 +171,15 @@ def cmd_credential_add(args: argparse.Namespace, settings: Settings) -> int:
         **{name: getattr(args, name) for name in MINT_OPTIONS},
     }
     fp = store.add_credential(
-        args.name, args.scheme, args.host, secret, args.header, args.param, options
+        args.name, args.scheme, args.host, secret, args.header, args.param, options, args.secret_ref
     )
+    if args.secret_ref is not None:
+        emit(
+            settings,
+            {"name": args.name, "scheme": args.scheme, "secret_ref": fp},
+            [f"added credential {args.name} ({args.scheme}, its secret held at {fp})"],
+        )
+        return 0
     emit(
         settings,
         {"name": args.name, "scheme": args.scheme, "fingerprint": fp},
@@ -182,11 +206,29 @@ def _credential_row(c: CredentialEntry) -> dict[str, Any]:
         "param": c.param_name,
         "hosts": c.hosts,
         **_scheme_columns(c),
-        "fingerprint": c.fingerprint,
+        "fingerprint": c.fingerprint or None,
+        "secret_ref": c.secret_ref,
+        "source_state": _source_state(c) if c.secret_ref is not None else None,
         "created_at": c.created_at.isoformat(timespec="seconds"),
         "rotated_at": c.rotated_at.isoformat(timespec="seconds") if c.rotated_at else None,
         "placeholder_env": c.options.get("placeholder_env"),
     }
+
+
+def _source_state(c: CredentialEntry) -> str:
+    """A reference read once from here, as the proxy reads it: ok, or failing and why."""
+    # Imported here: only a store with references pays for the proxy's modules.
+    from addon.proxy.sources import OK, Source, Sources
+
+    record = CredentialRecord(
+        c.name, c.scheme, c.header_name, c.param_name, (), NO_SECRET, "", c.options, c.secret_ref
+    )
+    sources = Sources(lambda _: "")
+    try:
+        outcome = Source(record, sources.backend(record)).check()
+    finally:
+        sources.close()
+    return OK if outcome.error is None else f"failing ({outcome.error})"
 
 
 def _scheme_columns(c: CredentialEntry) -> dict[str, Any]:
@@ -226,6 +268,8 @@ def cmd_credential_list(args: argparse.Namespace, settings: Settings) -> int:
     for extra in (*extras, "token_url", "scope"):
         if any(extra in row for row in rows):
             columns.append(extra)
+    if any(row["secret_ref"] for row in rows):
+        columns += ["secret_ref", "source_state"]
     columns += ["fingerprint", "rotated_at"]
     emit(settings, rows, table([{c: row.get(c) for c in columns} for row in rows], columns))
     return 0
@@ -243,6 +287,10 @@ def cmd_credential_remove(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_credential_rotate(args: argparse.Namespace, settings: Settings) -> int:
     store = settings.store()
+    if args.secret_ref is not None:
+        ref = store.rotate_credential(args.name, None, args.secret_ref)
+        emit(settings, {"name": args.name, "secret_ref": ref}, [f"{args.name} is held at {ref}"])
+        return 0
     fp = store.rotate_credential(args.name, read_secret())
     emit(settings, {"name": args.name, "fingerprint": fp}, [f"rotated {args.name} ({fp})"])
     return 0

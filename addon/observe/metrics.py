@@ -87,6 +87,14 @@ class Metrics:
             registry=self.registry,
         )
         pending.set_function(lambda: float(self.held()))
+        # Credentials whose secret is held elsewhere (addon/proxy/sources.py), by the state
+        # of their source; the wiring sets each state's count.
+        self.secret_sources = Gauge(
+            "credproxy_secret_sources",
+            "Credentials whose secret is held elsewhere, by source state: ok, stale, failing",
+            ["state"],
+            registry=self.registry,
+        )
         self.holds = Counter(
             "credproxy_holds",
             "Requests held for approval, by outcome: approved, denied, timeout, gone",

@@ -18,10 +18,12 @@ from typing import Any, TypeVar
 from addon.core.policy import Policy
 from addon.core.responsive import responsive
 from addon.observe import audit
+from addon.proxy import sources
+from addon.proxy.sources import Sources, SourceSettings
 from addon.redaction.redactset import SETS
 from addon.schemes.mint import TOKENS
 from addon.schemes.stamping import redacted
-from store.crypto import MasterKey
+from store.crypto import MasterKey, Secret
 from store.errors import CredproxyError, StoreUnavailable
 from store.repository import Store
 
@@ -48,6 +50,7 @@ class LivePolicy:
         poll_interval: float = 0.5,
         reload_key: Callable[[], MasterKey] | None = None,
         full_interval: float = FULL_INTERVAL,
+        source_settings: SourceSettings = sources.DEFAULTS,
     ) -> None:
         self.store = store
         self.max_stale = max_stale
@@ -70,6 +73,10 @@ class LivePolicy:
         self.on_reload: Callable[[], None] = lambda: None
         # Access-request decisions already written to the audit stream.
         self._decided_since = datetime.now(UTC)
+        # Secrets held elsewhere (file:, aws-sm:, vault: references), fingerprinted under
+        # whatever key the store is read with now.
+        self.sources = Sources(self._fingerprint, source_settings)
+        self.sources.on_change = self._sources_changed
 
     def load(self) -> Policy:
         """Synchronous first load, before the proxy listens; raises CredproxyError."""
@@ -123,6 +130,13 @@ class LivePolicy:
             raise
 
     async def run(self) -> None:
+        resolving = asyncio.get_running_loop().create_task(self.sources.run())
+        try:
+            await self._run()
+        finally:
+            resolving.cancel()
+
+    async def _run(self) -> None:
         while True:
             try:
                 await self.poll()
@@ -171,6 +185,7 @@ class LivePolicy:
                     # On the event loop, between two decisions; a few rows' work.
                     try:
                         policy.apply(delta)
+                        sources.applied(policy, delta)
                     except Exception as e:  # noqa: BLE001 - fail closed, then read whole
                         policy, mode = await self._after_failed_apply(policy, e), FULL
                         full_counter = policy.counter
@@ -178,6 +193,8 @@ class LivePolicy:
                         mode, changes = mode or INCREMENTAL, delta.changes
                         decided = delta.decisions
             if mode is not None:
+                # A reference new to this replica is read before the change is served.
+                await self.sources.first(self.sources.track(sources.referenced(policy)))
                 self._install(policy, full_counter)
                 self._owed = False
                 self.on_reload()
@@ -251,7 +268,9 @@ class LivePolicy:
             if new_key.key_id == snapshot.key_id:
                 self.store.key = new_key
                 snapshot = self.store.snapshot()
-        return Policy(snapshot)
+        policy = Policy(snapshot)
+        sources.bound(policy, snapshot)
+        return policy
 
     def _key_caught_up(self) -> bool:
         """Served with another key than the store's (a rotation whose key file had not reached
@@ -277,7 +296,30 @@ class LivePolicy:
 
     def _install(self, policy: Policy, full_counter: int | None) -> None:
         """Serve `policy`; `full_counter`: the counter of the full read it was built from."""
+        new = self.sources.track(sources.referenced(policy))
+        if new and not _loop_running():
+            self.sources.load(new)  # the first load, before the proxy listens
+        sources.bind(policy, self.sources)
         self.policy = policy
+        self._follow(policy)
+        self.last_ok = time.monotonic()
+        if full_counter is not None:
+            self._full_at, self._full_counter = self.last_ok, full_counter
+
+    def _sources_changed(self) -> None:
+        """A referenced secret rotated, or its source stopped or started serving: the policy
+        being served takes the new record now, and redaction the new value, before any
+        request stamps it."""
+        policy = self.policy
+        if policy is not None and sources.bind(policy, self.sources):
+            self._follow(policy)
+
+    def _fingerprint(self, secret: Secret) -> str:
+        key = self.store.key
+        assert key is not None  # the proxy reads the store with its key
+        return key.fingerprint(secret)
+
+    def _follow(self, policy: Policy) -> None:
         # Tokens minted with a credential since rotated, removed or changed are dropped now.
         TOKENS.retain(policy.token_versions)
         # The redaction sets follow the store: what another replica sealed (a rotated refresh
@@ -290,9 +332,6 @@ class LivePolicy:
                 SETS.prepare(changed)
             else:  # off the event loop; a request meanwhile compiles its own
                 loop.run_in_executor(None, SETS.prepare, changed)
-        self.last_ok = time.monotonic()
-        if full_counter is not None:
-            self._full_at, self._full_counter = self.last_ok, full_counter
 
     def _start_full_if_due(self) -> None:
         """The safety net: read the whole store now and then, beside the incremental updates,
@@ -323,10 +362,19 @@ class LivePolicy:
         if self._full is not None:
             self._full.cancel()
         self._executor.shutdown(wait=False, cancel_futures=True)
+        self.sources.close()
         self.store.close()
 
 
 _abandoned = 0
+
+
+def _loop_running() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
 
 
 def abandoned() -> int:

@@ -148,8 +148,34 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         help="records waiting for the collector beyond which they are dropped and counted "
         "(default %(default)s)",
     )
+    _secret_flags(p)
     add_limit_flags(p)
     p.set_defaults(func=cmd_run)
+
+
+def _secret_flags(p: argparse.ArgumentParser) -> None:
+    """Credentials whose secret is held elsewhere (docs/secret-sources.md)."""
+    p.add_argument(
+        "--secret-ttl",
+        type=seconds(),
+        default=300.0,
+        metavar="SECONDS",
+        help="fetch a secret held in AWS or Vault again this often (default %(default)g); "
+        "a file is looked at every second",
+    )
+    p.add_argument(
+        "--secret-max-stale",
+        type=seconds(),
+        default=300.0,
+        metavar="SECONDS",
+        help="stamp a secret's last good value this long once its source fails, then refuse "
+        "(default %(default)g)",
+    )
+    p.add_argument(
+        "--require-all-secrets",
+        action="store_true",
+        help="refuse to start while any credential's secret source cannot be read",
+    )
 
 
 def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
@@ -166,6 +192,8 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
         )
     # Imported here, not at the top: the chain's modules take about a second to import, and
     # `exec` and the policy commands, which build this command's parser too, need none of them.
+    from addon.proxy.sources import SourceSettings
     from addon.runtime import serve
 
-    return serve.main(config)
+    held = SourceSettings(ttl=args.secret_ttl, max_stale=args.secret_max_stale)
+    return serve.main(config, held, args.require_all_secrets)

@@ -21,6 +21,7 @@ from addon.proxy.chain import REQUIRED_OPTIONS
 from addon.proxy.corporate import ProxyCredential
 from addon.proxy.forward import Forward
 from addon.proxy.live import LivePolicy, abandoned
+from addon.proxy.sources import DEFAULTS, OK, SourceSettings, describe
 from addon.proxy.trail import Trail
 from addon.runtime import master as masters
 from addon.runtime.config import RunConfig, check_listen
@@ -32,10 +33,12 @@ from store.errors import CredproxyError, InvalidInput
 from store.repository import Store
 
 
-def main(config: RunConfig) -> int:
-    """Serve until stopped; the exit status."""
+def main(
+    config: RunConfig, held: SourceSettings = DEFAULTS, require_all_secrets: bool = False
+) -> int:
+    """Serve until stopped; the exit status. `held`: how secrets held elsewhere are read."""
     audit.configure(shape=ocsf.shape if config.audit_format == "ocsf" else None)
-    code = asyncio.run(serve(config))
+    code = asyncio.run(serve(config, held=held, require_all_secrets=require_all_secrets))
     if abandoned():
         # Threads stuck on dead database connections would be joined at exit, forever.
         audit.drain()
@@ -43,14 +46,22 @@ def main(config: RunConfig) -> int:
     return code
 
 
-async def serve(config: RunConfig, started: asyncio.Event | None = None) -> int:
+async def serve(
+    config: RunConfig,
+    started: asyncio.Event | None = None,
+    held: SourceSettings = DEFAULTS,
+    require_all_secrets: bool = False,
+) -> int:
     settings = config.settings
     store = Store(settings.db, settings.key())
     try:
         store.check_ready()
         check_ca(settings.certs)
-        live = LivePolicy(store, max_stale=config.max_stale, reload_key=settings.key)
+        live = LivePolicy(
+            store, max_stale=config.max_stale, reload_key=settings.key, source_settings=held
+        )
         policy = live.load()
+        _report_sources(live, require_all_secrets)
         proxy = config.upstream_proxy
         if proxy is not None and proxy.credential is not None:
             ProxyCredential(live, proxy).check(policy)
@@ -186,6 +197,25 @@ async def _serve(
         live.close()
         log.info("proxy.stopped", cut=stopping.cut)
     return 0
+
+
+def _report_sources(live: LivePolicy, required: bool) -> None:
+    """Each credential whose secret source cannot be read at start: one audit line each (its
+    state and the error's class); with --require-all-secrets, no start."""
+    unread = [r for r in live.sources.report() if r[2] != OK]
+    for (name, ref, state, error), line in zip(unread, describe(unread), strict=True):
+        audit.logger().warning(
+            "secret_source.unresolved",
+            credential=name,
+            ref=ref,
+            state=state,
+            error=error,
+            message=line,
+        )
+    if unread and required:
+        live.close()
+        names = ", ".join(r[0] for r in unread)
+        raise InvalidInput(f"--require-all-secrets: secrets that cannot be read: {names}")
 
 
 async def _start_admin(

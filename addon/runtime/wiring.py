@@ -33,6 +33,7 @@ from addon.proxy.pinning import Pinning
 from addon.proxy.ratelimit import Limiter, SharedLimiter
 from addon.proxy.responses import Responses
 from addon.proxy.signing import Signing
+from addon.proxy.sources import STATES
 from addon.proxy.state import Clients
 from addon.proxy.trail import Trail
 from addon.schemes.assume import SESSIONS
@@ -64,6 +65,10 @@ def build_chain(
         store_up=lambda: bool(getattr(live, "store_up", False)),
     )
     live.on_reload = metrics.reloads.inc
+    held = getattr(live, "sources", None)
+    if held is not None:
+        for state in STATES:
+            metrics.secret_sources.labels(state).set_function(partial(held.count, state))
     trail = Trail(metrics, StreakAlerts(alert_streak, log))
     clients = Clients()
     access = AccessRequests(live, log)

@@ -4,12 +4,13 @@ and policy, never per request."""
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from addon.core.reasons import Reason
 from addon.schemes.minted import MintedStamp, RefreshStamp
 from addon.schemes.path import PathStamp
 from addon.schemes.sigv4 import SigV4Stamp
-from addon.schemes.stamp import Stamp
+from addon.schemes.stamp import Refused, Stamp, Stamping
 from addon.schemes.static import HeaderStamp, QueryStamp
 
 if TYPE_CHECKING:
@@ -30,8 +31,25 @@ KINDS: dict[str, type[Stamp]] = {
 }
 
 
+class Unresolved(Stamp):
+    """A credential whose secret is held elsewhere and cannot be had (addon/proxy/sources.py):
+    every request is refused before anything is spent, and nothing is written."""
+
+    __slots__ = ()
+
+    def __init__(self, credential: CredentialRecord) -> None:
+        self.secret, self.redacts, self.fields, self.names = b"", (), (), frozenset()
+
+    def prepare(self, verdict: Any, request: Any, headers: Any, limit: int) -> Stamping:
+        raise Refused(
+            Reason.CREDENTIALS_UNAVAILABLE, "the credential's secret source cannot be read"
+        )
+
+
 def stamp_of(credential: CredentialRecord) -> Stamp:
     """A new Stamp for the credential. Raises KeyError for a scheme without one."""
+    if not credential.available:
+        return Unresolved(credential)
     return KINDS[credential.scheme](credential)
 
 
@@ -39,6 +57,8 @@ def redacted(credential: CredentialRecord) -> tuple[bytes, ...]:
     """What redaction looks for of a credential as the store holds it now: its secret, or
     the parts of one (a sigv4 key pair; a minted scheme's client secret, private key, refresh
     token, and the access token sealed beside it for the replicas)."""
+    if not credential.available:
+        return ()
     kind = KINDS.get(credential.scheme, Stamp)
     try:
         return kind.stored(credential)

@@ -1,0 +1,112 @@
+"""A credential whose secret is a mounted Kubernetes Secret (a file behind kubelet's `..data`
+symlink), through `credproxy credential add --secret-ref` and a real `credproxy run`: the
+value stamped, a rotation stamped within about a second, a deleted file stale then refused."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import trustme
+
+from tests.e2e.conftest import CREDPROXY, Proxy, start_proxy, stop_proxy
+from tests.e2e.upstream import Upstream
+from tests.proxy.test_sources import Kubelet
+
+pytestmark = pytest.mark.e2e
+MAX_STALE = 1.5
+
+
+@pytest.fixture(scope="module")
+def held_proxy(
+    tmp_path_factory: pytest.TempPathFactory,
+    shared_upstream: Upstream,
+    upstream_ca: trustme.CA,
+    initialised_home: Path,
+) -> Iterator[Proxy]:
+    home = tmp_path_factory.mktemp("held")
+    running = start_proxy(
+        home,
+        upstream_ca,
+        [f"api.test=127.0.0.1:{shared_upstream.port}"],
+        ["--secret-max-stale", str(MAX_STALE)],
+        template=initialised_home,
+    )
+    yield running
+    stop_proxy(running)
+
+
+def _cli(proxy: Proxy, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*CREDPROXY, *args],
+        env=proxy.env,
+        cwd=proxy.home,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=30,
+    )
+
+
+def _stamped(proxy: Proxy, upstream: Upstream, agent: str, token: str) -> tuple[int, str]:
+    upstream.log.clear()
+    with proxy.client(agent, token) as client:
+        reply = client.get("https://api.test/v1/items")
+    sent = [r.header("authorization") for r in upstream.log.requests]
+    return reply.status_code, (sent[0][0] if sent and sent[0] else reply.text)
+
+
+def test_a_mounted_secret_is_stamped_rotated_and_refused_once_gone_for_max_stale(
+    held_proxy: Proxy, upstream: Upstream, tmp_path: Path
+) -> None:
+    (tmp_path / "gh").mkdir()
+    mounted = Kubelet(tmp_path / "gh")
+    added = _cli(
+        held_proxy,
+        *("credential", "add", "gh", "--scheme", "bearer", "--host", "api.test"),
+        *("--secret-ref", f"file:{mounted.path}"),
+    )
+    assert added.returncode == 0, added.stderr
+    token = held_proxy.store.add_principal("agent")
+    held_proxy.store.add_grant("agent", ["GET"], credential="gh")
+    held_proxy.wait_reload()
+    assert _stamped(held_proxy, upstream, "agent", token) == (200, "Bearer gh-secret-one")
+
+    listed = _cli(held_proxy, "credential", "list")
+    assert f"file:{mounted.path}" in listed.stdout and "ok" in listed.stdout
+
+    mounted.write(b"gh-secret-two\n")
+    rotated_at = time.monotonic()
+    while _stamped(held_proxy, upstream, "agent", token) != (200, "Bearer gh-secret-two"):
+        assert time.monotonic() - rotated_at < 3.0, "the rotation was not stamped in time"
+        time.sleep(0.1)
+    rotated = [line for line in held_proxy.audit() if line.get("event") == "credential.rotated"]
+    assert [(r["credential"], r["old_fp"] != r["new_fp"]) for r in rotated] == [("gh", True)]
+
+    os.unlink(mounted.root / "..data")  # the Secret deleted: the key's link dangles
+    gone_at = time.monotonic()
+    statuses = []
+    while not statuses or statuses[-1][0] == 200:
+        statuses.append(_stamped(held_proxy, upstream, "agent", token))
+        assert time.monotonic() - gone_at < MAX_STALE + 3.0, "never refused"
+        time.sleep(0.1)
+    assert time.monotonic() - gone_at >= MAX_STALE - 0.2  # the last good value served meanwhile
+    assert {s for s in statuses[:-1]} <= {(200, "Bearer gh-secret-two")}
+    assert statuses[-1][0] == 502 and "credentials-unavailable" in statuses[-1][1]
+    output = held_proxy.output()
+    assert "gh-secret-one" not in output and "gh-secret-two" not in output
+
+
+def test_a_reference_that_does_not_parse_is_one_line_and_status_2(held_proxy: Proxy) -> None:
+    refused = _cli(
+        held_proxy,
+        *("credential", "add", "bad", "--scheme", "bearer", "--host", "api.test"),
+        *("--secret-ref", "ghp_pastedSECRETvalue"),
+    )
+    assert refused.returncode == 2
+    assert len(refused.stderr.strip().splitlines()) == 1
+    assert "pastedSECRETvalue" not in refused.stderr + refused.stdout
