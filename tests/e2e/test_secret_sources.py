@@ -110,3 +110,21 @@ def test_a_reference_that_does_not_parse_is_one_line_and_status_2(held_proxy: Pr
     assert refused.returncode == 2
     assert len(refused.stderr.strip().splitlines()) == 1
     assert "pastedSECRETvalue" not in refused.stderr + refused.stdout
+
+
+def test_run_refuses_to_start_with_an_unreadable_reference_only_when_told(
+    held_proxy: Proxy, tmp_path: Path
+) -> None:
+    """The held proxy started, and serves, with a reference it could not read (the other
+    tests add theirs later); --require-all-secrets does not start."""
+    added = _cli(
+        held_proxy,
+        *("credential", "add", "missing", "--scheme", "bearer", "--host", "api.test"),
+        *("--secret-ref", f"file:{tmp_path}/absent"),
+    )
+    assert added.returncode == 0, added.stderr
+    refused = _cli(held_proxy, "run", "--listen", "127.0.0.1:0", "--require-all-secrets")
+    assert refused.returncode == 2
+    (line,) = refused.stderr.strip().splitlines()
+    assert "secrets that cannot be read:" in line and "missing" in line
+    assert "secret_source.unresolved" in refused.stdout + refused.stderr
