@@ -35,6 +35,8 @@ MARK = b"[REDACTED]"
 FOLD = bytes.maketrans(b"\\&", b"%%")
 # Re-matching after a substitution ends within a few passes unless a form lives inside MARK.
 MAX_PASSES = 8
+# Bytes of a form the regex before the exact walk of a stream's tail reads (Redactor.partial).
+HEADS = 4
 _JSON_SHORT = {0x22: b'\\"', 0x5C: b"\\\\", 0x2F: b"\\/", 8: b"\\b", 12: b"\\f", 10: b"\\n"}
 _JSON_SHORT |= {13: b"\\r", 9: b"\\t"}
 
@@ -136,13 +138,42 @@ def _tree(needles: list[bytes], i: int) -> bytes:
 @functools.cache
 def _first_unit(byte: int) -> bytes:
     """_unit(byte) after its first byte was matched by the leading character class."""
+    return _led(set(encodings(byte)))
+
+
+def _led(texts: set[bytes]) -> bytes:
+    """A regex matching exactly `texts` (non-empty) after their first byte was matched."""
     by_lead: dict[bytes, set[bytes]] = {}
-    for e in encodings(byte):
+    for e in texts:
         by_lead.setdefault(e[:1], set()).add(e[1:])
     alternatives = (
         b"(?<=" + re.escape(lead) + b")" + _exactly(rest) for lead, rest in sorted(by_lead.items())
     )
     return b"(?:" + b"|".join(alternatives) + b")"
+
+
+@functools.cache
+def _unfinished(byte: int) -> frozenset[bytes]:
+    """The non-empty proper prefixes of the encodings of `byte` (`%`, `%4`, `&#x`, `\\u0` ...)."""
+    return frozenset(e[:k] for e in encodings(byte) for k in range(1, len(e)))
+
+
+def _heads(needles: list[bytes], i: int) -> bytes:
+    """A regex for how the needles' encodings from byte `i` on begin: HEADS whole bytes, or
+    fewer and then the end of the data, after a proper prefix of the next byte's encoding or
+    none. Every unfinished form at the end of the data matches; few other places do."""
+    if i == HEADS:
+        return b""
+    live = [n for n in needles if len(n) > i]
+    branches = []
+    for h in sorted({n[i] for n in live}):
+        rest = _heads([n for n in live if n[i] == h], i + 1)
+        branches.append((_first_unit(h) if i == 0 else _unit(h)) + rest)
+        if _unfinished(h):
+            branches.append((_led if i == 0 else _exactly)(set(_unfinished(h))) + rb"\Z")
+    if i:
+        branches.append(rb"\Z")
+    return b"(?:" + b"|".join(branches) + b")"
 
 
 @functools.cache
@@ -217,9 +248,10 @@ def prepare(secrets: Sequence[bytes]) -> _Compiled | None:
     # byte instead of trying every form at every offset; the lookbehinds then say which.
     pattern = re.compile(char_class + _tree(needles, 0))
     starts = re.compile(char_class)
+    tails = re.compile(char_class + _heads(needles, 0))
     longest = max(sum(max(map(len, encodings(b))) for b in n) for n in needles)
     alphabet = bytes(sorted({c for n in needles for b in n for e in encodings(b) for c in e}))
-    return _Compiled(needles, pattern, starts, longest, len(needles[-1]), alphabet)
+    return _Compiled(needles, pattern, starts, tails, longest, len(needles[-1]), alphabet)
 
 
 # The longest escape (`\\u00hh`): a sieve hit inside one that the regex skipped past lies this
@@ -238,6 +270,7 @@ class _Compiled:
         "needles",
         "pattern",
         "starts",
+        "tails",
         "longest",
         "shortest",
         "alphabet",
@@ -253,11 +286,12 @@ class _Compiled:
         needles: list[bytes],
         pattern: re.Pattern[bytes],
         starts: re.Pattern[bytes],
+        tails: re.Pattern[bytes],
         longest: int,
         shortest: int,
         alphabet: bytes,
     ) -> None:
-        self.needles, self.pattern, self.starts = needles, pattern, starts
+        self.needles, self.pattern, self.starts, self.tails = needles, pattern, starts, tails
         self.longest, self.shortest = longest, shortest
         # Every byte any encoding of any needle is written with.
         self.alphabet = alphabet
@@ -423,10 +457,13 @@ class Redactor:
         run = len(tail) - len(tail.rstrip(c.alphabet))
         if not run:
             return 0
-        for m in c.starts.finditer(data, len(data) - run):
+        # The regex rules out most places (in hex text, every hex digit that begins a form).
+        at, search = len(data) - run, c.tails.search
+        while (m := search(data, at)) is not None:
             at = m.start()
             if any(_begins(data, at, n) for n in c.needles):
                 return len(data) - at
+            at += 1
         return 0
 
     def feed(self, chunk: bytes) -> bytes:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import base64
+import itertools
 from urllib.parse import quote
 
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from addon.redaction.redact import MARK, SLICE, Redactor, Unredactable, _begins
+from addon.redaction.redact import MARK, SLICE, Redactor, Unredactable, _begins, encodings
 from tests.fakes import LONG_SECRET
 
 SECRET = b"sk-live/abc+def=123"
@@ -535,3 +536,20 @@ def test_a_large_piece_dense_with_escape_leads_is_sieved_in_bounded_memory():
         tracemalloc.stop()
     assert out + redactor.feed(b"") == body
     assert peak < len(body) * 3 + 32 * 1024 * 1024
+
+
+@pytest.mark.parametrize("secret", [b"ab-c", b"a%2b", b"aaaa", b"&#3;", b"a b/", b"+/=a"])
+def test_every_short_text_over_the_escapes_alphabet_is_held_and_redacted_as_without_the_sieve(
+    secret: bytes,
+):
+    """Exhaustive over pieces of the secret's escapes: the tail held back and the redaction
+    are those of the walk of every encoding from every place, and of the full pattern."""
+    redactor = Redactor([secret])
+    # An escape whole or cut, of the first few of each byte (`%2d` and `%2D` do not differ).
+    pieces = {e[:k] for b in secret for e in encodings(b)[:5] for k in (1, len(e) - 1, len(e))}
+    pieces = sorted(pieces | {b"%", b"&#", b"\\u00", b"x", b";"})
+    for size in range(1, 4):
+        for parts in itertools.product(pieces, repeat=size):
+            text = b"z" + b"".join(parts)
+            assert redactor.partial(text) == _unsieved_partial(redactor, text), text
+            assert redactor.whole(text) == _unsieved(secret, text)[0], text
