@@ -20,6 +20,7 @@ from addon.cli import accessrequests, credentials, grants, init, keys, principal
 from addon.cli.parsing import Handler, Parser, Version, common, global_options
 from store.db import lite
 from store.errors import CredproxyError, InvalidInput, StoreUnavailable
+from store.rules.mintspec import OPTION_NAMES
 from store.settings import Settings
 
 # The store's messages name their inputs plainly; the operator reads them as these flags.
@@ -48,16 +49,7 @@ FLAGS = {
     "external_id": "--external-id",
     "session_policy": "--session-policy",
     "placeholder_env": "--placeholder-env",
-    "token_url": "--token-url",
-    "scope": "--scope",
-    "audience": "--audience",
-    "client_auth": "--client-auth",
-    "token_prefix": "--token-prefix",
-    "subject": "--subject",
-    "installation": "--installation",
-    "repository": "--repository",
-    "permission": "--permission",
-    "api_url": "--api-url",
+    **{name: "--" + name.replace("_", "-") for name in OPTION_NAMES},  # the minted schemes'
     "token_uri": "key file's token_uri",
 }
 

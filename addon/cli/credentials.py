@@ -14,24 +14,13 @@ from store.errors import InvalidInput
 from store.records import NO_SECRET, CredentialEntry, CredentialRecord
 from store.rules import aws, secretref, validation
 from store.rules.grammar import validate_name
-from store.rules.mintspec import GITHUB_API, MINTED
+from store.rules.mintspec import GITHUB_API, MINTED, OPTION_NAMES
 from store.rules.validation import SCHEMES
 from store.settings import Settings
 
 COMMAND = "credential"
 MAX_SECRET = 64 * 1024
-MINT_OPTIONS = (
-    "token_url",
-    "scope",
-    "audience",
-    "client_auth",
-    "token_prefix",
-    "subject",
-    "installation",
-    "repository",
-    "permission",
-    "api_url",
-)
+MINT_OPTIONS = OPTION_NAMES  # store/rules/mintspec.py names them once
 
 
 def register(sub: Any, common: argparse.ArgumentParser) -> None:

@@ -21,7 +21,7 @@ from typing import Any
 
 from store.crypto import Secret
 from store.errors import CredproxyError, InvalidInput
-from store.rules import bodyrules, secretref, validation
+from store.rules import bodyrules, mintspec, secretref, validation
 from store.rules.bodyrules import BodyRule
 from store.rules.grammar import (
     check_registered_method,
@@ -62,21 +62,11 @@ CREDENTIAL_OPTION_KEYS = frozenset(
         "placeholder",
         "position",
         "placeholder_env",
-        # the minted-token schemes (store/rules/mintspec.py)
-        "token_url",
-        "scope",
-        "audience",
-        "client_auth",
-        "token_prefix",
-        "subject",
-        "installation",
-        "repository",
-        "permission",
-        "api_url",
+        *mintspec.OPTION_NAMES,  # the minted-token schemes name theirs once
     }
 )
 # Options that take a list of strings; the others take one string.
-LIST_OPTIONS = frozenset({"position", "scope", "repository", "permission"})
+LIST_OPTIONS = frozenset({"position", *mintspec.LIST_OPTION_NAMES})
 GRANT_KEYS = frozenset(
     {
         "id",

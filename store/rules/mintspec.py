@@ -26,6 +26,10 @@ OPTIONS = {
     "google-service-account": ("scope", "subject", "token_prefix"),
     "github-app": ("installation", "repository", "permission", "api_url", "token_prefix"),
 }
+# Every minted scheme's option, once, in the order the CLI and `credential list` show them.
+OPTION_NAMES = tuple(dict.fromkeys(name for names in OPTIONS.values() for name in names))
+# Those that take a list (repeatable flags; lists in a policy file).
+LIST_OPTION_NAMES = frozenset({"scope", "repository", "permission"})
 CLIENT_AUTH = {
     "oauth2-client": ("basic", "post"),
     "oauth2-refresh": ("basic", "post", "none"),
@@ -168,7 +172,9 @@ def _github_options(given: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _object(value: Secret, shape: str) -> dict[str, Any]:
+def json_object(value: Secret, shape: str) -> dict[str, Any]:
+    """A JSON secret that must be an object: no duplicate field, messages never quote it."""
+
     def no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
         names = [name for name, _ in pairs]
         if len(set(names)) != len(names):
@@ -221,13 +227,13 @@ def secret(scheme: str, value: Secret, settings: Mapping[str, Any]) -> Secret:
     """A minted scheme's JSON secret, checked, back as compact JSON."""
     if scheme == "oauth2-client":
         shape = "JSON {client_id, client_secret}"
-        data = _object(value, shape)
+        data = json_object(value, shape)
         _fields(data, shape, ("client_id", "client_secret"), ())
         for name in data:
             _text(data, name)
     elif scheme == "oauth2-refresh":
         shape = "JSON {client_id, client_secret (unless --client-auth none), refresh_token}"
-        data = _object(value, shape)
+        data = json_object(value, shape)
         _fields(data, shape, ("client_id", "refresh_token"), ("client_secret",))
         for name in data:
             _text(data, name)
@@ -240,7 +246,7 @@ def secret(scheme: str, value: Secret, settings: Mapping[str, Any]) -> Secret:
             )
     elif scheme == "google-service-account":
         shape = "a Google service-account key file (JSON)"
-        data = _object(value, shape)
+        data = json_object(value, shape)
         _fields(
             data,
             shape,
@@ -258,7 +264,7 @@ def secret(scheme: str, value: Secret, settings: Mapping[str, Any]) -> Secret:
         private_key(data["private_key"])
     else:
         shape = "JSON {app_id, private_key}"
-        data = _object(value, shape)
+        data = json_object(value, shape)
         _fields(data, shape, ("app_id", "private_key"), ())
         app_id = data["app_id"]
         if isinstance(app_id, bool) or not _DIGITS.fullmatch(str(app_id)):

@@ -371,19 +371,7 @@ OPTION_INPUTS = {
 def aws_keys(value: Secret) -> dict[str, str]:
     """The JSON secret of a sigv4 credential, checked; messages never quote it."""
     shape = "JSON {access_key_id, secret_access_key[, session_token]}"
-
-    def no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-        names = [name for name, _ in pairs]
-        if len(set(names)) != len(names):
-            raise InvalidInput(f"the secret names a field twice: it must be {shape}")
-        return dict(pairs)
-
-    try:
-        data = json.loads(value.reveal(), object_pairs_hook=no_duplicates)
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        raise InvalidInput(f"the secret is not valid JSON: it must be {shape}") from None
-    if not isinstance(data, dict):
-        raise InvalidInput(f"the secret must be {shape}")
+    data = mintspec.json_object(value, shape)
     if set(data) - set(SIGV4_FIELDS):
         raise InvalidInput(f"the secret has a field other than {', '.join(SIGV4_FIELDS)}")
     for name in SIGV4_FIELDS[:2]:
