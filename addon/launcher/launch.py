@@ -320,6 +320,7 @@ def _exec(args: argparse.Namespace, settings: Settings) -> int:
                 base.update(HOME=user.home, USER=user.name, LOGNAME=user.name)
                 sess = stack.enter_context(_readable_ca(sess))
             if view is not None:
+                # Only for --isolate: bubblewrap's view is built by this module alone.
                 from addon.launcher import isolate
 
                 public = (sess.ca_file, *([sess.truststore] if sess.truststore else []))

@@ -20,6 +20,7 @@ PR_SET_DUMPABLE = 4
 
 def undumpable() -> None:
     """Make this process undumpable; raises CommandFailed if the kernel refuses."""
+    # Loaded where it is used: ctypes costs exec's start-up, and only Linux needs it.
     import ctypes
 
     libc = ctypes.CDLL(None, use_errno=True)

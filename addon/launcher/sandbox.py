@@ -104,6 +104,7 @@ def _sqlite_database(url: str) -> Path | None:
     path = lite.sqlite_file(url)
     if path is not None or not url.startswith("sqlite"):
         return path
+    # SQLAlchemy only for a URL lite cannot read: exec's start-up stays without it.
     from sqlalchemy.engine import make_url
 
     database = make_url(url).database

@@ -351,6 +351,7 @@ def _stream_reset(flow: http.HTTPFlow) -> bool:
     that at the stream's layer, which waits on the hook: look there."""
     if not flow.request.is_http2:
         return False
+    # mitmproxy's ctx holds the running master: bound once it runs, read when used.
     from mitmproxy import ctx
     from mitmproxy.proxy.layers.http import HttpStream
     from mitmproxy.proxy.layers.http._events import RequestProtocolError

@@ -488,6 +488,7 @@ def _touching(stream: Callable[[bytes], Any], timer: _Timer, wait: float) -> Cal
 
 
 def _handler(client_id: str) -> Any:
+    # mitmproxy's ctx holds the running master: bound once it runs, read when used.
     from mitmproxy import ctx
 
     proxyserver = ctx.master.addons.get("proxyserver")

@@ -86,6 +86,7 @@ def _stay_paused() -> None:
 def transport(client: connection.Client, strict: bool = False) -> Any:
     """The client's asyncio transport; None without a master. Without one for this client:
     None, or with `strict` LookupError."""
+    # mitmproxy's ctx holds the running master: bound once it runs, read when used.
     from mitmproxy import ctx
 
     try:

@@ -69,6 +69,7 @@ class Role:
 
     def share_port(self) -> None:
         """Let mitmproxy's listener join the supervisor's SO_REUSEPORT group."""
+        # A worker's only: the supervisor never loads mitmproxy's servers.
         from mitmproxy.proxy import mode_servers
 
         instance: Any = mode_servers.AsyncioServerInstance

@@ -54,6 +54,7 @@ KILL_GRACE = 5.0
 
 
 def supervise(config: RunConfig, argv: list[str]) -> int:
+    # The ORM store costs start-up; the supervisor opens it once, here.
     from store.repository import Store
 
     store = Store(config.settings.db, config.settings.key())

@@ -28,6 +28,7 @@ def migrate(db: Database, revision: str = "head") -> None:
     """Bring the schema to `revision`; harmless when already there."""
     refuse_newer(db.display_url, revision_of(db))
     config = _alembic()
+    # Alembic only when migrating: every other command's start-up stays without it.
     from alembic import command
     from alembic.util import CommandError
 

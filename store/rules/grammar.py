@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 from store.errors import InvalidInput
 
 if TYPE_CHECKING:
+    # The public suffix list is loaded on the first wildcard check, not at import.
     from publicsuffix2 import PublicSuffixList
 
 # -- Names, methods, header and parameter names ----------------------------------------
