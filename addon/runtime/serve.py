@@ -230,7 +230,14 @@ async def _start_admin(
     def ready() -> tuple[bool, dict[str, object]]:
         current, audit_state = live.current(), audit.state()
         serving = current is not None and audit_state == audit.OK
-        return serving, {"store_up": live.store_up, "audit": audit_state}
+        fields: dict[str, object] = {"store_up": live.store_up, "audit": audit_state}
+        sources = getattr(live, "sources", None)
+        if sources is not None:
+            # Named, not counted against readiness: the other credentials still serve.
+            fields["secret_sources_failing"] = [
+                name for name, _, state, _ in sources.report() if state in ("failing", "pending")
+            ]
+        return serving, fields
 
     host, port = config.admin or ("", 0)
     admin = AdminServer(host, port, ready, trail.metrics.render, admin_path)

@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 import trustme
 
@@ -33,7 +34,7 @@ def held_proxy(
         home,
         upstream_ca,
         [f"api.test=127.0.0.1:{shared_upstream.port}"],
-        ["--secret-max-stale", str(MAX_STALE)],
+        ["--secret-max-stale", str(MAX_STALE), "--admin", "127.0.0.1:0"],
         template=initialised_home,
     )
     yield running
@@ -97,6 +98,11 @@ def test_a_mounted_secret_is_stamped_rotated_and_refused_once_gone_for_max_stale
     assert time.monotonic() - gone_at >= MAX_STALE - 0.2  # the last good value served meanwhile
     assert {s for s in statuses[:-1]} <= {(200, "Bearer gh-secret-two")}
     assert statuses[-1][0] == 502 and "credentials-unavailable" in statuses[-1][1]
+    # /readyz names the failing reference; the proxy stays ready for the other credentials.
+    [started] = [line for line in held_proxy.audit() if line.get("event") == "proxy.started"]
+    readyz = httpx.get(f"http://{started['admin'][0]}/readyz", timeout=5)
+    assert readyz.status_code == 200
+    assert readyz.json()["secret_sources_failing"] == ["gh"]
     output = held_proxy.output()
     assert "gh-secret-one" not in output and "gh-secret-two" not in output
 
