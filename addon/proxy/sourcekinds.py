@@ -103,5 +103,6 @@ class Files:
 
 
 def default_backends() -> dict[str, Callable[[], Backend]]:
-    """Each kind's backend, built when a reference of that kind is first used."""
+    """Each kind's backend, built when a reference of that kind is first used (the remote
+    kinds are added by addon/proxy/sources.py, which imports addon/proxy/remote.py)."""
     return {FILE: Files}

@@ -32,11 +32,30 @@ from typing import NamedTuple
 from addon.core.policy import Policy, Rule
 from addon.observe import audit
 from addon.proxy.sourcekinds import MALFORMED, NOT_INSTALLED, Backend, SourceError
-from addon.proxy.sourcekinds import default_backends as _default_backends
+from addon.proxy.sourcekinds import default_backends as _file_backends
 from store.crypto import Secret
 from store.errors import InvalidInput
 from store.records import CredentialRecord, Delta, GrantRecord, Snapshot
 from store.rules import secretref, validation
+
+
+def _secrets_manager() -> Backend:
+    # The remote backends' libraries are optional extras (aws, vault): an ImportError here is
+    # reported as not-installed, for their references alone.
+    from addon.proxy.remote import SecretsManager
+
+    return SecretsManager()
+
+
+def _vault() -> Backend:
+    from addon.proxy.remote import Vault
+
+    return Vault()
+
+
+def default_backends() -> dict[str, Callable[[], Backend]]:
+    """Each kind's backend, built when a reference of that kind is first used."""
+    return {**_file_backends(), secretref.AWS_SM: _secrets_manager, secretref.VAULT: _vault}
 
 PENDING, OK, STALE, FAILING = "pending", "ok", "stale", "failing"
 STATES = (OK, STALE, FAILING)  # as the metrics count them: a pending source is failing
@@ -123,7 +142,7 @@ class Sources:
     ) -> None:
         self.settings = settings
         self._fingerprint = fingerprint
-        self._makers = dict(backends or _default_backends())
+        self._makers = dict(backends or default_backends())
         self._backends: dict[str, Backend] = {}
         self._clock = clock
         self._sources: dict[str, Source] = {}

@@ -1,18 +1,24 @@
 """A credential whose secret is a mounted Kubernetes Secret (a file behind kubelet's `..data`
-symlink), through `credproxy credential add --secret-ref` and a real `credproxy run`: the
-value stamped, a rotation stamped within about a second, a deleted file stale then refused."""
+symlink), or a secret in AWS Secrets Manager (moto's real HTTP server, boto3 in the proxy),
+through `credproxy credential add --secret-ref` and a real `credproxy run`: the value stamped,
+a rotation stamped (within about a second; within the TTL), a deleted file or an unreachable
+backend stale, then refused."""
 
 from __future__ import annotations
 
+import json
 import os
+import socket
 import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import boto3
 import httpx
 import pytest
 import trustme
+from moto.server import ThreadedMotoServer
 
 from tests.e2e.conftest import CREDPROXY, Proxy, start_proxy, stop_proxy
 from tests.e2e.upstream import Upstream
@@ -134,3 +140,78 @@ def test_run_refuses_to_start_with_an_unreadable_reference_only_when_told(
     (line,) = refused.stderr.strip().splitlines()
     assert "secrets that cannot be read:" in line and "missing" in line
     assert "secret_source.unresolved" in refused.stdout + refused.stderr
+
+
+# -- AWS Secrets Manager: moto's real HTTP server, boto3 in the proxy --------------------------
+
+
+def test_a_secret_in_aws_secrets_manager_is_stamped_rotated_and_refused_once_unreachable(
+    tmp_path_factory: pytest.TempPathFactory,
+    shared_upstream: Upstream,
+    upstream_ca: trustme.CA,
+    initialised_home: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    port = _free_port()
+    moto = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    moto.start()
+    endpoint = f"http://127.0.0.1:{port}"
+    httpx.post(f"{endpoint}/moto-api/reset")
+    # The proxy's own AWS identity comes from its environment, as boto3 reads it.
+    for name, value in {
+        "AWS_ENDPOINT_URL_SECRETS_MANAGER": endpoint,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
+        monkeypatch.setenv(name, value)
+    aws = boto3.client("secretsmanager", endpoint_url=endpoint, region_name="us-east-1")
+    aws.create_secret(Name="agents/gh", SecretString=json.dumps({"token": "aws-secret-one"}))
+    proxy = start_proxy(
+        tmp_path_factory.mktemp("aws"),
+        upstream_ca,
+        [f"api.test=127.0.0.1:{shared_upstream.port}"],
+        ["--secret-ttl", "0.5", "--secret-max-stale", str(MAX_STALE)],
+        template=initialised_home,
+    )
+    try:
+        added = _cli(
+            proxy,
+            *("credential", "add", "gh", "--scheme", "bearer", "--host", "api.test"),
+            *("--secret-ref", "aws-sm:agents/gh#token"),
+        )
+        assert added.returncode == 0, added.stderr
+        token = proxy.store.add_principal("agent")
+        proxy.store.add_grant("agent", ["GET"], credential="gh")
+        proxy.wait_reload()
+        deadline = time.monotonic() + 8
+        while _stamped(proxy, shared_upstream, "agent", token) != (200, "Bearer aws-secret-one"):
+            assert time.monotonic() < deadline, "the secret was never stamped"
+            time.sleep(0.1)
+
+        aws.put_secret_value(SecretId="agents/gh", SecretString='{"token": "aws-secret-two"}')
+        deadline = time.monotonic() + 5
+        while _stamped(proxy, shared_upstream, "agent", token) != (200, "Bearer aws-secret-two"):
+            assert time.monotonic() < deadline, "the rotation was not stamped within the TTL"
+            time.sleep(0.1)
+
+        moto.stop()  # an outage: the last value serves for max-stale, then refused
+        deadline = time.monotonic() + MAX_STALE + 6
+        while (found := _stamped(proxy, shared_upstream, "agent", token))[0] == 200:
+            assert found == (200, "Bearer aws-secret-two")
+            assert time.monotonic() < deadline, "never refused"
+            time.sleep(0.1)
+        assert found[0] == 502 and "credentials-unavailable" in found[1]
+        output = proxy.output()
+        assert "aws-secret-one" not in output and "aws-secret-two" not in output
+        rotated = [line for line in proxy.audit() if line.get("event") == "credential.rotated"]
+        assert [line["credential"] for line in rotated] == ["gh"]
+    finally:
+        stop_proxy(proxy)
+        moto.stop()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
