@@ -27,6 +27,7 @@ from tests.e2e.conftest import CREDPROXY, NAMES, Proxy, start_proxy, stop_proxy
 from tests.e2e.raw import connect, exchange, proxy_auth, tunnel
 from tests.e2e.relay import Relay, pg_database
 from tests.e2e.upstream import Upstream
+from tests.proxy.test_sources import Kubelet
 
 pytestmark = pytest.mark.e2e
 
@@ -378,3 +379,35 @@ def test_a_key_file_that_reaches_the_replicas_after_the_rotation_is_picked_up(
     assert {r.header("authorization")[0] for r in upstream.log.requests} == {
         "Bearer replica-secret"
     }
+
+
+def test_two_replicas_stamp_a_rotated_mounted_secret_and_redact_it(
+    replicas: list[Proxy], upstream: Upstream, names, tmp_path: Path
+) -> None:
+    """One Secret mounted into both replicas (one file here), rotated once as kubelet does:
+    each replica reads it for itself and stamps the new value within about a second."""
+    (tmp_path / "gh").mkdir()
+    mounted = Kubelet(tmp_path / "gh")  # holds gh-secret-one
+    store = replicas[0].store
+    agent, cred = names("refagent"), names("refcred")
+    token = store.add_principal(agent)
+    store.add_credential(cred, "bearer", ["api.test"], None, secret_ref=f"file:{mounted.path}")
+    store.add_grant(agent, ["GET"], credential=cred)
+    for proxy in replicas:
+        proxy.wait_reload(timeout=12)
+
+    def stamped(proxy: Proxy) -> str | None:
+        upstream.log.clear()
+        reply = get(proxy, agent, token, "/echo-auth")
+        assert reply.status_code == 200
+        assert "gh-secret" not in reply.text  # the echo is redacted on every replica
+        sent = [r.header("authorization") for r in upstream.log.requests]
+        return sent[-1][0] if sent and sent[-1] else None
+
+    for proxy in replicas:
+        assert eventually(lambda p=proxy: stamped(p) == "Bearer gh-secret-one", within=6)
+    mounted.write(b"gh-secret-two\n")
+    for proxy in replicas:
+        assert eventually(lambda p=proxy: stamped(p) == "Bearer gh-secret-two", within=4)
+    for proxy in replicas:
+        assert "gh-secret" not in proxy.output()
