@@ -17,11 +17,10 @@ import functools
 import signal
 import tempfile
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from addon.cli.demokeep import Keep
-from addon.cli.demostage import Main
+from addon.cli.demostage import Main, interrupt
 from addon.cli.demotour import Tour
 from store.errors import InvalidInput
 from store.settings import Settings
@@ -56,10 +55,9 @@ def cmd_demo(args: argparse.Namespace, settings: Settings, *, main: Main) -> int
     if args.listen is not None and not args.keep:
         raise InvalidInput("--listen goes with --keep: the demo's own proxy takes any free port")
 
-    def stop(signum: int, frame: FrameType | None) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, stop)
+    # Ctrl-C and SIGTERM alike stop the demo as interrupted, but never while it starts a child.
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    previous_int = signal.signal(signal.SIGINT, interrupt)
     try:
         with tempfile.TemporaryDirectory(prefix="credproxy-demo-") as tmp:
             if args.keep:
@@ -68,4 +66,5 @@ def cmd_demo(args: argparse.Namespace, settings: Settings, *, main: Main) -> int
                 Tour(Path(tmp), main).run()
     finally:
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_int)
     return 0

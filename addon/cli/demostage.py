@@ -14,12 +14,37 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from addon.cli.demoupstream import HOST, Upstream, leaf
 from store.errors import CredproxyError
 
 START_TIMEOUT = 30.0
+
+
+_held = {"depth": 0, "pending": False}
+
+
+def interrupt(signum: int, frame: FrameType | None) -> None:
+    """The demo's Ctrl-C and SIGTERM: KeyboardInterrupt, unless a child is being started."""
+    if _held["depth"]:
+        _held["pending"] = True
+        return
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def uninterrupted() -> Iterator[None]:
+    """Hold `interrupt` for the block; raise it at its end if one came meanwhile."""
+    _held["depth"] += 1
+    try:
+        yield
+    finally:
+        _held["depth"] -= 1
+    if not _held["depth"] and _held["pending"]:
+        _held["pending"] = False
+        raise KeyboardInterrupt
 
 
 class DemoFailed(CredproxyError):
@@ -99,28 +124,32 @@ class Stage:
     @contextlib.contextmanager
     def proxy(self, argv: list[str]) -> Iterator[dict[str, Any]]:
         """`credproxy run` on the demo's store; yields its proxy.started line."""
-        with self.audit_file.open("wb") as out, self.error_file.open("wb") as err:
-            self.process = subprocess.Popen(  # noqa: S603 - our own entry point, our own argv
-                [sys.executable, "-m", "addon.cli.cli", *self.flags, *argv],
-                stdout=out,
-                stderr=err,
-                stdin=subprocess.DEVNULL,
-                cwd=self.root,
-            )
-        process = self.process
+        process = None
         try:
+            # A Ctrl-C or SIGTERM while Popen starts the child would leave it running, unknown
+            # to the finally below: it is held until the child is ours to stop.
+            with uninterrupted():
+                with self.audit_file.open("wb") as out, self.error_file.open("wb") as err:
+                    process = self.process = subprocess.Popen(  # noqa: S603 - our own argv
+                        [sys.executable, "-m", "addon.cli.cli", *self.flags, *argv],
+                        stdout=out,
+                        stderr=err,
+                        stdin=subprocess.DEVNULL,
+                        cwd=self.root,
+                    )
             started = self._wait(
                 lambda e: e.get("event") == "proxy.started", START_TIMEOUT, process
             )
             self.proxy_port = int(started["listen"][0].rpartition(":")[2])
             yield started
         finally:
-            process.terminate()
-            try:
-                process.wait(15)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            if process is not None:
+                process.terminate()
+                try:
+                    process.wait(15)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
 
     def _errors(self) -> str:
         """What the proxy wrote on stderr, but for its own `credproxy: error: ` prefix."""

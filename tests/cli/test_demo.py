@@ -235,3 +235,20 @@ def test_listen_goes_with_keep() -> None:
     assert done.stderr == (
         "credproxy: error: --listen goes with --keep: the demo's own proxy takes any free port\n"
     )
+
+
+def test_an_interrupt_while_a_child_starts_is_held_until_the_child_is_known() -> None:
+    """Ctrl-C or SIGTERM during Popen would orphan `credproxy run` (CI saw one left running):
+    the interrupt waits for the end of the block that starts the child, then stops the demo."""
+    from addon.cli.demostage import interrupt, uninterrupted
+
+    started = []
+    with pytest.raises(KeyboardInterrupt):
+        with uninterrupted():
+            interrupt(signal.SIGTERM, None)  # held: the child is being started
+            started.append("child")
+    assert started == ["child"]
+    with pytest.raises(KeyboardInterrupt):
+        interrupt(signal.SIGINT, None)  # outside: at once
+    with uninterrupted():
+        pass  # nothing held is left over
