@@ -40,7 +40,7 @@ docs-build: $(STAMP) ## the strict documentation build
 docs: $(STAMP) ## serve the documentation on http://127.0.0.1:8000
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
 
-test: lint docs-build ## lint, docs-build, then every test: about 20 minutes on two cores (PYTEST_ARGS=)
+test: lint docs-build ## lint, docs-build, every test but the slow: about 25 min on 2 cores (PYTEST_ARGS=)
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 bench: $(STAMP) ## the benchmark (ARGS= for its flags)

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-pytestmark = pytest.mark.e2e
+# The benchmark's own machinery, not the proxy's properties: out of the default run.
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parent.parent
 CONCURRENCY = (1, 2)

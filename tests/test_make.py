@@ -18,7 +18,7 @@ make run          credproxy init, then credproxy run on 127.0.0.1:8080 (LISTEN=,
 make lint         ruff and mypy
 make docs-build   the strict documentation build
 make docs         serve the documentation on http://127.0.0.1:8000
-make test         lint, docs-build, then every test: about 20 minutes on two cores (PYTEST_ARGS=)
+make test         lint, docs-build, every test but the slow: about 25 min on 2 cores (PYTEST_ARGS=)
 make bench        the benchmark (ARGS= for its flags)
 make clean        remove .venv and the caches
 """

@@ -1105,3 +1105,42 @@ def test_a_kept_analysis_is_decided_again_for_each_grant_and_name() -> None:
     assert gql({"query": document, "operationName": "A"}, rule=READ_ONLY).reason is OPERATION
     assert gql({"query": document}).reason is UNDECIDABLE
     assert gql({"query": document, "operationName": "C"}).reason is UNDECIDABLE
+
+
+# -- found by the hostile review (its end-to-end module runs with -m slow) ---------------------
+
+
+@pytest.mark.parametrize(
+    "document",
+    [
+        'mutation { addComment(body: "x") { query { __schema { types { name } } } } }',
+        'mutation { addComment(body: "x") { ...P } } '
+        'fragment P on Payload { query { __type(name: "M") { name } } }',
+    ],
+    ids=["below a payload", "through a fragment"],
+)
+def test_introspection_is_refused_at_any_depth_unless_granted(document: str) -> None:
+    refused = gql({"query": document}, rule=parse("graphql", {"mutation": ["addComment"]}))
+    assert (refused.allowed, refused.reason) == (False, OPERATION)
+    granted = gql({"query": document}, rule=INTROSPECTION)
+    assert granted.allowed
+
+
+def test_a_document_of_many_operations_is_refused_before_its_fragments_are_walked() -> None:
+    """4,000 operations spreading one 25,000-field fragment held the event loop for seconds."""
+    fragment = "fragment F on Query { " + " ".join(["viewer"] * 25000) + " }"
+    operations = " ".join(f"query Q{i} {{ ...F }}" for i in range(4000))
+    decision = gql({"query": operations + " " + fragment, "operationName": "Q0"})
+    assert (decision.allowed, decision.reason) == (False, UNDECIDABLE)
+    assert "at most 32 operations" in decision.detail
+
+
+def test_a_fragment_spread_by_every_operation_is_walked_once() -> None:
+    """32 operations spreading a fragment of 10,000 distinct fields: each fragment's fields
+    are found once for the document (without it, this walks 320,000 fields)."""
+    fields = " ".join(f"f{i}" for i in range(10000))
+    operations = " ".join(f"query Q{i} {{ ...F }}" for i in range(32))
+    document = f"{operations} fragment F on Query {{ {fields} }}"
+    decision = gql({"query": document, "operationName": "Q0"})
+    assert decision.allowed
+    assert len(decision.summary["graphql"]) == 20  # capped, one entry per operation

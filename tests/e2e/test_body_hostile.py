@@ -34,8 +34,11 @@ from tests.e2e.conftest import NAMES, Proxy, start_proxy, stop_proxy
 from tests.e2e.test_mcp import _Running
 from tests.e2e.upstream import Upstream
 
+# Out of the default run (about two minutes): its two breaks have fast regression tests in
+# tests/core/test_bodies.py; `pytest -m slow` runs the whole review.
 pytestmark = [
     pytest.mark.e2e,
+    pytest.mark.slow,
     pytest.mark.filterwarnings("ignore:Use `streamable_http_client`:DeprecationWarning"),
 ]
 
