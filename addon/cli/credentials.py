@@ -71,8 +71,8 @@ def _ref_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--secret-ref",
         metavar="REF",
-        help="keep no secret: the proxy reads it from file:/PATH, aws-sm:SECRET_ID[#KEY] or "
-        "vault:MOUNT/PATH#FIELD (see docs/secret-sources.md); stdin is not read",
+        help="keep no secret: the proxy reads it from file:/PATH, aws-sm:SECRET_ID[#KEY], "
+        "aws-ssm:NAME or vault:MOUNT/PATH#FIELD (see docs/secret-sources.md); stdin is not read",
     )
 
 

@@ -1,6 +1,6 @@
-"""Secrets read from a remote store: AWS Secrets Manager (boto3) and HashiCorp Vault KV v2
-(hvac). Imported only when a reference of theirs is used; their libraries are optional extras
-(`pip install 'credproxy[aws]'`, `'credproxy[vault]'`).
+"""Secrets read from a remote store: AWS Secrets Manager and SSM Parameter Store (boto3) and
+HashiCorp Vault KV v2 (hvac). Imported only when a reference of theirs is used; their
+libraries are optional extras (`pip install 'credproxy[aws]'`, `'credproxy[vault]'`).
 
 credproxy authenticates to each as itself, from its own environment, never from the store:
 - AWS: boto3's standard chain (environment, shared profile, web identity / IRSA, IMDS);
@@ -107,6 +107,47 @@ class SecretsManager:
         if ref.key is not None:
             raise SourceError(MALFORMED)  # a binary secret has no keys
         return trimmed(bytes(answer.get("SecretBinary", b"")))
+
+
+class ParameterStore(SecretsManager):
+    """aws-ssm:NAME: a Parameter Store parameter's value, decrypted (a SecureString's)."""
+
+    def _client(self, region: str | None) -> Any:
+        import boto3
+
+        key = f"ssm:{region}"
+        with self._lock:
+            found = self._clients.get(key)
+            if found is None:
+                session = boto3.session.Session()
+                found = session.client("ssm", region_name=region, config=self._config)
+                self._clients[key] = found
+            return found
+
+    def fetch(self, ref: SecretRef) -> bytes:
+        import botocore.exceptions
+
+        parts = ref.target.split(":")
+        region = parts[3] if ref.target.startswith("arn:") and len(parts) > 3 else None
+        try:
+            answer = self._client(region).get_parameter(Name=ref.target, WithDecryption=True)
+        except botocore.exceptions.ClientError as e:
+            code = e.response.get("Error", {}).get("Code", "")
+            if code in ("ParameterNotFound", "ParameterVersionNotFound"):
+                raise SourceError(NOT_FOUND) from None
+            if code in ("AccessDeniedException", "AccessDenied"):
+                raise SourceError(PERMISSION_DENIED) from None
+            if code in ("UnrecognizedClientException", "InvalidSignatureException"):
+                raise SourceError(AUTH_FAILED) from None
+            raise SourceError(UNAVAILABLE) from None
+        except botocore.exceptions.NoCredentialsError:
+            raise SourceError(AUTH_FAILED) from None
+        except (botocore.exceptions.BotoCoreError, OSError):
+            raise SourceError(UNAVAILABLE) from None
+        value = answer.get("Parameter", {}).get("Value")
+        if not isinstance(value, str):
+            raise SourceError(MALFORMED)
+        return trimmed(value.encode("utf-8"))
 
 
 class Vault:

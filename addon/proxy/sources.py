@@ -47,6 +47,12 @@ def _secrets_manager() -> Backend:
     return SecretsManager()
 
 
+def _parameter_store() -> Backend:
+    from addon.proxy.remote import ParameterStore
+
+    return ParameterStore()
+
+
 def _vault() -> Backend:
     from addon.proxy.remote import Vault
 
@@ -55,7 +61,12 @@ def _vault() -> Backend:
 
 def default_backends() -> dict[str, Callable[[], Backend]]:
     """Each kind's backend, built when a reference of that kind is first used."""
-    return {**_file_backends(), secretref.AWS_SM: _secrets_manager, secretref.VAULT: _vault}
+    return {
+        **_file_backends(),
+        secretref.AWS_SM: _secrets_manager,
+        secretref.AWS_SSM: _parameter_store,
+        secretref.VAULT: _vault,
+    }
 
 PENDING, OK, STALE, FAILING = "pending", "ok", "stale", "failing"
 STATES = (OK, STALE, FAILING)  # as the metrics count them: a pending source is failing

@@ -2,6 +2,7 @@
 
     file:/ABSOLUTE/PATH            a file (a mounted Kubernetes Secret), re-read on change
     aws-sm:SECRET_ID[#JSON_KEY]    AWS Secrets Manager: the secret string, or one key of it
+    aws-ssm:PARAMETER_NAME         AWS SSM Parameter Store: a (SecureString) parameter, decrypted
     vault:MOUNT/PATH#FIELD         HashiCorp Vault KV version 2: one field of the secret
 
 A reference is not a secret: the store keeps it as it is, `credential list` and `export`
@@ -16,8 +17,8 @@ from dataclasses import dataclass
 from store.crypto import MasterKey, Secret
 from store.errors import InvalidInput
 
-FILE, AWS_SM, VAULT = "file", "aws-sm", "vault"
-KINDS = (FILE, AWS_SM, VAULT)
+FILE, AWS_SM, AWS_SSM, VAULT = "file", "aws-sm", "aws-ssm", "vault"
+KINDS = (FILE, AWS_SM, AWS_SSM, VAULT)
 MAX_REF = 2048
 # A secret's value holds what is stamped: never a reference whose tokens change on use.
 UNREFERENCEABLE = frozenset({"oauth2-refresh"})
@@ -26,6 +27,8 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 # Secrets Manager: a name (letters, digits, /_+=.@-) or an ARN (adds `:`).
 _AWS_ID = re.compile(r"[A-Za-z0-9/_+=.@:-]{1,2048}")
 _JSON_KEY = re.compile(r"[^\x00-\x1f\x7f#]{1,256}")
+# Parameter Store: a name (letters, digits, _.-/), a path from /, or an ARN.
+_SSM_NAME = re.compile(r"[A-Za-z0-9_.:/-]{1,2048}")
 _VAULT_SEGMENT = re.compile(r"[A-Za-z0-9._-]{1,255}")
 _VAULT_FIELD = re.compile(r"[A-Za-z0-9._-]{1,255}")
 
@@ -58,13 +61,19 @@ def parse(text: str) -> SecretRef:
     kind, sep, rest = text.partition(":")
     if not sep or kind not in KINDS:
         raise InvalidInput(
-            "a secret reference starts with file:, aws-sm: or vault: "
-            "(file:/PATH, aws-sm:SECRET_ID[#KEY], vault:MOUNT/PATH#FIELD)"
+            "a secret reference starts with file:, aws-sm:, aws-ssm: or vault: "
+            "(file:/PATH, aws-sm:SECRET_ID[#KEY], aws-ssm:NAME, vault:MOUNT/PATH#FIELD)"
         )
     if kind == FILE:
         if not rest.startswith("/") or rest.endswith("/"):
             raise InvalidInput("a file: reference names an absolute path to a file")
         return SecretRef(FILE, rest)
+    if kind == AWS_SSM:
+        if not _SSM_NAME.fullmatch(rest) or "//" in rest:
+            raise InvalidInput(
+                "an aws-ssm: reference names a parameter: letters, digits and _.-/ (or an ARN)"
+            )
+        return SecretRef(AWS_SSM, rest)
     target, hashed, key = rest.partition("#")
     if kind == AWS_SM:
         if not _AWS_ID.fullmatch(target):

@@ -21,7 +21,7 @@ import httpx
 import pytest
 from moto.server import ThreadedMotoServer
 
-from addon.proxy.remote import SecretsManager, Vault
+from addon.proxy.remote import ParameterStore, SecretsManager, Vault
 from addon.proxy.sourcekinds import (
     AUTH_FAILED,
     MALFORMED,
@@ -30,6 +30,7 @@ from addon.proxy.sourcekinds import (
     UNAVAILABLE,
     SourceError,
 )
+from store.errors import InvalidInput
 from store.rules.secretref import parse
 
 
@@ -94,6 +95,29 @@ def test_a_stopped_secrets_manager_is_unavailable(aws: Any) -> None:
         backend.fetch(parse("aws-sm:prod/gh"))
     assert raised.value.kind == UNAVAILABLE
     assert "ghp" not in str(raised.value)
+
+
+def test_a_securestring_parameter_is_read_decrypted_and_a_new_version_is_seen(
+    aws: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, server = aws
+    endpoint = f"http://127.0.0.1:{server.get_host_and_port()[1]}"
+    monkeypatch.setenv("AWS_ENDPOINT_URL_SSM", endpoint)
+    ssm = boto3.client("ssm", endpoint_url=endpoint, region_name="us-east-1")
+    ssm.put_parameter(Name="/agents/gh", Value="ssm-one", Type="SecureString")
+    backend = ParameterStore()
+    assert backend.fetch(parse("aws-ssm:/agents/gh")) == b"ssm-one"
+    ssm.put_parameter(Name="/agents/gh", Value="ssm-two", Type="SecureString", Overwrite=True)
+    assert backend.fetch(parse("aws-ssm:/agents/gh")) == b"ssm-two"
+    with pytest.raises(SourceError) as raised:
+        backend.fetch(parse("aws-ssm:/agents/none"))
+    assert raised.value.kind == NOT_FOUND
+
+
+@pytest.mark.parametrize("text", ["aws-ssm:", "aws-ssm:a b", "aws-ssm://double", "aws-ssm:x#y"])
+def test_a_parameter_name_that_does_not_parse_is_refused(text: str) -> None:
+    with pytest.raises(InvalidInput):
+        parse(text)
 
 
 # -- Vault --------------------------------------------------------------------------------
