@@ -63,11 +63,15 @@ class MasterKey:
     source: str
     key_id: str = field(init=False)
     _fp_key: bytes = field(init=False, repr=False)
+    _mark_key: bytes = field(init=False, repr=False)
     _check: str = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "key_id", _derive(self.key, b"credproxy key id")[:6].hex())
         object.__setattr__(self, "_fp_key", _derive(self.key, b"credproxy fingerprint"))
+        # Not the fingerprints' key: a fingerprint of a chosen value is shown and logged, and
+        # must never double as a valid mark.
+        object.__setattr__(self, "_mark_key", _derive(self.key, b"credproxy row mark"))
         check = hmac.new(_derive(self.key, b"credproxy key check"), b"credproxy", "sha256")
         object.__setattr__(self, "_check", check.hexdigest())
 
@@ -102,6 +106,11 @@ class MasterKey:
 
     def fingerprint(self, secret: Secret) -> str:
         return "fp-" + hmac.new(self._fp_key, secret.reveal(), "sha256").hexdigest()[:12]
+
+    def mark(self, data: bytes) -> str:
+        """A keyed mark of a row's own fields (a secret reference's), under a key of its own:
+        29 hex digits (116 bits), to fit the 32 characters of the column it is kept in."""
+        return "rm-" + hmac.new(self._mark_key, data, "sha256").hexdigest()[:29]
 
 
 def decode_key(text: str | bytes, source: str) -> MasterKey:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import argparse
 import getpass
+import hmac
 import sys
 from typing import Any
 
 from addon.cli.output import emit, table
 from addon.cli.parsing import group
-from store.crypto import Secret
-from store.errors import InvalidInput
+from store.crypto import MasterKey, Secret
+from store.errors import CredproxyError, InvalidInput
 from store.records import NO_SECRET, CredentialEntry, CredentialRecord
 from store.rules import aws, secretref, validation
 from store.rules.grammar import validate_name
@@ -187,7 +188,7 @@ def _policy_file(path: str | None) -> str | None:
         raise InvalidInput(f"cannot read --session-policy {path!r}") from e
 
 
-def _credential_row(c: CredentialEntry) -> dict[str, Any]:
+def _credential_row(c: CredentialEntry, key: MasterKey | None = None) -> dict[str, Any]:
     return {
         "name": c.name,
         "scheme": c.scheme,
@@ -197,15 +198,22 @@ def _credential_row(c: CredentialEntry) -> dict[str, Any]:
         **_scheme_columns(c),
         "fingerprint": c.fingerprint or None,
         "secret_ref": c.secret_ref,
-        "source_state": _source_state(c) if c.secret_ref is not None else None,
+        "source_state": _source_state(c, key) if c.secret_ref is not None else None,
         "created_at": c.created_at.isoformat(timespec="seconds"),
         "rotated_at": c.rotated_at.isoformat(timespec="seconds") if c.rotated_at else None,
         "placeholder_env": c.options.get("placeholder_env"),
     }
 
 
-def _source_state(c: CredentialEntry) -> str:
-    """A reference read once from here, as the proxy reads it: ok, or failing and why."""
+def _source_state(c: CredentialEntry, key: MasterKey | None) -> str:
+    """A reference read once from here, as the proxy reads it: ok, or failing and why.
+
+    Only a row whose mark is the master key's: one written by someone without the key is
+    never read, here as in the proxy (its reference might name the key file itself)."""
+    if key is None:
+        return "unchecked (no master key here)"
+    if not hmac.compare_digest(c.fingerprint, secretref.mark(key, c.name, c.secret_ref or "")):
+        return "unreadable (not written with this master key)"
     # Imported here: only a store with references pays for the proxy's modules.
     from addon.proxy.sources import OK, Source, Sources
 
@@ -251,7 +259,14 @@ def _token_endpoint(c: CredentialEntry) -> str | None:
 
 
 def cmd_credential_list(args: argparse.Namespace, settings: Settings) -> int:
-    rows = [_credential_row(c) for c in settings.reader().list_credentials()]
+    found = settings.reader().list_credentials()
+    key = None
+    if any(c.secret_ref is not None for c in found):
+        try:
+            key = settings.key()
+        except CredproxyError:  # listed all the same; references are not read
+            key = None
+    rows = [_credential_row(c, key) for c in found]
     columns = ["name", "scheme", "header", "param", "hosts"]
     extras = ("region", "service", "access_key_id", "assume_role", "placeholder", "positions")
     for extra in (*extras, "token_url", "scope"):

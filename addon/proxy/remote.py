@@ -37,12 +37,15 @@ TIMEOUT = 10.0  # seconds, for one call to a backend
 
 def _json_key(raw: str | bytes, key: str | None) -> bytes:
     """The value, or one string (or number) of a JSON object's key. Raises: SourceError."""
-    text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+    try:
+        text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+    except UnicodeDecodeError:
+        raise SourceError(MALFORMED) from None
     if key is None:
         return trimmed(text.encode("utf-8"))
     try:
         found = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         raise SourceError(MALFORMED) from None
     if not isinstance(found, dict) or key not in found:
         raise SourceError(NOT_FOUND)

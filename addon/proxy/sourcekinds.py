@@ -8,6 +8,7 @@ exception's message, a response body) is never kept, logged or shown.
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Callable
 from typing import Protocol
 
@@ -94,11 +95,27 @@ class Files:
         return (real, info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
 
     def fetch(self, ref: SecretRef) -> bytes:
+        # Opened without blocking and read only if it is a regular file: a FIFO (or a device)
+        # swapped in at the path would otherwise hold the reading thread, and its source,
+        # forever.
         try:
-            with open(ref.target, "rb") as f:
-                raw = f.read(MAX_VALUE + 3)
+            fd = os.open(ref.target, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
         except OSError as e:
             raise _os_error(e) from None
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise SourceError(UNREADABLE)
+            os.set_blocking(fd, True)
+            raw = b""
+            while len(raw) <= MAX_VALUE + 2:
+                piece = os.read(fd, MAX_VALUE + 3 - len(raw))
+                if not piece:
+                    break
+                raw += piece
+        except OSError as e:
+            raise _os_error(e) from None
+        finally:
+            os.close(fd)
         return trimmed(raw)
 
 

@@ -31,7 +31,14 @@ from typing import NamedTuple
 
 from addon.core.policy import Policy, Rule
 from addon.observe import audit
-from addon.proxy.sourcekinds import MALFORMED, NOT_INSTALLED, Backend, SourceError
+from addon.proxy.sourcekinds import (
+    MALFORMED,
+    NOT_INSTALLED,
+    UNAVAILABLE,
+    UNREADABLE,
+    Backend,
+    SourceError,
+)
 from addon.proxy.sourcekinds import default_backends as _file_backends
 from store.crypto import Secret
 from store.errors import InvalidInput
@@ -79,6 +86,9 @@ class SourceSettings:
     max_stale: float = 300.0  # the last good value serves this long after reads start failing
     first_fetch: float = 5.0  # how long a new reference's first read may hold a reload
     retry: float = 5.0  # a failing remote source is tried again this often (at most ttl)
+    # A read still running after this long counts as failing (max-stale runs from its start);
+    # it is not started again until it returns (single flight).
+    read_timeout: float = 30.0
 
 
 DEFAULTS = SourceSettings()
@@ -107,6 +117,8 @@ class Source:
         self.failed_since: float | None = None
         self.next_at = 0.0
         self.busy = False
+        self.started: float | None = None  # when the read in flight began
+        self.overdue = False  # that read ran past read_timeout and was counted as failing
 
     def __repr__(self) -> str:
         return f"Source({self.name!r}, {self.text!r}, {self.state})"
@@ -138,6 +150,8 @@ class Source:
             return Outcome(None, None, e.kind)
         except InvalidInput:  # our own words, but about the value: classified all the same
             return Outcome(None, None, MALFORMED)
+        except Exception:  # noqa: BLE001 - fail closed: a read that broke is a failing read
+            return Outcome(None, None, UNREADABLE)
         return Outcome(identity, value, None)
 
 
@@ -234,7 +248,7 @@ class Sources:
         loop = asyncio.get_running_loop()
         waits = [loop.run_in_executor(self._pool(), s.check) for s in sources]
         for source in sources:
-            source.busy = True
+            source.busy, source.started = True, self._clock()
         done, _ = await asyncio.wait(waits, timeout=self.settings.first_fetch)
         for source, wait in zip(sources, waits, strict=True):
             if wait in done:
@@ -255,21 +269,31 @@ class Sources:
         for source in list(self._sources.values()):
             if source.state == STALE and self._expired(source, now):
                 changed |= self._fail(source, now)
+            if source.busy and not source.overdue and self._overdue(source, now):
+                # A hung read (a backend that never answers): failing from now on, so that
+                # max-stale ends the last value's service as for any failing read.
+                source.overdue = True
+                changed |= self._settle(source, Outcome(None, None, UNAVAILABLE))
             if source.busy or now < source.next_at:
                 continue
-            source.busy = True
+            source.busy, source.started, source.overdue = True, now, False
             future = self._pool().submit(source.check)
             future.add_done_callback(partial(_on_loop, loop, self._finished_future, source))
         if changed:
             self.on_change()
 
+    def _overdue(self, source: Source, now: float) -> bool:
+        started = source.started
+        # Written so that a NaN reads as overdue: fail closed.
+        return started is not None and not now - started <= self.settings.read_timeout
+
     def _finished_future(self, source: Source, future: Future[Outcome]) -> None:
-        source.busy = False
+        source.busy, source.started, source.overdue = False, None, False
         if self._sources.get(source.name) is source and self._settle(source, future.result()):
             self.on_change()
 
     def _finished(self, source: Source, wait: asyncio.Future[Outcome]) -> None:
-        source.busy = False
+        source.busy, source.started, source.overdue = False, None, False
         if wait.cancelled() or wait.exception() is not None:
             return
         if self._sources.get(source.name) is source and self._settle(source, wait.result()):
@@ -328,7 +352,9 @@ class Sources:
 
     def _pool(self) -> ThreadPoolExecutor:
         if self._executor is None:
-            self._executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="credproxy-src")
+            # Enough that a few slow backends (bounded by their timeouts) do not hold up the
+            # others' reads.
+            self._executor = ThreadPoolExecutor(max_workers=16, thread_name_prefix="credproxy-src")
         return self._executor
 
     def close(self) -> None:

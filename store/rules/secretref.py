@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from store.crypto import MasterKey, Secret
+from store.crypto import MasterKey
 from store.errors import InvalidInput
 
 FILE, AWS_SM, AWS_SSM, VAULT = "file", "aws-sm", "aws-ssm", "vault"
@@ -23,7 +23,9 @@ MAX_REF = 2048
 # A secret's value holds what is stamped: never a reference whose tokens change on use.
 UNREFERENCEABLE = frozenset({"oauth2-refresh"})
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+# C0, DEL, C1 (NEL, CSI) and the Unicode line and paragraph separators: a reference is
+# printed by `credential list`, `run` and the audit stream, never with a line break or an escape.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 # Secrets Manager: a name (letters, digits, /_+=.@-) or an ARN (adds `:`).
 _AWS_ID = re.compile(r"[A-Za-z0-9/_+=.@:-]{1,2048}")
 _JSON_KEY = re.compile(r"[^\x00-\x1f\x7f#]{1,256}")
@@ -110,4 +112,4 @@ def mark(key: MasterKey, name: str, ref: str) -> str:
     """The keyed mark a referenced credential's row carries in place of a fingerprint: the
     proxy reads no reference without it, so that whoever can write the database but holds no
     master key cannot point a credential at a file of the proxy's (its key, its CA)."""
-    return key.fingerprint(Secret(f"credproxy/secret-ref/{name}/{ref}".encode()))
+    return key.mark(f"credproxy/secret-ref/{name}/{ref}".encode())
