@@ -15,6 +15,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
+from addon.launcher.sandbox import referenced_files
 from store.ca import PRIVATE_BUNDLE
 from store.db import lite
 from store.errors import InvalidInput
@@ -96,6 +97,10 @@ def exposed_state(settings: Settings, user: User) -> str | None:
             (database, "change the store", os.W_OK),
             (database.parent, "change the store (its folder)", os.W_OK),
         ]
+    # Secrets held in files (credentials' file: references) are secrets too.
+    for held in sorted(referenced_files(settings)):
+        if held.is_file():
+            checks.append((held, "read a credential's secret file", os.R_OK))
     for path, what, want in checks:
         if path.exists() and _may(path, user, want):
             return f"{what} ({path})"

@@ -97,7 +97,31 @@ def state_paths(settings: Settings) -> set[Path]:
         # `init`'s key beside the store, also when the key now comes from the environment.
         paths.add(database.with_name(DEFAULT_KEY_FILE))
     paths |= _socket_dirs(settings.db)
-    return {_real(p) for p in paths}
+    return {_real(p) for p in paths} | referenced_files(settings)
+
+
+def referenced_files(settings: Settings) -> set[Path]:
+    """The files credentials' secret references name (`file:/...`), as named and resolved: a
+    secret as much as the store's. A mounted Kubernetes Secret's folder (it holds `..data`) is
+    taken whole: its other keys, and the timestamped folder the links lead to."""
+    found: set[Path] = set()
+    try:
+        reader = settings.reader()
+    except CredproxyError:
+        return found  # no store to read: exec fails on its session token before CMD runs
+    try:
+        rows = reader.list_credentials()
+    finally:
+        reader.close()
+    for row in rows:
+        ref = row.secret_ref or ""
+        if not ref.startswith("file:"):
+            continue
+        path = Path(ref.removeprefix("file:"))
+        found |= {path, _real(path)}
+        if (path.parent / "..data").exists():
+            found |= {path.parent, _real(path.parent)}
+    return found
 
 
 def _sqlite_database(url: str) -> Path | None:
@@ -210,6 +234,7 @@ def _secret_files(settings: Settings) -> list[Path]:
         found.append(database)
     if settings.certs.is_dir():
         found += [p for p in settings.certs.iterdir() if p.is_file()]
+    found += [p for p in referenced_files(settings) if p.is_file()]
     return found
 
 

@@ -140,7 +140,7 @@ def https_call(
         if deadline.passed:
             raise TimeoutError
         return Answer(answer.status, dict(answer.headers.items()), data)
-    except Exception:
+    except Exception:  # noqa: BLE001 - re-raised: only renamed when the deadline cut it
         if deadline.passed:
             raise TimeoutError from None
         raise

@@ -478,3 +478,44 @@ def test_as_root_the_sandbox_needs_another_user(proxy: Proxy, agent: Agent, tmp_
     assert done.stderr.count("\n") == 1 and "--user" in done.stderr, done.stderr
     assert not marker.exists()
     assert tokens(proxy, agent) == []
+
+
+@needs_namespaces
+def test_a_secret_file_a_credential_references_is_hidden_in_the_sandbox(
+    proxy: Proxy, agent: Agent, tmp_path: Path
+):
+    """A mounted Secret a credential's `file:` reference reads is a secret like the store's:
+    the sandbox sees neither the file nor its folder, though they are readable by anyone."""
+    mounted = tmp_path / "gh"
+    (mounted / "..data").mkdir(parents=True)
+    (mounted / "..data" / "token").write_text("gh-isolate-secret")
+    (mounted / "token").symlink_to("..data/token")
+    for path in (mounted, mounted / "..data"):
+        path.chmod(0o755)
+    (mounted / "..data" / "token").chmod(0o644)
+    name = "ref-" + os.urandom(3).hex()
+    proxy.store.add_credential(
+        name, "bearer", ["api.test"], None, secret_ref=f"file:{mounted}/token"
+    )
+    probe = (
+        "import os, sys\n"
+        "for p in sys.argv[1:]:\n"
+        "    try:\n"
+        "        print(p, 'READ', open(p).read())\n"
+        "    except OSError as e:\n"
+        "        print(p, 'refused', type(e).__name__)\n"
+    )
+    done = isolated(
+        proxy,
+        agent,
+        PYTHON,
+        "-c",
+        probe,
+        str(mounted / "token"),
+        str(mounted / "..data" / "token"),
+    )
+    assert done.returncode == 0, done.stderr
+    assert "gh-isolate-secret" not in done.stdout and "READ" not in done.stdout
+    assert done.stdout.count("refused") == 2
+    # From outside, the same file reads: the sandbox is what hid it.
+    assert (mounted / "token").read_text() == "gh-isolate-secret"

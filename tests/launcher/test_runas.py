@@ -87,3 +87,34 @@ def test_the_switch_drops_every_capability_and_privilege() -> None:
     assert "--reuid=65534" in prefix and "--regid=65534" in prefix
     assert {"--no-new-privs", "--inh-caps=-all", "--bounding-set=-all"} <= set(prefix)
     assert prefix[-1] == "--"
+
+
+
+def test_a_secret_file_a_credential_references_is_state_too(home: Path) -> None:
+    """A credential's `file:` reference names a secret: CMD's user may not read it, and
+    --isolate hides it (with a mounted Secret's whole folder)."""
+    from addon.launcher import sandbox
+    from store.crypto import MasterKey
+    from store.repository import Store
+
+    _reachable(home)
+    mounted = home / "gh"
+    (mounted / "..data").mkdir(parents=True)
+    (mounted / "..data" / "token").write_text("gh-secret")
+    (mounted / "token").symlink_to("..data/token")
+    for folder in (mounted, mounted / "..data"):
+        folder.chmod(0o755)
+    (home / "credproxy.db").unlink()
+    settings = _settings(home)
+    store = Store(settings.db, MasterKey.generate("test"), create=True)
+    store.migrate()
+    store.add_credential("gh", "bearer", ["api.test"], None, secret_ref=f"file:{mounted}/token")
+    store.close()
+    (home / "credproxy.db").chmod(0o644)
+    found = sandbox.referenced_files(settings)
+    assert {mounted / "token", mounted, (mounted / "..data" / "token").resolve()} <= found
+    assert mounted in sandbox.state_paths(settings)
+    (mounted / "..data" / "token").chmod(0o644)  # readable by anyone: refused
+    assert "secret file" in (runas.exposed_state(settings, NOBODY) or "")
+    (mounted / "..data" / "token").chmod(0o600)
+    assert runas.exposed_state(settings, NOBODY) is None
