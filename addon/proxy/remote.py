@@ -55,6 +55,24 @@ def _json_key(raw: str | bytes, key: str | None) -> bytes:
     return trimmed(str(value).encode("utf-8"))
 
 
+def _aws_error(e: Exception, *missing: str) -> SourceError:
+    """An AWS call's failure as a fixed class; `missing` are the service's not-found codes."""
+    import botocore.exceptions
+
+    if isinstance(e, botocore.exceptions.NoCredentialsError):
+        return SourceError(AUTH_FAILED)
+    if not isinstance(e, botocore.exceptions.ClientError):
+        return SourceError(UNAVAILABLE)
+    code = e.response.get("Error", {}).get("Code", "")
+    if code in missing:
+        return SourceError(NOT_FOUND)
+    if code in ("AccessDeniedException", "AccessDenied"):
+        return SourceError(PERMISSION_DENIED)
+    if code in ("UnrecognizedClientException", "InvalidSignatureException"):
+        return SourceError(AUTH_FAILED)
+    return SourceError(UNAVAILABLE)
+
+
 class SecretsManager:
     """aws-sm:SECRET_ID[#JSON_KEY]: the secret's current string (its AWSCURRENT version)."""
 
@@ -92,19 +110,8 @@ class SecretsManager:
         region = parts[3] if ref.target.startswith("arn:") and len(parts) > 3 else None
         try:
             answer = self._client(region).get_secret_value(SecretId=ref.target)
-        except botocore.exceptions.ClientError as e:
-            code = e.response.get("Error", {}).get("Code", "")
-            if code == "ResourceNotFoundException":
-                raise SourceError(NOT_FOUND) from None
-            if code in ("AccessDeniedException", "AccessDenied"):
-                raise SourceError(PERMISSION_DENIED) from None
-            if code in ("UnrecognizedClientException", "InvalidSignatureException"):
-                raise SourceError(AUTH_FAILED) from None
-            raise SourceError(UNAVAILABLE) from None
-        except botocore.exceptions.NoCredentialsError:
-            raise SourceError(AUTH_FAILED) from None
-        except (botocore.exceptions.BotoCoreError, OSError):
-            raise SourceError(UNAVAILABLE) from None
+        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError, OSError) as e:
+            raise _aws_error(e, "ResourceNotFoundException") from None
         if "SecretString" in answer:
             return _json_key(answer["SecretString"], ref.key)
         if ref.key is not None:
@@ -134,19 +141,8 @@ class ParameterStore(SecretsManager):
         region = parts[3] if ref.target.startswith("arn:") and len(parts) > 3 else None
         try:
             answer = self._client(region).get_parameter(Name=ref.target, WithDecryption=True)
-        except botocore.exceptions.ClientError as e:
-            code = e.response.get("Error", {}).get("Code", "")
-            if code in ("ParameterNotFound", "ParameterVersionNotFound"):
-                raise SourceError(NOT_FOUND) from None
-            if code in ("AccessDeniedException", "AccessDenied"):
-                raise SourceError(PERMISSION_DENIED) from None
-            if code in ("UnrecognizedClientException", "InvalidSignatureException"):
-                raise SourceError(AUTH_FAILED) from None
-            raise SourceError(UNAVAILABLE) from None
-        except botocore.exceptions.NoCredentialsError:
-            raise SourceError(AUTH_FAILED) from None
-        except (botocore.exceptions.BotoCoreError, OSError):
-            raise SourceError(UNAVAILABLE) from None
+        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError, OSError) as e:
+            raise _aws_error(e, "ParameterNotFound", "ParameterVersionNotFound") from None
         value = answer.get("Parameter", {}).get("Value")
         if not isinstance(value, str):
             raise SourceError(MALFORMED)
