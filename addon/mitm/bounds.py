@@ -1,7 +1,8 @@
 """Bounds where mitmproxy has no hook: a head still arriving, a stream's error, an h2 queue,
 a response body's reads.
 
-`install()` patches mitmproxy's HTTP layers once per process: a request or response head
+`install()` patches mitmproxy's layers once per process: a client's first bytes count as a
+head read while the next_layer hook runs, a request or response head
 longer than HEAD_LIMIT is refused, a stream the sweeper (addon/proxy/limits.py) cut off answers
 504 with a fixed message, an HTTP/2 client that stops reading has its stream reset once too
 much is held for it, and each piece of a response body that arrives, held whole or streamed,
@@ -60,6 +61,7 @@ def install() -> None:
     import h2.config
     import h2.connection
     import h2.frame_buffer
+    from mitmproxy.proxy import layer
     from mitmproxy.proxy.layers import tls as tls_layer
     from mitmproxy.proxy.layers.http import HttpStream, _http1, _http2
 
@@ -67,6 +69,7 @@ def install() -> None:
     actual = {name: getattr(settings, name) for name in H2_LIMITS}
     if actual != H2_LIMITS or h2.frame_buffer.CONTINUATION_BACKLOG != 64:
         raise RuntimeError(f"h2's limits changed: {actual}")
+    layer.NextLayer._handle_event = _reading_first(layer.NextLayer._handle_event)  # type: ignore[method-assign]
     server, client = _http1.Http1Server, _http1.Http1Client
     server.read_headers = _bounded_head(server.read_headers, _refuse_request_head)  # type: ignore[method-assign]
     client.read_headers = _bounded_head(client.read_headers, _refuse_response_head)  # type: ignore[method-assign]
@@ -88,6 +91,22 @@ def _head_complete(buf: Any) -> bool:
     from h11._receivebuffer import blank_line_regex
 
     return blank_line_regex.search(buf._data, 0, HEAD_LIMIT + 3) is not None
+
+
+def _reading_first(handle_event: Any) -> Any:
+    """A client's first bytes wait in mitmproxy's NextLayer while the next_layer hook runs in
+    its own task, read from the socket but not yet by the HTTP layer: they count as read here,
+    so a burst of connections accepted meanwhile does not displace this one as silent."""
+    from mitmproxy.proxy import events
+
+    @functools.wraps(handle_event)
+    def wrapper(self: Any, event: Any) -> Iterator[Any]:
+        if isinstance(event, events.DataReceived) and event.connection is self.context.client:
+            for read in on_head_read:
+                read(event.connection)
+        yield from handle_event(self, event)
+
+    return wrapper
 
 
 def _bounded_head(read_headers: Any, refuse: Any) -> Any:
