@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import base64
 import itertools
+from unittest import mock
 from urllib.parse import quote
 
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from addon.redaction import redact
 from addon.redaction.redact import MARK, SLICE, Redactor, Unredactable, _begins, encodings
 from tests.fakes import LONG_SECRET
 
@@ -345,6 +347,24 @@ def test_the_sieve_never_hides_a_form_the_full_pattern_finds(data, secret):
     found = c.pattern.search(body) is not None
     assert c.suspect(body, dense=False)[0] is found
     assert c.suspect(body, dense=True)[0] is found
+    with mock.patch.object(redact, "_KEPT", 0):  # every whole escape checked, never one search
+        assert c.suspect(body, dense=True)[0] is found
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data(), secret=secrets)
+def test_the_dense_sieve_keeps_an_escape_inside_every_match(data, secret):
+    """Forms escaped byte by byte among near misses and lone escapes of the secret's bytes:
+    the escapes the dense sieve keeps, windowed, find what the full pattern finds."""
+    lone = [e for b in secret for e in encodings(b)[1:]]
+    parts = data.draw(st.lists(st.sampled_from(lone) | near_misses(secret), max_size=12))
+    for form in data.draw(st.lists(st.sampled_from(_forms(secret)), max_size=2)):
+        parts.insert(data.draw(st.integers(0, len(parts))), data.draw(escaped(form)))
+    body = b"".join(parts)
+    c = Redactor([secret])._c
+    assert c is not None
+    with mock.patch.object(redact, "_KEPT", 0):
+        assert c.suspect(body, dense=True)[0] is (c.pattern.search(body) is not None)
 
 
 def _unsieved_cut(redactor: Redactor, raw: bytes) -> int:
@@ -545,6 +565,8 @@ def test_every_short_text_over_the_escapes_alphabet_is_held_and_redacted_as_with
     """Exhaustive over pieces of the secret's escapes: the tail held back and the redaction
     are those of the walk of every encoding from every place, and of the full pattern."""
     redactor = Redactor([secret])
+    c = redactor._c
+    assert c is not None
     # An escape whole or cut, of the first few of each byte (`%2d` and `%2D` do not differ).
     pieces = {e[:k] for b in secret for e in encodings(b)[:5] for k in (1, len(e) - 1, len(e))}
     pieces = sorted(pieces | {b"%", b"&#", b"\\u00", b"x", b";"})
@@ -553,3 +575,23 @@ def test_every_short_text_over_the_escapes_alphabet_is_held_and_redacted_as_with
             text = b"z" + b"".join(parts)
             assert redactor.partial(text) == _unsieved_partial(redactor, text), text
             assert redactor.whole(text) == _unsieved(secret, text)[0], text
+            found = c.pattern.search(text) is not None
+            assert bool(_dense_hits(c, text)) >= found, text  # every escape checked
+
+
+def _dense_hits(c: redact._Compiled, data: bytes) -> list[int]:
+    """The dense sieve's kept hits: a match lies within `reach` of one."""
+    return c._kept(data, redact._exact(c).find_matches_as_indexes(data, overlapping=True))
+
+
+def test_the_dense_sieve_sees_a_form_that_begins_inside_an_escape():
+    """`%41` is an escape of the secret's `A`, and the secret itself begins at its `4`: a
+    finder that reported only non-overlapping hits would give the escape (which nothing of
+    the form precedes, so it is dropped) and skip the form."""
+    secret = b"41Abcdefghijklmnop"
+    body = b"x%" + secret + b"x"
+    c = Redactor([secret])._c
+    assert c is not None
+    assert _dense_hits(c, body) == [2]
+    with mock.patch.object(redact, "_KEPT", 0):
+        assert c.suspect(body * 40, dense=True)[0]
