@@ -7,10 +7,11 @@ seconds. Per connection is (held - before) / connections, in KiB. Tunnels are op
 `--batch` at a time, so the proxy never holds more unauthenticated connections than that.
 
 `--trace` starts each proxy with tracemalloc on (a `sitecustomize` in the run's folder, which
-neither proxy imports otherwise) and writes, while the connections are held, the 25 source
-lines that allocated most of what is still alive to `<out>.<config>.trace.txt`: where the
-memory of a held connection goes. tracemalloc slows the proxy and adds its own memory: take
-the per-connection figures from a run without it.
+neither proxy imports otherwise) and writes the 30 source lines whose live allocations grew
+most since the baseline, while the connections are held to `<out>.<config>.held.trace.txt`
+and after they closed to `<out>.<config>.closed.trace.txt`: where the memory of a held
+connection goes, and what outlives it. tracemalloc slows the proxy and adds its own memory:
+take the per-connection figures from a run without it.
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ def _dump(signum, frame):
     if not _base:  # the first signal: the baseline
         _base.append(snapshot)
         return
-    path = os.environ["BENCH_TRACE_OUT"] + "." + str(os.getpid())
+    path = os.environ["BENCH_TRACE_OUT"] + "." + str(os.getpid()) + "." + str(len(_base))
+    _base.append(None)
     diff = snapshot.compare_to(_base[0], "lineno")
     with open(path + ".part", "w") as out:
         out.write("grown since the baseline: %.1f KiB in %d blocks\\n" % (
@@ -108,16 +110,19 @@ def _measure(
         held = await _hold(bench, config, connections, requests, batch)
         await asyncio.sleep(0.5)
         peak = rss_mb(pid)
+        fds_held = len(os.listdir(f"/proc/{pid}/fd"))
         if trace is not None:
             os.kill(pid, TRACE_SIGNAL)
-            dumped = trace.parent / f"trace.{pid}"
-            for _ in range(240):  # a snapshot of a large heap takes seconds
-                if dumped.exists():
-                    break
-                await asyncio.sleep(0.5)
+            await _dumped(trace.parent / f"trace.{pid}.1")
         await _closed(held)
         await asyncio.sleep(settle)
-        return peak, rss_mb(pid)
+        closed = rss_mb(pid)
+        fds = (fds_held, len(os.listdir(f"/proc/{pid}/fd")))
+        print(f"[memory] {config}: open files held / closed {fds}", file=sys.stderr)
+        if trace is not None:
+            os.kill(pid, TRACE_SIGNAL)
+            await _dumped(trace.parent / f"trace.{pid}.2")
+        return peak, closed
 
     peak, after = asyncio.run(cycle())
     return {
@@ -129,8 +134,19 @@ def _measure(
     }
 
 
+async def _dumped(path: Path) -> None:
+    for _ in range(240):  # a snapshot of a large heap takes seconds
+        if path.exists():
+            return
+        await asyncio.sleep(0.5)
+
+
 async def _closed(held: list[_Connection]) -> None:
+    """Close each connection as a client does; a TLS shutdown the proxy does not answer within
+    the client's second is cut at the socket, so every connection is closed when this returns."""
     await asyncio.gather(*(c.close() for c in held))
+    for c in held:
+        c.writer.transport.abort()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -164,10 +180,11 @@ def main(argv: list[str] | None = None) -> None:
             print(f"[memory] {config}: {json.dumps(rows[config])}", file=sys.stderr)
             if trace is not None:
                 pid = bench.processes[config].process.pid
-                dumped = workdir / f"trace.{pid}"
-                target = args.out.with_suffix(f".{config}.trace.txt")
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_text(dumped.read_text() if dumped.exists() else "no dump\n")
+                for n, when in ((1, "held"), (2, "closed")):
+                    dumped = workdir / f"trace.{pid}.{n}"
+                    target = args.out.with_suffix(f".{config}.{when}.trace.txt")
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    target.write_text(dumped.read_text() if dumped.exists() else "no dump\n")
     finally:
         bench.stop()
     base = rows.get("mitmproxy")

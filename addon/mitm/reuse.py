@@ -28,6 +28,7 @@ connection handling, installed and checked together.
 from __future__ import annotations
 
 import asyncio
+import asyncio.sslproto
 import contextlib
 import inspect
 import ssl
@@ -65,6 +66,12 @@ class Clients(Protocol):
     def get(self, client: connection.Client) -> Any: ...
 
 
+# What asyncio's TLS transport reads from the socket at a time. Its default, 256 KiB, is a
+# bytearray allocated (and zeroed, so resident) per connection, for the connection's life:
+# 256 KiB of every held upstream connection, where mitmproxy's own connections read 64 KiB
+# at a time into a buffer freed after each read (`bench.memory --trace`). Two TLS records
+# (16 KiB of plaintext each at most) fit: a download reads as many records per call.
+SSL_READ = 32 * 1024
 IDLE = 4.0  # seconds; under the 5 s keep-alive of Node's http server, the shortest common one
 PER_KEY = 64
 TOTAL = 256
@@ -336,6 +343,11 @@ def install() -> None:
     for name in ("handle_connection", "drain_writers", "max_conns", "transports"):
         if name not in inspect.getsource(ConnectionHandler):
             raise RuntimeError(f"mitmproxy changed: ConnectionHandler.{name}")
+    if not isinstance(getattr(asyncio.sslproto.SSLProtocol, "max_size", None), int):
+        raise RuntimeError("asyncio changed: SSLProtocol.max_size")
+    # Process-wide: credproxy's own TLS connections (this dial, webhooks, token endpoints)
+    # are the only asyncio TLS in the process; mitmproxy does TLS with pyOpenSSL.
+    asyncio.sslproto.SSLProtocol.max_size = SSL_READ  # type: ignore[attr-defined]
     layers.HttpLayer.get_connection = _get_connection(get_connection)  # type: ignore[method-assign]
     ConnectionHandler.open_connection = _open_connection(  # type: ignore[method-assign]
         ConnectionHandler.open_connection

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ctypes
 import fcntl
+import gc
 import math
 import sys
 import termios
@@ -49,6 +51,16 @@ if TYPE_CHECKING:
     from addon.proxy.trail import Trail
 
 SWEEP_INTERVAL = 0.5
+# Memory freed by closed connections goes back to the system (glibc's malloc_trim, in a
+# thread) once TRIM_AFTER closed since the last trim and none closed for TRIM_QUIET seconds
+# (by then their parked upstream connections, addon/mitm/reuse.py's IDLE, are closed too),
+# or TRIM_EVERY seconds after the first of them closed: glibc otherwise keeps a heap at its
+# peak, so RSS after a burst of connections stayed at the burst's (`python -m bench.memory`).
+# A trim runs a full collection on the loop (a few ms: start-up's objects are frozen), then
+# malloc_trim off it.
+TRIM_AFTER = 64
+TRIM_QUIET = 5.0
+TRIM_EVERY = 60.0
 # Seconds a connection whose head began to arrive is not displaced for a newer one: the head
 # may still be on its way through the hooks, under load, before it authenticates. One second
 # was passed on a loaded two-core machine by a burst of 40 CONNECTs (CI); a head still arriving
@@ -205,6 +217,9 @@ class Limits:
         if trail is not None:
             trail.metrics.connections = self.admission
         self._sweeper: asyncio.Task[None] | None = None
+        self.closed_since_trim = 0
+        # When the last connection closed, and the first since the last trim.
+        self._closed_at = self._first_closed_at = -math.inf
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -273,6 +288,10 @@ class Limits:
         return state is not None and (state.tunnel is not None or state.principal is not None)
 
     def client_disconnected(self, client: connection.Client) -> None:
+        self._closed_at = time.monotonic()
+        if not self.closed_since_trim:
+            self._first_closed_at = self._closed_at
+        self.closed_since_trim += 1
         conn = self.conns.pop(client, None)
         if conn is not None:
             self.admission.remove(client, conn.source)
@@ -436,8 +455,25 @@ class Limits:
             await asyncio.sleep(SWEEP_INTERVAL)
             try:
                 self.sweep(time.monotonic())
+                await self.trim(time.monotonic())
             except Exception as e:  # noqa: BLE001 - the sweeper must outlive one bad round
                 self.log.error("limits.sweep_failed", error_type=type(e).__name__)
+
+    async def trim(self, now: float) -> bool:
+        """Give freed memory back once enough connections closed; True if it did."""
+        if self.closed_since_trim < TRIM_AFTER:
+            return False
+        if now - self._closed_at < TRIM_QUIET and now - self._first_closed_at < TRIM_EVERY:
+            return False
+        trim = _malloc_trim()
+        if trim is None:
+            return False
+        self.closed_since_trim = 0
+        # A closed connection's objects hold each other (transports, protocols, layers): only
+        # the cycle collector frees them, and nothing allocates enough to run it when quiet.
+        gc.collect()
+        await asyncio.to_thread(trim, 0)
+        return True
 
     def sweep(self, now: float) -> None:
         """Close every connection and flow past its deadline."""
@@ -525,3 +561,16 @@ def _close(client_id: str, conn: connection.Connection, why: str) -> bool:
         return False
     io.handler.cancel(why)
     return True
+
+
+_TRIM: list[Callable[[int], int] | None] = []
+
+
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's malloc_trim, or None where the C library has none (musl, macOS)."""
+    if not _TRIM:
+        try:
+            _TRIM.append(ctypes.CDLL("libc.so.6").malloc_trim)
+        except (OSError, AttributeError):
+            _TRIM.append(None)
+    return _TRIM[0]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import gc
 import math
 from types import SimpleNamespace
@@ -389,3 +390,37 @@ def test_a_head_read_just_now_is_not_displaced_while_it_goes_through_the_hooks(
         now[0] += limits.READ_GRACE
         addon.client_connected(_from("10.0.0.1"))
         assert closed == [first]
+
+
+def test_memory_goes_back_once_many_connections_closed_and_none_for_a_while(monkeypatch):
+    """A burst's memory is given back (a full collection, then malloc_trim) once TRIM_AFTER
+    connections closed and none closed for TRIM_QUIET seconds, or TRIM_EVERY passed; never
+    for a few closes, and never while they keep closing."""
+    calls: list[int] = []
+    monkeypatch.setattr(limits, "_malloc_trim", lambda: calls.append)
+    collected: list[int] = []
+    monkeypatch.setattr(limits.gc, "collect", lambda: collected.append(1) or 0)
+    lim = _limits()
+    run = asyncio.run
+    lim.closed_since_trim = limits.TRIM_AFTER - 1
+    lim._closed_at = lim._first_closed_at = 100.0
+    assert not run(lim.trim(100.0 + limits.TRIM_QUIET))  # too few
+    lim.closed_since_trim += 1
+    assert not run(lim.trim(100.0 + limits.TRIM_QUIET / 2))  # still closing
+    assert run(lim.trim(100.0 + limits.TRIM_QUIET))
+    assert calls == [0] and collected == [1] and lim.closed_since_trim == 0
+    lim.closed_since_trim, lim._first_closed_at = limits.TRIM_AFTER, 200.0
+    lim._closed_at = 200.0 + limits.TRIM_EVERY
+    assert not run(lim.trim(200.0 + limits.TRIM_EVERY - 1))
+    assert run(lim.trim(200.0 + limits.TRIM_EVERY))  # closing all along: once a minute
+    monkeypatch.setattr(limits, "_malloc_trim", lambda: None)  # no glibc: nothing to call
+    lim.closed_since_trim = limits.TRIM_AFTER
+    assert not run(lim.trim(1e9))
+
+
+def test_a_closed_client_connection_counts_towards_the_trim():
+    lim = _limits()
+    lim.client_disconnected(tflow.tclient_conn())
+    first = lim._first_closed_at
+    lim.client_disconnected(tflow.tclient_conn())
+    assert lim.closed_since_trim == 2 and lim._first_closed_at == first <= lim._closed_at
