@@ -13,6 +13,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import boto3
 import httpx
@@ -59,6 +60,12 @@ def _cli(proxy: Proxy, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def _listed(proxy: Proxy, name: str) -> list[dict[str, Any]]:
+    listed = _cli(proxy, "credential", "list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    return [row for row in json.loads(listed.stdout) if row["name"] == name]
+
+
 def _stamped(proxy: Proxy, upstream: Upstream, agent: str, token: str) -> tuple[int, str]:
     upstream.log.clear()
     with proxy.client(agent, token) as client:
@@ -83,8 +90,9 @@ def test_a_mounted_secret_is_stamped_rotated_and_refused_once_gone_for_max_stale
     held_proxy.wait_reload()
     assert _stamped(held_proxy, upstream, "agent", token) == (200, "Bearer gh-secret-one")
 
-    listed = _cli(held_proxy, "credential", "list")
-    assert f"file:{mounted.path}" in listed.stdout and "ok" in listed.stdout
+    (row,) = _listed(held_proxy, "gh")
+    assert (row["secret_ref"], row["source_state"]) == (f"file:{mounted.path}", "ok")
+    first_fp = row["fingerprint"]
 
     mounted.write(b"gh-secret-two\n")
     rotated_at = time.monotonic()
@@ -92,7 +100,10 @@ def test_a_mounted_secret_is_stamped_rotated_and_refused_once_gone_for_max_stale
         assert time.monotonic() - rotated_at < 3.0, "the rotation was not stamped in time"
         time.sleep(0.1)
     rotated = [line for line in held_proxy.audit() if line.get("event") == "credential.rotated"]
-    assert [(r["credential"], r["old_fp"] != r["new_fp"]) for r in rotated] == [("gh", True)]
+    assert [(r["credential"], r["old_fp"], r["new_fp"]) for r in rotated] == [
+        ("gh", first_fp, _listed(held_proxy, "gh")[0]["fingerprint"])
+    ]
+    assert rotated[0]["old_fp"] != rotated[0]["new_fp"]
 
     os.unlink(mounted.root / "..data")  # the Secret deleted: the key's link dangles
     gone_at = time.monotonic()
