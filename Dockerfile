@@ -14,7 +14,8 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
-# Every dependency, and setuptools to build credproxy itself, from requirements.lock: pinned,
+# Every dependency, with the aws, vault and otel extras (secret references held in AWS or Vault,
+# the OTLP export), and setuptools to build credproxy itself, from requirements.lock: pinned,
 # each file checked against its hashes. credproxy then installs from the copied source alone,
 # with nothing more fetched. tests/test_compose.py checks the lock against pyproject.toml.
 COPY requirements.lock pyproject.toml README.md /tmp/src/

@@ -199,6 +199,9 @@ class CredentialEntry:
     rotated_at: datetime | None
     options: dict[str, Any] = field(default_factory=dict)
     secret_ref: str | None = None  # where the secret is held, when the store does not seal it
+    # A referenced row's keyed mark (store/rules/secretref.py mark): its `fingerprint` is blank,
+    # the mark being no value's fingerprint.
+    ref_mark: str | None = None
 
 
 @dataclass(frozen=True)

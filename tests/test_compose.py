@@ -449,7 +449,10 @@ def test_the_lock_pins_every_dependency_of_pyproject_with_hashes() -> None:
     pins = locked_pins()
     assert pins and all(hashes for _, hashes in pins.values())
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    for line in project["dependencies"]:
+    # The image serves every feature: the extras that secret references (aws, vault) and the
+    # OTLP export (otel) import are in it too.
+    extras = project["optional-dependencies"]
+    for line in [*project["dependencies"], *extras["aws"], *extras["vault"], *extras["otel"]]:
         requirement = Requirement(line)
         name = re.sub(r"[-_.]+", "-", requirement.name).lower()
         assert name in pins, line

@@ -189,6 +189,7 @@ def _policy_file(path: str | None) -> str | None:
 
 
 def _credential_row(c: CredentialEntry, key: MasterKey | None = None) -> dict[str, Any]:
+    state, fingerprint = _source_state(c, key) if c.secret_ref is not None else (None, None)
     return {
         "name": c.name,
         "scheme": c.scheme,
@@ -196,24 +197,26 @@ def _credential_row(c: CredentialEntry, key: MasterKey | None = None) -> dict[st
         "param": c.param_name,
         "hosts": c.hosts,
         **_scheme_columns(c),
-        "fingerprint": c.fingerprint or None,
+        "fingerprint": c.fingerprint or fingerprint,
         "secret_ref": c.secret_ref,
-        "source_state": _source_state(c, key) if c.secret_ref is not None else None,
+        "source_state": state,
         "created_at": c.created_at.isoformat(timespec="seconds"),
         "rotated_at": c.rotated_at.isoformat(timespec="seconds") if c.rotated_at else None,
         "placeholder_env": c.options.get("placeholder_env"),
     }
 
 
-def _source_state(c: CredentialEntry, key: MasterKey | None) -> str:
-    """A reference read once from here, as the proxy reads it: ok, or failing and why.
+def _source_state(c: CredentialEntry, key: MasterKey | None) -> tuple[str, str | None]:
+    """A reference read once from here, as the proxy reads it: ok and the keyed fingerprint
+    of its value, or failing and why.
 
     Only a row whose mark is the master key's: one written by someone without the key is
     never read, here as in the proxy (its reference might name the key file itself)."""
     if key is None:
-        return "unchecked (no master key here)"
-    if not hmac.compare_digest(c.fingerprint, secretref.mark(key, c.name, c.secret_ref or "")):
-        return "unreadable (not written with this master key)"
+        return "unchecked (no master key here)", None
+    mark = secretref.mark(key, c.name, c.secret_ref or "")
+    if not hmac.compare_digest(c.ref_mark or "", mark):
+        return "unreadable (not written with this master key)", None
     # Imported here: only a store with references pays for the proxy's modules.
     from addon.proxy.sources import OK, Source, Sources
 
@@ -225,7 +228,9 @@ def _source_state(c: CredentialEntry, key: MasterKey | None) -> str:
         outcome = Source(record, sources.backend(record)).check()
     finally:
         sources.close()
-    return OK if outcome.error is None else f"failing ({outcome.error})"
+    if outcome.error is not None or outcome.value is None:
+        return f"failing ({outcome.error})", None
+    return OK, key.fingerprint(outcome.value)
 
 
 def _scheme_columns(c: CredentialEntry) -> dict[str, Any]:

@@ -16,6 +16,7 @@ import os
 import threading
 import time
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -41,33 +42,55 @@ QUEUE_FULL, EXPORT_FAILED, UNEXPORTABLE, SHUTDOWN = (
 _SEVERITY = {"debug": 5, "info": 9, "warning": 13, "warn": 13, "error": 17, "critical": 21}
 
 
+# When --otlp-endpoint is not given, as the OpenTelemetry SDKs read them: the logs URL itself,
+# else a base URL that /v1/logs is added to.
+LOGS_ENDPOINT, ENDPOINT = "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"
+
+
 @dataclass(frozen=True)
 class OtlpSettings:
-    """Where records go: OTLP/HTTP under `endpoint` (its `/v1/logs`), at most `queue` waiting."""
+    """Where records go: OTLP/HTTP under `endpoint` (its `/v1/logs`, unless `whole`: the
+    endpoint is the logs URL itself), at most `queue` waiting."""
 
     endpoint: str
     queue: int = QUEUE
+    whole: bool = False
 
     @classmethod
-    def parse(cls, url: str, queue: int = QUEUE) -> OtlpSettings:
+    def configured(
+        cls, flag: str | None, queue: int, environ: Mapping[str, str]
+    ) -> OtlpSettings | None:
+        """--otlp-endpoint, else the standard variables; None: no export. Raises InvalidInput."""
+        if flag:
+            return cls.parse(flag, queue)
+        for name in (LOGS_ENDPOINT, ENDPOINT):
+            if environ.get(name, "").strip():
+                return cls.parse(environ[name].strip(), queue, name, whole=name == LOGS_ENDPOINT)
+        return None
+
+    @classmethod
+    def parse(
+        cls, url: str, queue: int = QUEUE, source: str = "--otlp-endpoint", whole: bool = False
+    ) -> OtlpSettings:
+        """Raises InvalidInput, in a line that never quotes the URL (it may hold a token)."""
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise InvalidInput(f"invalid --otlp-endpoint {url!r}: use http(s)://HOST[:PORT][/PATH]")
+            raise InvalidInput(f"invalid {source}: use http(s)://HOST[:PORT][/PATH]")
         if parts.username or parts.password or parts.query or parts.fragment:
             # A collector's token belongs in OTEL_EXPORTER_OTLP_HEADERS, never in argv.
             raise InvalidInput(
-                "invalid --otlp-endpoint: no user, password, query or fragment "
+                f"invalid {source}: no user, password, query or fragment "
                 "(put a collector's token in OTEL_EXPORTER_OTLP_HEADERS)"
             )
         try:
             parts.port  # noqa: B018 - raises on a port out of range
-        except ValueError as e:
-            raise InvalidInput(f"invalid --otlp-endpoint {url!r}: {e}") from e
-        return cls(url.rstrip("/"), queue)
+        except ValueError:
+            raise InvalidInput(f"invalid {source}: its port is not a number to 65535") from None
+        return cls(url if whole else url.rstrip("/"), queue, whole)
 
     @property
     def logs_url(self) -> str:
-        return f"{self.endpoint}/v1/logs"
+        return self.endpoint if self.whole else f"{self.endpoint}/v1/logs"
 
 
 def attributes(line: dict[str, Any]) -> dict[str, Any]:

@@ -76,6 +76,7 @@ class LivePolicy:
         # Secrets held elsewhere (file:, aws-sm:, vault: references), fingerprinted under
         # whatever key the store is read with now.
         self.sources = Sources(self._fingerprint, source_settings)
+        self._fingerprinted_with: str | None = None  # the key id of the sources' fingerprints
         self.sources.on_change = self._sources_changed
 
     def load(self) -> Policy:
@@ -296,6 +297,10 @@ class LivePolicy:
 
     def _install(self, policy: Policy, full_counter: int | None) -> None:
         """Serve `policy`; `full_counter`: the counter of the full read it was built from."""
+        key = self.store.key
+        if key is not None and key.key_id != self._fingerprinted_with:
+            self._fingerprinted_with = key.key_id
+            self.sources.refingerprint()
         new = self.sources.track(sources.referenced(policy))
         if new and not _loop_running():
             self.sources.load(new)  # the first load, before the proxy listens

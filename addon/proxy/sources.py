@@ -75,6 +75,7 @@ def default_backends() -> dict[str, Callable[[], Backend]]:
         secretref.VAULT: _vault,
     }
 
+
 PENDING, OK, STALE, FAILING = "pending", "ok", "stale", "failing"
 STATES = (OK, STALE, FAILING)  # as the metrics count them: a pending source is failing
 
@@ -222,6 +223,13 @@ class Sources:
         )
         self._resolved[record.name] = (record, source.fingerprint, found)
         return found
+
+    def refingerprint(self) -> None:
+        """Each held value fingerprinted again, under the key the store is read with now (a
+        master-key rotation): stamped with it, and what the next read is compared with."""
+        for source in self._sources.values():
+            if source.value is not None:
+                source.fingerprint = self._fingerprint(source.value)
 
     def report(self) -> list[tuple[str, str, str, str | None]]:
         """(credential, reference, state, error) of every source, by name."""

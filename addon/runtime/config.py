@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import errno
+import os
 import socket
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,9 +87,7 @@ class RunConfig:
             args.upstream_idle,
             upstream_proxy=upstream_proxy,
             audit_format=args.audit_format,
-            otlp=OtlpSettings.parse(args.otlp_endpoint, args.otlp_queue)
-            if args.otlp_endpoint
-            else None,
+            otlp=OtlpSettings.configured(args.otlp_endpoint, args.otlp_queue, os.environ),
         )
 
 

@@ -138,7 +138,9 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         "--otlp-endpoint",
         metavar="URL",
         help="also export every audit line as an OTLP log record to URL/v1/logs (HTTP, "
-        "protobuf; the otel extra); OTEL_EXPORTER_OTLP_HEADERS and the like apply",
+        "protobuf; the otel extra); OTEL_EXPORTER_OTLP_HEADERS and the like apply "
+        "(default: $OTEL_EXPORTER_OTLP_LOGS_ENDPOINT as it is, else "
+        "$OTEL_EXPORTER_OTLP_ENDPOINT/v1/logs, else off)",
     )
     p.add_argument(
         "--otlp-queue",

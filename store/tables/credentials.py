@@ -109,6 +109,7 @@ def listing(db: Database) -> list[CredentialEntry]:
                 rotated_at=c.rotated_at,
                 options=c.options or {},
                 secret_ref=c.secret_ref,
+                ref_mark=c.fingerprint if c.secret_ref is not None else None,
             )
             for c in rows
         ]

@@ -4,12 +4,14 @@
 server stands in for one.
 
 One record per audit line, with the line's fields as `credproxy.*` attributes; no secret,
-token, header value, query or body in any byte received; and a receiver that hangs neither
-slows requests nor costs a JSON line on stdout."""
+token, header value, query or body in any byte received; and a receiver that hangs, answers
+500 or refuses the connection neither slows requests nor costs a JSON line on stdout, its
+failures counted."""
 
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 import urllib.request
@@ -281,3 +283,101 @@ def test_the_ocsf_form_is_written_and_exported(
         stop_proxy(proxy)
         receiver.server.shutdown()
         receiver.server.server_close()
+
+
+def _answering_500() -> tuple[ThreadingHTTPServer, list[int]]:
+    """An OTLP endpoint that takes every batch and answers 500."""
+    posts: list[int] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["content-length"]))
+            posts.append(1)
+            self.send_response(500)
+            self.send_header("content-length", "0")
+            self.end_headers()
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, posts
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])  # nothing listens there once it is closed
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [
+        pytest.param("500", id="a receiver that answers 500"),
+        pytest.param(
+            "refused", id="a refused connection, the endpoint from OTEL_EXPORTER_OTLP_ENDPOINT"
+        ),
+    ],
+)
+def test_a_failing_receiver_is_counted_and_costs_no_request_or_json_line(
+    failure: str,
+    tmp_path: Path,
+    shared_upstream: Upstream,
+    upstream_ca: trustme.CA,
+    initialised_home: Path,
+) -> None:
+    server, posts = _answering_500() if failure == "500" else (None, [])
+    extra = ["--admin", "127.0.0.1:0"]
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("OTEL_BLRP_SCHEDULE_DELAY", "50")
+        env.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "1")  # the SDK's retries end within it
+        env.delenv("OTEL_EXPORTER_OTLP_LOGS_ENDPOINT", raising=False)
+        if server is not None:
+            env.delenv("OTEL_EXPORTER_OTLP_ENDPOINT", raising=False)
+            extra += ["--otlp-endpoint", f"http://127.0.0.1:{server.server_address[1]}"]
+        else:
+            env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", f"http://127.0.0.1:{_closed_port()}")
+        proxy = start_proxy(
+            tmp_path / "home",
+            upstream_ca,
+            [f"api.test=127.0.0.1:{shared_upstream.port}"],
+            extra=extra,
+            template=initialised_home,
+        )
+    try:
+        token = proxy.store.add_principal("agent")
+        proxy.store.add_credential("cred", "bearer", ["api.test"], Secret(CREDENTIAL))
+        proxy.store.add_grant("agent", ["GET"], credential="cred", paths=["/v1/"])
+        proxy.wait_reload()
+        started = next(line for line in proxy.audit() if line.get("event") == "proxy.started")
+        with proxy.client("agent", token, timeout=WAIT) as client:
+            for n in range(5):
+                assert client.get(f"https://api.test/v1/failing-{n}").is_success
+        paths = sorted(line["path"] for line in proxy.requests("agent"))
+        assert paths == [f"/v1/failing-{n}" for n in range(5)]
+
+        counted = 'credproxy_audit_export_dropped_total{reason="export-failed"} '
+
+        def failed() -> float:
+            with urllib.request.urlopen(f"http://{started['admin'][0]}/metrics", timeout=WAIT) as r:
+                found = [x for x in r.read().decode().splitlines() if x.startswith(counted)]
+            return float(found[0].split()[-1]) if found else 0.0
+
+        assert _until(lambda: failed() > 0), "no failed export counted"
+        assert _until(
+            lambda: any(
+                line.get("event") == "audit.export_dropped"
+                and line["reasons"].get("export-failed", 0) > 0
+                for line in proxy.audit()
+            )
+        )
+        assert (len(posts) > 0) == (server is not None)  # the 500s were answered to batches
+    finally:
+        stop_proxy(proxy)
+        if server is not None:
+            server.shutdown()
+            server.server_close()

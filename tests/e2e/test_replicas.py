@@ -26,7 +26,7 @@ from store.rules import validation
 from tests.e2e.conftest import CREDPROXY, NAMES, Proxy, start_proxy, stop_proxy
 from tests.e2e.raw import connect, exchange, proxy_auth, tunnel
 from tests.e2e.relay import Relay, pg_database
-from tests.e2e.upstream import Upstream
+from tests.e2e.upstream import Answer, Received, Upstream
 from tests.proxy.test_sources import Kubelet
 
 pytestmark = pytest.mark.e2e
@@ -409,5 +409,20 @@ def test_two_replicas_stamp_a_rotated_mounted_secret_and_redact_it(
     mounted.write(b"gh-secret-two\n")
     for proxy in replicas:
         assert eventually(lambda p=proxy: stamped(p) == "Bearer gh-secret-two", within=4)
+
+    def echo_old(received: Received) -> Answer | None:
+        if not received.target.startswith("/echo-old"):
+            return None
+        return 200, [("x-echo", "gh-secret-one")], b'{"late": "gh-secret-one"}'
+
+    # A late echo of the old value, after the rotation: redacted by both replicas (grace).
+    before, upstream.server.app = upstream.server.app, echo_old
+    try:
+        for proxy in replicas:
+            reply = get(proxy, agent, token, "/echo-old")
+            assert reply.status_code == 200 and "late" in reply.text
+            assert "gh-secret-one" not in reply.text + str(reply.headers)
+    finally:
+        upstream.server.app = before
     for proxy in replicas:
         assert "gh-secret" not in proxy.output()

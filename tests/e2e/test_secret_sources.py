@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import boto3
 import httpx
@@ -59,6 +61,21 @@ def _cli(proxy: Proxy, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def _source_states(proxy: Proxy) -> dict[str, float]:
+    """credproxy_secret_sources{state} from /metrics."""
+    [started] = [line for line in proxy.audit() if line.get("event") == "proxy.started"]
+    metrics = httpx.get(f"http://{started['admin'][0]}/metrics", timeout=5).text
+    found = re.findall(r'^credproxy_secret_sources\{state="(\w+)"\} (\S+)$', metrics, re.M)
+    assert {state for state, _ in found} == {"ok", "stale", "failing"}
+    return {state: float(value) for state, value in found}
+
+
+def _listed(proxy: Proxy, name: str) -> list[dict[str, Any]]:
+    listed = _cli(proxy, "credential", "list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    return [row for row in json.loads(listed.stdout) if row["name"] == name]
+
+
 def _stamped(proxy: Proxy, upstream: Upstream, agent: str, token: str) -> tuple[int, str]:
     upstream.log.clear()
     with proxy.client(agent, token) as client:
@@ -70,6 +87,7 @@ def _stamped(proxy: Proxy, upstream: Upstream, agent: str, token: str) -> tuple[
 def test_a_mounted_secret_is_stamped_rotated_and_refused_once_gone_for_max_stale(
     held_proxy: Proxy, upstream: Upstream, tmp_path: Path
 ) -> None:
+    before = _source_states(held_proxy)
     (tmp_path / "gh").mkdir()
     mounted = Kubelet(tmp_path / "gh")
     added = _cli(
@@ -83,8 +101,10 @@ def test_a_mounted_secret_is_stamped_rotated_and_refused_once_gone_for_max_stale
     held_proxy.wait_reload()
     assert _stamped(held_proxy, upstream, "agent", token) == (200, "Bearer gh-secret-one")
 
-    listed = _cli(held_proxy, "credential", "list")
-    assert f"file:{mounted.path}" in listed.stdout and "ok" in listed.stdout
+    assert _source_states(held_proxy) == before | {"ok": before["ok"] + 1}
+    (row,) = _listed(held_proxy, "gh")
+    assert (row["secret_ref"], row["source_state"]) == (f"file:{mounted.path}", "ok")
+    first_fp = row["fingerprint"]
 
     mounted.write(b"gh-secret-two\n")
     rotated_at = time.monotonic()
@@ -92,7 +112,10 @@ def test_a_mounted_secret_is_stamped_rotated_and_refused_once_gone_for_max_stale
         assert time.monotonic() - rotated_at < 3.0, "the rotation was not stamped in time"
         time.sleep(0.1)
     rotated = [line for line in held_proxy.audit() if line.get("event") == "credential.rotated"]
-    assert [(r["credential"], r["old_fp"] != r["new_fp"]) for r in rotated] == [("gh", True)]
+    assert [(r["credential"], r["old_fp"], r["new_fp"]) for r in rotated] == [
+        ("gh", first_fp, _listed(held_proxy, "gh")[0]["fingerprint"])
+    ]
+    assert rotated[0]["old_fp"] != rotated[0]["new_fp"]
 
     os.unlink(mounted.root / "..data")  # the Secret deleted: the key's link dangles
     gone_at = time.monotonic()
@@ -109,6 +132,7 @@ def test_a_mounted_secret_is_stamped_rotated_and_refused_once_gone_for_max_stale
     readyz = httpx.get(f"http://{started['admin'][0]}/readyz", timeout=5)
     assert readyz.status_code == 200
     assert readyz.json()["secret_sources_failing"] == ["gh"]
+    assert _source_states(held_proxy) == before | {"failing": before["failing"] + 1}
     output = held_proxy.output()
     assert "gh-secret-one" not in output and "gh-secret-two" not in output
 

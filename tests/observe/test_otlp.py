@@ -33,6 +33,22 @@ def test_the_endpoint_is_refused_at_start(url: str) -> None:
         otlp.OtlpSettings.parse(url)
 
 
+@pytest.mark.parametrize(
+    "url",
+    [
+        pytest.param("ftp://user:s3cr3t@collector", id="user info, and a scheme refused"),
+        pytest.param("http://user:s3cr3t@", id="user info, and no host"),
+        pytest.param("user:s3cr3t@collector:4318", id="user info, and no scheme"),
+        pytest.param("https://user:s3cr3t@collector:99999", id="user info, and a bad port"),
+        pytest.param("http://collector:s3cr3t", id="a port that is a token"),
+    ],
+)
+def test_an_error_never_quotes_the_endpoint(url: str) -> None:
+    with pytest.raises(InvalidInput) as refused:
+        otlp.OtlpSettings.parse(url)
+    assert "s3cr3t" not in str(refused.value)
+
+
 def test_records_go_to_the_endpoints_v1_logs() -> None:
     assert otlp.OtlpSettings.parse("http://127.0.0.1:4318/").logs_url == (
         "http://127.0.0.1:4318/v1/logs"
@@ -148,3 +164,44 @@ def test_without_the_extra_the_flag_fails_in_one_line(monkeypatch: pytest.Monkey
     assert str(raised.value) == (
         "--otlp-endpoint needs the OpenTelemetry SDK: pip install 'credproxy[otel]'"
     )
+
+
+@pytest.mark.parametrize(
+    ("flag", "environ", "logs_url"),
+    [
+        pytest.param(None, {}, None, id="off without the flag or a variable"),
+        pytest.param(
+            None,
+            {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318/"},
+            "http://c:4318/v1/logs",
+            id="the base endpoint variable, /v1/logs added",
+        ),
+        pytest.param(
+            None,
+            {
+                "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318",
+                "OTEL_EXPORTER_OTLP_LOGS_ENDPOINT": "http://logs:4318/custom/path",
+            },
+            "http://logs:4318/custom/path",
+            id="the logs endpoint variable, as it is, before the base one",
+        ),
+        pytest.param(
+            "http://flag:4318",
+            {"OTEL_EXPORTER_OTLP_LOGS_ENDPOINT": "http://logs:4318/v1/logs"},
+            "http://flag:4318/v1/logs",
+            id="the flag before either variable",
+        ),
+    ],
+)
+def test_the_endpoint_defaults_to_the_standard_variables(
+    flag: str | None, environ: dict[str, str], logs_url: str | None
+) -> None:
+    found = otlp.OtlpSettings.configured(flag, 5, environ)
+    assert (found.logs_url if found else None) == logs_url
+
+
+def test_a_bad_endpoint_variable_is_named_and_not_quoted() -> None:
+    environ = {"OTEL_EXPORTER_OTLP_ENDPOINT": "ftp://user:s3cr3t@c"}
+    with pytest.raises(InvalidInput, match="OTEL_EXPORTER_OTLP_ENDPOINT") as refused:
+        otlp.OtlpSettings.configured(None, 5, environ)
+    assert "s3cr3t" not in str(refused.value)

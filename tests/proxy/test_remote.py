@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -125,16 +126,41 @@ def test_a_parameter_name_that_does_not_parse_is_refused(text: str) -> None:
 TOKEN = "hvs.test-token"
 
 
+JWT = "eyJ.service-account.jwt"
+ROLE_ID, SECRET_ID = "role-id-1234", "secret-id-5678"
+
+
 class _KV2(BaseHTTPRequestHandler):
-    """GET /v1/MOUNT/data/PATH of a KV v2 engine mounted at `secret`."""
+    """GET /v1/MOUNT/data/PATH of a KV v2 engine mounted at `secret`, and the documented
+    logins: POST /v1/auth/kubernetes/login {role, jwt} and /v1/auth/approle/login {role_id,
+    secret_id}, answering `auth.client_token` and `auth.lease_duration` (400 when refused)."""
 
     secrets: dict[str, dict[str, Any]] = {}
+    valid: set[str] = {TOKEN}
+    logins: list[str] = []
+    lease = 3600
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
 
+    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+        body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+        if self.path == "/v1/auth/kubernetes/login":
+            accepted = body == {"role": "credproxy", "jwt": JWT}
+        elif self.path == "/v1/auth/approle/login":
+            accepted = body == {"role_id": ROLE_ID, "secret_id": SECRET_ID}
+        else:
+            return self._answer(404, {"errors": []})
+        if not accepted:
+            return self._answer(400, {"errors": ["invalid role or credentials"]})
+        token = f"hvs.login-{len(self.logins)}"
+        self.logins.append(token)
+        self.valid.add(token)
+        auth = {"client_token": token, "lease_duration": self.lease, "renewable": True}
+        return self._answer(200, {"auth": auth})
+
     def do_GET(self) -> None:  # noqa: N802 - http.server's name
-        if self.headers.get("X-Vault-Token") != TOKEN:
+        if self.headers.get("X-Vault-Token") not in self.valid:
             return self._answer(403, {"errors": ["permission denied"]})
         prefix = "/v1/secret/data/"
         path = self.path.split("?", 1)[0]
@@ -163,6 +189,7 @@ def vault(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     monkeypatch.setenv("VAULT_ADDR", f"http://127.0.0.1:{server.server_address[1]}")
     monkeypatch.setenv("VAULT_TOKEN_FILE", str(token_file))
     _KV2.secrets = {"agents/gh": {"token": "ghp-vault"}}
+    _KV2.valid, _KV2.logins, _KV2.lease = {TOKEN}, [], 3600
     yield token_file
     server.shutdown()
     server.server_close()
@@ -180,9 +207,7 @@ def test_a_vault_field_is_read_and_the_token_comes_from_its_file(vault: Path) ->
         ("vault:secret/agents/gh#token", "hvs.wrong", PERMISSION_DENIED),
     ],
 )
-def test_what_vault_refuses_is_a_fixed_class(
-    vault: Path, ref: str, token: str, error: str
-) -> None:
+def test_what_vault_refuses_is_a_fixed_class(vault: Path, ref: str, token: str, error: str) -> None:
     vault.write_text(token)
     with pytest.raises(SourceError) as raised:
         Vault().fetch(parse(ref))
@@ -193,6 +218,75 @@ def test_without_a_token_file_vault_is_never_asked(
     vault: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.delenv("VAULT_TOKEN_FILE")
+    with pytest.raises(SourceError) as raised:
+        Vault().fetch(parse("vault:secret/agents/gh#token"))
+    assert raised.value.kind == AUTH_FAILED
+
+
+@pytest.fixture
+def logged_in(vault: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """No token file: Kubernetes auth with a service-account token file."""
+    monkeypatch.delenv("VAULT_TOKEN_FILE")
+    jwt = tmp_path / "sa-token"
+    jwt.write_text(JWT)
+    monkeypatch.setenv("VAULT_K8S_ROLE", "credproxy")
+    monkeypatch.setenv("VAULT_K8S_TOKEN_FILE", str(jwt))
+    return jwt
+
+
+def test_kubernetes_auth_logs_in_once_and_again_when_the_token_is_refused(
+    logged_in: Path,
+) -> None:
+    vault, ref = Vault(), parse("vault:secret/agents/gh#token")
+    assert vault.fetch(ref) == vault.fetch(ref) == b"ghp-vault"
+    assert _KV2.logins == ["hvs.login-0"]  # the login's token is kept for the next fetch
+    _KV2.valid.clear()  # revoked
+    with pytest.raises(SourceError) as raised:
+        vault.fetch(ref)
+    assert raised.value.kind == PERMISSION_DENIED
+    _KV2.valid.add("hvs.login-1")
+    assert vault.fetch(ref) == b"ghp-vault"  # logged in again
+    assert _KV2.logins == ["hvs.login-0", "hvs.login-1"]
+
+
+def test_a_login_is_made_again_at_80_percent_of_its_lease(logged_in: Path) -> None:
+    _KV2.lease = 1
+    vault, ref = Vault(), parse("vault:secret/agents/gh#token")
+    assert vault.fetch(ref) == b"ghp-vault"
+    time.sleep(0.85)
+    assert vault.fetch(ref) == b"ghp-vault"
+    assert len(_KV2.logins) == 2
+
+
+def test_approle_logs_in_with_its_ids_from_files(
+    vault: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("VAULT_TOKEN_FILE")
+    (tmp_path / "role-id").write_text(ROLE_ID + "\n")
+    (tmp_path / "secret-id").write_text(SECRET_ID + "\n")
+    monkeypatch.setenv("VAULT_APPROLE_ROLE_ID_FILE", str(tmp_path / "role-id"))
+    monkeypatch.setenv("VAULT_APPROLE_SECRET_ID_FILE", str(tmp_path / "secret-id"))
+    assert Vault().fetch(parse("vault:secret/agents/gh#token")) == b"ghp-vault"
+    assert len(_KV2.logins) == 1
+
+
+@pytest.mark.parametrize(
+    "jwt",
+    [
+        pytest.param("eyJ.another.jwt", id="a login Vault refuses"),
+        pytest.param("x" * (16 * 1024 + 1), id="a service-account token file over 16 KiB"),
+        pytest.param("", id="an empty service-account token file"),
+    ],
+)
+def test_a_login_that_fails_is_auth_failed(logged_in: Path, jwt: str) -> None:
+    logged_in.write_text(jwt)
+    with pytest.raises(SourceError) as raised:
+        Vault().fetch(parse("vault:secret/agents/gh#token"))
+    assert raised.value.kind == AUTH_FAILED and _KV2.logins == []
+
+
+def test_a_token_file_over_4_kib_is_auth_failed(vault: Path) -> None:
+    vault.write_text("h" * 4097)
     with pytest.raises(SourceError) as raised:
         Vault().fetch(parse("vault:secret/agents/gh#token"))
     assert raised.value.kind == AUTH_FAILED

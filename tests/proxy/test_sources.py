@@ -24,9 +24,10 @@ from addon.proxy.sources import FAILING, OK, STALE, SourceSettings
 from addon.redaction.redactset import SETS
 from addon.schemes.stamp import Refused
 from addon.schemes.stamping import stamp_for
-from store.crypto import MasterKey
+from store.crypto import MasterKey, Secret
 from store.records import GrantRecord
 from store.repository import Store
+from store.rules import secretref
 from store.rules.grammar import parse_host, parse_rate
 
 FAST = SourceSettings(poll=0.02, ttl=0.05, max_stale=0.3, first_fetch=2.0, retry=0.02)
@@ -299,3 +300,51 @@ def test_a_rotation_never_brings_back_a_grant_revoked_meanwhile(
         assert live.policy is not None and live.policy.rule(gid) is None
     finally:
         live.close()
+
+
+class Polled:
+    """A remote backend's shape over a file: never watched, fetched again every TTL."""
+
+    watched = False
+
+    def identity(self, ref: secretref.SecretRef) -> object:
+        return None
+
+    def fetch(self, ref: secretref.SecretRef) -> bytes:
+        return Path(ref.target).read_bytes()
+
+
+@pytest.mark.parametrize("backend", [Polled, Files], ids=["a remote source", "a file"])
+def test_a_master_key_rotation_fingerprints_a_held_value_under_the_new_key_and_is_no_rotation(
+    tmp_path: Path, sqlite_store: Store, key: MasterKey, backend: Any
+) -> None:
+    held = tmp_path / "held"
+    held.write_bytes(b"gh-secret-one")
+    gid = _seed(sqlite_store, f"file:{held}")
+    new, on_disk = MasterKey.generate("new"), [key]
+    replica = Store(f"sqlite:///{tmp_path}/t.db", key)
+    live = LivePolicy(replica, source_settings=FAST, reload_key=lambda: on_disk[0])
+    live.sources._makers[secretref.FILE] = backend
+    try:
+        live.load()
+        sqlite_store.rotate_key(new)
+        on_disk[0] = new
+
+        async def after_the_key_rotation() -> list[dict[str, Any]]:
+            with capture_logs() as logs:
+                await live.poll()
+                task = asyncio.get_running_loop().create_task(live.sources.run())
+                try:
+                    await asyncio.sleep(5 * FAST.ttl)  # several fetches of the remote value
+                finally:
+                    task.cancel()
+            return logs
+
+        logs = asyncio.run(after_the_key_rotation())
+        assert [line for line in logs if line["event"] == "credential.rotated"] == []
+        assert _stamped(live, gid) == b"Bearer gh-secret-one"
+        credential = live.policy.credentials["gh"]  # type: ignore[union-attr]
+        assert credential.fingerprint == new.fingerprint(Secret(b"gh-secret-one"))
+    finally:
+        live.close()
+        replica.close()

@@ -56,3 +56,10 @@ def test_a_refresh_tokens_credential_cannot_be_a_reference() -> None:
     with pytest.raises(InvalidInput, match="cannot hold a secret reference"):
         for_scheme("oauth2-refresh", "file:/run/secrets/tokens")
     assert for_scheme("bearer", "file:/run/secrets/gh") == "file:/run/secrets/gh"
+
+
+def test_a_reference_is_at_most_2048_characters() -> None:
+    longest = "file:/" + "a" * (2048 - len("file:/"))
+    assert str(parse(longest)) == longest
+    with pytest.raises(InvalidInput, match="at most 2048 characters"):
+        parse(longest + "a")
