@@ -198,9 +198,14 @@ def test_a_sign_in_from_elsewhere_is_refused(
 
 def test_signing_out_ends_the_session(console_proxy: Proxy) -> None:
     with signed_in(console_proxy) as (client, csrf):
+        cookie = client.cookies["credproxy_console"]
         assert client.get("/panel").status_code == 200
         assert client.post("/logout", data={"csrf": csrf}).status_code == 303
         assert client.get("/panel").status_code == 401
+    # The old cookie, kept by a client that ignores the sign-out, opens nothing either.
+    with browser(console_proxy) as again:
+        reply = again.get("/panel", headers={"cookie": f"credproxy_console={cookie}"})
+        assert reply.status_code == 401
 
 
 def test_every_change_needs_a_session(console_proxy: Proxy) -> None:
