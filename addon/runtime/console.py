@@ -39,7 +39,9 @@ _HEADERS = (
     ("content-security-policy", CSP),
     ("x-content-type-options", "nosniff"),
     ("x-frame-options", "DENY"),
-    ("referrer-policy", "no-referrer"),
+    # Not no-referrer: Chromium then sends `Origin: null` with a form post, which same_origin
+    # must refuse. same-origin sends nothing to anyone else.
+    ("referrer-policy", "same-origin"),
     ("cache-control", "no-store"),
     ("cross-origin-opener-policy", "same-origin"),
     ("cross-origin-resource-policy", "same-origin"),

@@ -93,7 +93,7 @@ def panel(
         )
         + f"</section><section id=recent><h2>Recent decisions ({len(decisions)})</h2>"
         + _table(
-            ("time", "principal", "request", "decision", "reason", "status", "grant"),
+            ("time (UTC)", "principal", "request", "decision", "reason", "status", "grant"),
             [_decision_row(d) for d in decisions],
             "No decision yet.",
         )
@@ -145,7 +145,7 @@ def _access_row(r: AccessRequestEntry, csrf: str) -> str:
 
 def _decision_row(d: Decision) -> str:
     return (
-        f"<tr class={e(d.decision)}><td>{e(d.at.strftime('%H:%M:%S'))}</td>"
+        f"<tr class=decision-{e(d.decision)}><td>{e(d.at.strftime('%H:%M:%S'))}</td>"
         f"<td>{e(d.principal)}</td><td>{_request(d.method, d.host, d.port, d.path)}</td>"
         f"<td>{e(d.decision)}</td><td>{e(d.reason)}</td><td>{e(d.status)}</td>"
         f"<td>{e(d.grant_id)}</td></tr>"
@@ -201,9 +201,9 @@ table { border-collapse: collapse; width: 100%; margin-bottom: 1em; }
 th, td { text-align: left; padding: .3em .5em; border-bottom: 1px solid #ddd; vertical-align: top; }
 code { word-break: break-all; }
 .decide { display: flex; gap: .3em; flex-wrap: wrap; }
-.approve { background: #1d6b2f; color: #fff; }
-.deny { background: #9b1c1c; color: #fff; }
-tr.deny td { color: #9b1c1c; }
+button.approve { background: #1d6b2f; color: #fff; }
+button.deny { background: #9b1c1c; color: #fff; }
+tr.decision-deny td { color: #9b1c1c; }
 .error { color: #9b1c1c; }
 .empty { color: #666; }
 """

@@ -1,9 +1,14 @@
 """The approvers' console (`--console`), over HTTP: sign-in, the same-origin and CSRF checks,
-escaping, and approvals and denials of real held requests of a real proxy."""
+escaping, and approvals and denials of real held requests of a real proxy; then in a real
+browser, Debian's Chromium driven by Playwright."""
 
 from __future__ import annotations
 
+import http.server
+import os
 import re
+import shutil
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -397,3 +402,114 @@ def test_the_console_is_never_reachable_through_the_proxy(console_proxy: Proxy, 
         inside = exchange(sock, f"GET / HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
     assert (inside.status, inside.reason) == (403, "destination-forbidden")
     assert b"credproxy console" not in inside.body
+
+
+# -- in a real browser ----------------------------------------------------------------------
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+# CREDPROXY_SCREENSHOTS=DIR keeps the pages' screenshots there (docs/img for the docs).
+SHOTS = os.environ.get("CREDPROXY_SCREENSHOTS")
+
+
+@pytest.fixture(scope="module")
+def chromium() -> Iterator[object]:
+    if CHROMIUM is None:
+        if os.environ.get("CI"):
+            pytest.fail("chromium is not installed; CI must install it (apt-get install chromium)")
+        pytest.skip("chromium is not installed (apt-get install chromium)")
+    sync_api = pytest.importorskip("playwright.sync_api")
+    with sync_api.sync_playwright() as p:
+        # Root in a container has no user namespace for Chromium's sandbox; the page is ours.
+        browser = p.chromium.launch(
+            executable_path=CHROMIUM, args=["--no-sandbox", "--no-proxy-server"]
+        )
+        yield browser
+        browser.close()
+
+
+class _Attacker(http.server.BaseHTTPRequestHandler):
+    """Another origin on the same host (so the same site: the cookie goes along), whose page
+    posts a decision to the console as soon as it loads."""
+
+    target = ""
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        body = (
+            "<!doctype html><form method=post action='" + self.target + "'>"
+            "<input name=decision value=approve><input name=csrf value=guessed></form>"
+            "<script>document.forms[0].submit()</script>"
+        ).encode()
+        self.send_response(200)
+        self.send_header("content-type", "text/html")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def _shot(page: object, name: str, tmp_path: Path) -> None:
+    folder = Path(SHOTS) if SHOTS else tmp_path
+    folder.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(folder / f"console-{name}.png"), full_page=True)  # type: ignore[attr-defined]
+
+
+@pytest.mark.slow  # about 10 s, and Chromium's start
+def test_an_approver_decides_in_a_browser(
+    chromium: object, console_proxy: Proxy, upstream: Upstream, names, tmp_path: Path
+) -> None:
+    base = f"http://127.0.0.1:{console_port(console_proxy)}"
+    context = chromium.new_context(viewport={"width": 1100, "height": 700})  # type: ignore[attr-defined]
+    page = context.new_page()
+    page.goto(base + "/")
+    _shot(page, "sign-in", tmp_path)
+    page.fill("input[name=token]", TOKEN)
+    page.click("text=Sign in")
+    page.wait_for_selector("text=signed in as")
+
+    # A held request appears on the page while its agent waits.
+    agent, token, _ = _held(console_proxy, names)
+    path = f"/v1/{agent}/from-the-browser"
+    waiting = _send(console_proxy, agent, token, f"https://api.test{path}")
+    request_id = _pending_id(console_proxy, agent)
+    row = f"#held tr[data-id='{request_id}']"
+    page.wait_for_selector(row, timeout=10_000)
+    assert not waiting.done()
+    _shot(page, "held", tmp_path)
+    page.fill(f"{row} input[name=note]", "expected: the nightly report")
+    page.click(f"{row} button.approve")
+    assert waiting.result(timeout=15).status_code == 200
+    assert [r for r in upstream.log.requests if r.target == path]
+
+    # Another is denied: its agent gets 403 approval-denied.
+    other, other_token, _ = _held(console_proxy, lambda base: names(f"{base}-denied"))
+    refused = _send(console_proxy, other, other_token, f"https://api.test/v1/{other}/no")
+    other_id = _pending_id(console_proxy, other)
+    row = f"#held tr[data-id='{other_id}']"
+    page.wait_for_selector(row, timeout=10_000)
+    page.click(f"{row} button.deny")
+    answer = refused.result(timeout=15)
+    assert answer.status_code == 403
+    assert answer.headers["x-credproxy-reason"] == "approval-denied"
+    page.wait_for_selector("#recent >> text=approval-denied", timeout=10_000)
+    _shot(page, "decided", tmp_path)
+
+    # A page of another origin posts a decision with the operator's cookie: refused.
+    third, third_token, _ = _held(console_proxy, lambda base: names(f"{base}-forged"))
+    held = _send(console_proxy, third, third_token, f"https://api.test/v1/{third}/forged")
+    third_id = _pending_id(console_proxy, third)
+    _Attacker.target = f"{base}/requests/{third_id}"
+    attacker = http.server.HTTPServer(("127.0.0.1", 0), _Attacker)
+    threading.Thread(target=attacker.serve_forever, daemon=True).start()
+    try:
+        page.goto(f"http://127.0.0.1:{attacker.server_address[1]}/")
+        page.wait_for_selector("text=a change must come from this console", timeout=10_000)
+    finally:
+        attacker.shutdown()
+    [row_state] = [r.state for r in console_proxy.store.list_access_requests() if r.id == third_id]
+    assert row_state == "pending"
+    assert not held.done()
+    context.close()
+    console_proxy.store.deny_access_request(third_id)
+    assert held.result(timeout=15).status_code == 403
