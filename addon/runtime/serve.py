@@ -158,7 +158,8 @@ async def _serve(
             "proxy.started",
             listen=addrs,
             admin=[f"{host}:{port}" for host, port in admin_addr],
-            console=[f"{host}:{port}" for host, port in console_addr],
+            # Only with --console: the line's shape stays the same without it.
+            **({"console": [f"{h}:{p}" for h, p in console_addr]} if console_addr else {}),
             pid=os.getpid(),
             db=store.display_url,
             grants=policy.grant_count,
