@@ -49,6 +49,8 @@ _HEADERS = (
 _HTML = "text/html; charset=utf-8"
 _SINGLE = ("host", "origin", "cookie", "content-length", "sec-fetch-site", "content-type")
 _DECIDE = re.compile(r"/requests/([1-9][0-9]{0,17})")
+_REVOKE = re.compile(r"/grants/([1-9][0-9]{0,17})/revoke")
+MAX_LISTED = 500  # grants and principals on the grants page
 
 
 class BadRequest(Exception):
@@ -207,6 +209,11 @@ class Console:
             return Response(200, page.SCRIPT, "text/javascript; charset=utf-8")
         if path == "/console.css":
             return Response(200, page.STYLE, "text/css; charset=utf-8")
+        if method == "GET" and path == "/grants":
+            session = self.sessions.find(request.cookie)
+            if session is None:
+                return Response(200, page.login())
+            return await self._grants(session)
         if method == "GET" and path in ("/", "/panel"):
             session = self.sessions.find(request.cookie)
             if session is None:
@@ -218,10 +225,9 @@ class Console:
                 return Response(200, panel)
             return Response(200, page.console(session.operator, session.csrf, request.query, panel))
         if method != "POST":
-            return Response(
-                405 if path in ("/login", "/logout") or _DECIDE.fullmatch(path) else 404,
-                page.message("Not here", "no such page"),
-            )
+            changes = path in ("/login", "/logout") or _DECIDE.fullmatch(path)
+            changes = changes or _REVOKE.fullmatch(path)
+            return Response(405 if changes else 404, page.message("Not here", "no such page"))
         # Every change: from the console's own pages only (a cross-site form or script is
         # refused before anything else is looked at).
         if not same_origin(request.headers):
@@ -241,6 +247,9 @@ class Console:
             return _redirect(
                 [("set-cookie", f"{COOKIE}=; Max-Age=0; Path=/; HttpOnly; SameSite=Strict")]
             )
+        revoked = _REVOKE.fullmatch(path)
+        if revoked is not None:
+            return await self._revoke(session, int(revoked.group(1)))
         decided = _DECIDE.fullmatch(path)
         if decided is None:
             return Response(404, page.message("Not here", "no such page"))
@@ -290,3 +299,26 @@ class Console:
             return Response(503, page.message("Not done", "the store did not answer"))
         self.log.info(f"console.{'approved' if decision == 'approve' else 'denied'}", **fields)
         return _redirect()
+
+    async def _grants(self, session: Session) -> Response:
+        try:
+            listed = await self.live.call(self.live.store.list_grants)
+            principals = await self.live.call(self.live.store.list_principals)
+        except CredproxyError:
+            return Response(503, page.message("Store unavailable", "the store did not answer"))
+        active = [g for g in listed if g.state == "active"]
+        return Response(
+            200, page.grants(session.operator, session.csrf, active, principals, MAX_LISTED)
+        )
+
+    async def _revoke(self, session: Session, grant_id: int) -> Response:
+        try:
+            revoked = await self.live.call(self.live.store.revoke_grant, grant_id)
+        except NotFound as e:
+            return Response(409, page.message("Not done", str(e)))
+        except CredproxyError:
+            return Response(503, page.message("Not done", "the store did not answer"))
+        self.log.info(
+            "console.revoked", operator=session.operator, grant_id=grant_id, already=not revoked
+        )
+        return Response(303, "", extra=[("location", "/grants")])

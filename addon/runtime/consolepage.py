@@ -9,7 +9,7 @@ from datetime import datetime
 from urllib.parse import urlencode
 
 from addon.observe.recent import Decision
-from store.records import HOLD, AccessRequestEntry
+from store.records import HOLD, AccessRequestEntry, GrantEntry, PrincipalEntry
 
 
 def e(value: object) -> str:
@@ -47,6 +47,17 @@ def message(title: str, text: str) -> str:
     )
 
 
+def _header(operator: str, csrf: str) -> str:
+    return (
+        "<header><h1>credproxy console</h1>"
+        '<nav><a href="/">Requests</a> <a href="/grants">Grants</a></nav>'
+        f"<span>signed in as <b>{e(operator)}</b></span>"
+        '<form method=post action="/logout">'
+        f'<input type=hidden name=csrf value="{e(csrf)}"><button>Sign out</button></form>'
+        "</header>"
+    )
+
+
 def console(operator: str, csrf: str, filters: dict[str, str], panel: str) -> str:
     query = urlencode({k: v for k, v in filters.items() if v})
     fields = "".join(
@@ -59,12 +70,7 @@ def console(operator: str, csrf: str, filters: dict[str, str], panel: str) -> st
     )
     return _page(
         "credproxy console",
-        "<header><h1>credproxy console</h1>"
-        f"<span>signed in as <b>{e(operator)}</b></span>"
-        '<form method=post action="/logout">'
-        f'<input type=hidden name=csrf value="{e(csrf)}"><button>Sign out</button></form>'
-        "</header>"
-        f'<main id=panel data-src="/panel?{e(query)}">{panel}</main>'
+        _header(operator, csrf) + f'<main id=panel data-src="/panel?{e(query)}">{panel}</main>'
         '<form class=filters method=get action="/"><h2>Filter recent decisions</h2>'
         f"{fields}<button>Filter</button></form>",
     )
@@ -98,6 +104,51 @@ def panel(
             "No decision yet.",
         )
         + "</section>"
+    )
+
+
+def grants(
+    operator: str,
+    csrf: str,
+    active: Sequence[GrantEntry],
+    principals: Sequence[PrincipalEntry],
+    shown: int,
+) -> str:
+    """Active grants with a revoke button each, and the principals: read-only otherwise."""
+    rows = [_grant_row(g, csrf) for g in active[:shown]]
+    more = f"<p>{len(active) - shown} more: see <code>credproxy grant list</code>.</p>"
+    heads = ("id", "principal", "methods", "hosts", "paths", "credential", "approval")
+    return _page(
+        "credproxy console: grants",
+        _header(operator, csrf)
+        + f"<main><section id=grants><h2>Active grants ({len(active)})</h2>"
+        + _table((*heads, "expires", "purpose", ""), rows, "No grant is active.")
+        + (more if len(active) > shown else "")
+        + f"</section><section id=principals><h2>Principals ({len(principals)})</h2>"
+        + _table(
+            ("name", "created", "rate"),
+            [
+                f"<tr><td>{e(p.name)}</td><td>{e(p.created_at.strftime('%Y-%m-%d %H:%M'))}"
+                f"</td><td>{e(p.rate or '')}</td></tr>"
+                for p in principals[:shown]
+            ],
+            "No principal.",
+        )
+        + "</section></main>",
+    )
+
+
+def _grant_row(g: GrantEntry, csrf: str) -> str:
+    hosts = ", ".join(g.hosts) if g.hosts is not None else "the credential's"
+    expires = g.expires_at.strftime("%Y-%m-%d %H:%M") if g.expires_at else ""
+    return (
+        f"<tr data-id={g.id}><td>{g.id}</td><td>{e(g.principal)}</td>"
+        f"<td>{e(' '.join(g.methods))}</td><td><code>{e(hosts)}</code></td>"
+        f"<td><code>{e(' '.join(g.paths))}</code></td><td>{e(g.credential or '')}</td>"
+        f"<td>{e(g.approval or '')}</td><td>{e(expires)}</td><td>{e(g.purpose or '')}</td>"
+        f'<td><form method=post action="/grants/{g.id}/revoke">'
+        f'<input type=hidden name=csrf value="{e(csrf)}">'
+        "<button class=deny>Revoke</button></form></td></tr>"
     )
 
 
@@ -194,7 +245,9 @@ STYLE = """\
 body { font: 15px/1.4 system-ui, sans-serif; margin: 0; color: #1b1b1b; background: #fafafa; }
 header { display: flex; gap: 1em; align-items: center; padding: .5em 1em;
          background: #233; color: #fff; }
-header h1 { font-size: 1.1em; margin: 0; flex: 1; }
+header h1 { font-size: 1.1em; margin: 0; }
+header nav { flex: 1; }
+header nav a { color: #fff; margin-right: 1em; }
 main, .filters { padding: 0 1em; }
 .narrow { max-width: 30em; margin: 3em auto; }
 table { border-collapse: collapse; width: 100%; margin-bottom: 1em; }

@@ -221,6 +221,8 @@ def test_every_change_needs_a_session(console_proxy: Proxy) -> None:
         assert client.get("/panel").status_code == 401
         assert client.get("/nowhere").status_code == 404
         assert client.get("/requests/1").status_code == 405
+        assert client.post("/grants/1/revoke", data={"csrf": "x"}).status_code == 401
+        assert client.get("/grants/1/revoke").status_code == 405
 
 
 def test_oversized_input_is_refused(console_proxy: Proxy) -> None:
@@ -380,6 +382,50 @@ def test_recent_decisions_are_listed_filtered_and_hold_no_secret(
     assert "/v2/no" in denied_rows and "/v1/ok" not in denied_rows
     assert "/v2/no" in by_reason.split("<section id=recent>")[1]
     assert f'value="&quot;&gt;&lt;b&gt;{agent}"' in page
+
+
+# -- grants and principals -----------------------------------------------------------------
+
+
+def test_grants_are_listed_and_one_is_revoked(
+    console_proxy: Proxy, upstream: Upstream, names
+) -> None:
+    agent, cred = names("agent"), names("cred")
+    token = console_proxy.store.add_principal(agent)
+    console_proxy.store.add_credential(cred, "bearer", ["api.test"], Secret(SECRET))
+    grant_id = console_proxy.store.add_grant(
+        agent, ["GET"], credential=cred, paths=["/v1/"], purpose="<i>nightly</i>"
+    )
+    console_proxy.wait_reload()
+    with console_proxy.client(agent, token) as proxied:
+        assert proxied.get(f"https://api.test/v1/{agent}").status_code == 200
+    with browser(console_proxy) as anonymous:
+        assert "name=token" in anonymous.get("/grants").text
+        forged = anonymous.post(f"/grants/{grant_id}/revoke", data={"csrf": "x"})
+        assert forged.status_code == 401
+    with signed_in(console_proxy) as (client, csrf):
+        listing = client.get("/grants").text
+        assert f"<tr data-id={grant_id}>" in listing and agent in listing
+        assert "&lt;i&gt;nightly&lt;/i&gt;" in listing
+        assert SECRET.decode() not in listing and token not in listing
+        stale = client.post(f"/grants/{grant_id}/revoke", data={"csrf": "stale"})
+        assert stale.status_code == 403
+        assert [g.state for g in console_proxy.store.list_grants(agent)] == ["active"]
+        reply = client.post(f"/grants/{grant_id}/revoke", data={"csrf": csrf})
+        assert (reply.status_code, reply.headers["location"]) == (303, "/grants")
+        assert f"<tr data-id={grant_id}>" not in client.get("/grants").text
+        missing = client.post("/grants/999999/revoke", data={"csrf": csrf})
+        assert missing.status_code == 409
+    assert [g.state for g in console_proxy.store.list_grants(agent)] == ["revoked"]
+    console_proxy.wait_reload()
+    # With no grant left for the host, its CONNECT is refused.
+    with (
+        console_proxy.client(agent, token) as proxied,
+        pytest.raises(httpx.ProxyError, match="403"),
+    ):
+        proxied.get(f"https://api.test/v1/{agent}")
+    revoked = [e for e in _events(console_proxy, "console.revoked") if e["grant_id"] == grant_id]
+    assert revoked and revoked[0]["operator"] == "alice"
 
 
 # -- never through the proxy ---------------------------------------------------------------
