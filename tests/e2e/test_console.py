@@ -556,6 +556,9 @@ def test_an_approver_decides_in_a_browser(
     [row_state] = [r.state for r in console_proxy.store.list_access_requests() if r.id == third_id]
     assert row_state == "pending"
     assert not held.done()
+    page.goto(base + "/grants")
+    page.wait_for_selector("#grants")
+    _shot(page, "grants", tmp_path)
     context.close()
     console_proxy.store.deny_access_request(third_id)
     assert held.result(timeout=15).status_code == 403
