@@ -148,6 +148,9 @@ class Console:
                 response = Response(e.status, page.message("Bad request", str(e)))
             except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError):
                 response = Response(400, page.message("Bad request", "incomplete or too large"))
+            except Exception as e:  # noqa: BLE001 - fail closed: an answer that changed nothing
+                self.log.error("hook.failed", hook="console", error_type=type(e).__name__)
+                response = Response(500, page.message("Error", "the console failed; see the log"))
             writer.write(self._render(response))
             try:
                 await writer.drain()
