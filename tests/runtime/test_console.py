@@ -8,7 +8,7 @@ from typing import Any
 from structlog.testing import capture_logs
 
 from addon.observe.recent import Recent
-from addon.runtime.console import Console
+from addon.runtime.console import MAX_CONNECTIONS, Console
 from addon.runtime.consoleauth import Operators, Sessions
 
 TOKEN = "t" * 32  # noqa: S105 - a test's own
@@ -75,3 +75,30 @@ def test_a_request_line_that_is_not_http_is_a_400() -> None:
             await console.close()
 
     assert asyncio.run(run()).startswith(b"HTTP/1.1 400 ")
+
+
+def test_connections_past_the_cap_are_closed_unanswered() -> None:
+    async def run() -> tuple[bytes, bytes]:
+        operators = Operators((("a", b"x" * 32),))
+        console = Console("127.0.0.1", 0, operators, _BrokenLive(), Recent())  # type: ignore[arg-type]
+        _, port = await console.start()
+        held = [await asyncio.open_connection("127.0.0.1", port) for _ in range(MAX_CONNECTIONS)]
+        try:
+            for _ in range(50):  # until the server has taken them all
+                if console._open == MAX_CONNECTIONS:
+                    break
+                await asyncio.sleep(0.02)
+            over = await asyncio.wait_for(_ask(port, b"GET / HTTP/1.1\r\n\r\n"), 5)
+            # One of those held still gets its answer.
+            reader, writer = held.pop()
+            writer.write(b"GET /console.css HTTP/1.1\r\nHost: x\r\n\r\n")
+            answered = await asyncio.wait_for(reader.read(), 5)
+        finally:
+            for _, writer in held:
+                writer.close()
+            await console.close()
+        return over, answered
+
+    over, answered = asyncio.run(run())
+    assert over == b""
+    assert answered.startswith(b"HTTP/1.1 200 ")
