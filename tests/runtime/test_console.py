@@ -88,7 +88,10 @@ def test_connections_past_the_cap_are_closed_unanswered() -> None:
                 if console._open == MAX_CONNECTIONS:
                     break
                 await asyncio.sleep(0.02)
-            over = await asyncio.wait_for(_ask(port, b"GET / HTTP/1.1\r\n\r\n"), 5)
+            try:
+                over = await asyncio.wait_for(_ask(port, b"GET / HTTP/1.1\r\n\r\n"), 5)
+            except ConnectionResetError:  # closed with the request unread
+                over = b""
             # One of those held still gets its answer.
             reader, writer = held.pop()
             writer.write(b"GET /console.css HTTP/1.1\r\nHost: x\r\n\r\n")
