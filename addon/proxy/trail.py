@@ -13,6 +13,7 @@ from addon.mitm import wire
 from addon.observe import audit
 from addon.observe.metrics import Metrics, StreakAlerts
 from addon.observe.problem import CHALLENGED, problem
+from addon.observe.recent import Recent
 from addon.proxy.failclosed import kill_on_error
 from addon.proxy.state import KEY, Record
 
@@ -26,6 +27,7 @@ class Trail:
         self.alerts = alerts
         # Records opened and not yet closed (the drain on shutdown waits for them).
         self.open = 0
+        self.recent: Recent | None = None  # the console's last decisions (--console)
 
     def begin(self, flow: http.HTTPFlow) -> Record:
         peer = flow.client_conn.peername
@@ -117,6 +119,8 @@ class Trail:
             line[audit.TOKEN_FP] = rec.token_fp
         if rec.body is not None:
             line[audit.BODY] = rec.body
+        if self.recent is not None:
+            self.recent.add(line)  # before emit, which takes the line over
         audit.emit(audit.REQUEST_EVENT, line)
         self.metrics.observe(line)
         self.alerts.observe(rec.principal, decision, line.get(audit.REASON))

@@ -18,6 +18,7 @@ from addon.observe.otlp import OtlpSettings
 from addon.proxy.dns import DEFAULT_TTL
 from addon.proxy.limits import LimitSettings
 from addon.proxy.notify import Webhook
+from addon.runtime.consoleauth import Operators
 from addon.runtime.upstreamca import UpstreamCA
 from store.errors import InvalidInput
 from store.rules.grammar import parse_authority
@@ -52,6 +53,8 @@ class RunConfig:
     audit_format: str = "json"  # or "ocsf": addon/observe/ocsf.py
     otlp: OtlpSettings | None = None  # addon/observe/otlp.py: the audit's OTLP export
     worker: Role | None = None  # set in a worker process of `--workers N`
+    console: tuple[str, int] | None = None  # addon/runtime/console.py: the approvers' console
+    operators: Operators | None = None  # who may sign in to it
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, settings: Settings) -> RunConfig:
@@ -67,6 +70,7 @@ class RunConfig:
             raise InvalidInput(str(e)) from e
         admin = parse_listen(args.admin, "--admin") if args.admin else None
         upstream_proxy = parse_upstream_proxy(args)
+        console, operators = parse_console(args)
         return cls(
             settings,
             host,
@@ -88,7 +92,23 @@ class RunConfig:
             upstream_proxy=upstream_proxy,
             audit_format=args.audit_format,
             otlp=OtlpSettings.configured(args.otlp_endpoint, args.otlp_queue, os.environ),
+            console=console,
+            operators=operators,
         )
+
+
+def parse_console(args: argparse.Namespace) -> tuple[tuple[str, int] | None, Operators | None]:
+    """--console and its operators' tokens (never on the command line)."""
+    if not args.console:
+        if args.console_token_file:
+            raise InvalidInput("--console-token-file needs --console")
+        return None, None
+    if not args.console_token_file:
+        raise InvalidInput("--console needs --console-token-file (NAME:TOKEN lines)")
+    if args.workers > 1:
+        raise InvalidInput("--console serves one process: it cannot go with --workers")
+    console = parse_listen(args.console, "--console")
+    return console, Operators.read(args.console_token_file)
 
 
 def parse_upstream_proxy(args: argparse.Namespace) -> UpstreamProxy | None:

@@ -49,6 +49,17 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         help="serve /healthz and /readyz here (default: off); never through the proxy",
     )
     p.add_argument(
+        "--console",
+        metavar="HOST:PORT",
+        help="serve the approvers' console here (default: off); never through the proxy; "
+        "needs --console-token-file",
+    )
+    p.add_argument(
+        "--console-token-file",
+        metavar="FILE",
+        help="the console's operators, NAME:TOKEN lines; - reads them from stdin",
+    )
+    p.add_argument(
         "--alert-streak",
         type=count(1),
         default=20,

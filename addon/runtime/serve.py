@@ -16,6 +16,7 @@ from typing import Any
 from addon.mitm import patches, reuse
 from addon.observe import audit, ocsf
 from addon.observe.admin import AdminServer
+from addon.observe.recent import Recent
 from addon.proxy import signing
 from addon.proxy.chain import REQUIRED_OPTIONS
 from addon.proxy.corporate import ProxyCredential
@@ -25,6 +26,7 @@ from addon.proxy.sources import DEFAULTS, OK, SourceSettings, describe
 from addon.proxy.trail import Trail
 from addon.runtime import master as masters
 from addon.runtime.config import RunConfig, check_listen
+from addon.runtime.console import Console
 from addon.runtime.greeting import greeting
 from addon.runtime.stopping import CLOSE_TIMEOUT, Stopping, settle
 from addon.runtime.wiring import build_chain
@@ -146,7 +148,7 @@ async def _serve(
                 return
             await asyncio.sleep(0.02)
         listening = [(str(a[0]), int(a[1])) for a in proxyserver.listen_addrs()]
-        forward.guard = forward.guard.listening_on(listening + admin_addr)
+        forward.guard = forward.guard.listening_on(listening + own)
         addrs = [f"{host}:{port}" for host, port in listening]
         if config.worker is None and sys.stdout.isatty():
             admins = [f"{host}:{port}" for host, port in admin_addr]
@@ -156,6 +158,8 @@ async def _serve(
             "proxy.started",
             listen=addrs,
             admin=[f"{host}:{port}" for host, port in admin_addr],
+            # Only with --console: the line's shape stays the same without it.
+            **({"console": [f"{h}:{p}" for h, p in console_addr]} if console_addr else {}),
             pid=os.getpid(),
             db=store.display_url,
             grants=policy.grant_count,
@@ -167,10 +171,12 @@ async def _serve(
         gc.enable()  # main() kept the collector off for start-up
 
     admin, admin_addr = await _start_admin(config, live, trail)
+    console, console_addr = await _start_console(config, live, trail)
     if config.worker is not None:
         admin_addr.extend(config.worker.avoid)  # the supervisor's admin listener
         config.worker.follow(stopping.begin)
-    forward.guard = forward.guard.listening_on(admin_addr)
+    own = admin_addr + console_addr  # the guard keeps the proxy's own listeners out of reach
+    forward.guard = forward.guard.listening_on(own)
 
     announcer = loop.create_task(announce())
     # What start-up built lives as long as the process: out of every later collection's scan.
@@ -193,6 +199,8 @@ async def _serve(
             loop.remove_signal_handler(sig)
         if admin is not None:
             await admin.close()
+        if console is not None:
+            await console.close()
         await settle(CLOSE_TIMEOUT)
         live.close()
         log.info("proxy.stopped", cut=stopping.cut)
@@ -247,3 +255,20 @@ async def _start_admin(
         live.close()
         raise InvalidInput(f"cannot listen on --admin {host}:{port}: {e.strerror}") from e
     return admin, [] if admin_path is not None else [address]
+
+
+async def _start_console(
+    config: RunConfig, live: LivePolicy, trail: Trail
+) -> tuple[Console | None, list[tuple[str, int]]]:
+    """The --console listener, and its address for the guard."""
+    if config.console is None or config.operators is None:
+        return None, []
+    trail.recent = Recent()
+    host, port = config.console
+    console = Console(host, port, config.operators, live, trail.recent)
+    try:
+        address = await console.start()
+    except OSError as e:
+        live.close()
+        raise InvalidInput(f"cannot listen on --console {host}:{port}: {e.strerror}") from e
+    return console, [address]
