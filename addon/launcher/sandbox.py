@@ -15,7 +15,7 @@ import os
 import shutil
 import stat
 import subprocess
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +27,23 @@ MASKED = (Path("/tmp"), Path("/run"))  # noqa: S108 - an empty tmpfs inside, not
 # Each with /var/run/... as the symlink to /run: the folders where local databases listen.
 SOCKET_DIRS = (Path("/run/postgresql"), Path("/run/mysqld"), Path("/var/lib/mysql"))
 SQLITE_SIBLINGS = ("", "-wal", "-shm", "-journal")
+# Files that hold the credentials credproxy reads remote secrets with (addon/proxy/remote.py):
+# Vault's token or login files, the AWS credential chain's files, named by these variables.
+BACKEND_FILE_VARS = (
+    "VAULT_TOKEN_FILE",
+    "VAULT_APPROLE_ROLE_ID_FILE",
+    "VAULT_APPROLE_SECRET_ID_FILE",
+    "VAULT_K8S_TOKEN_FILE",
+    "AWS_SHARED_CREDENTIALS_FILE",
+    "AWS_WEB_IDENTITY_TOKEN_FILE",
+)
+# Where those files are when no variable names them: the AWS chain's default file, and a
+# pod's service-account folder (its token logs in to Vault, or to the Kubernetes API).
+BACKEND_DEFAULTS = (
+    Path("~/.aws/credentials"),
+    Path("/var/run/secrets/kubernetes.io/serviceaccount"),
+    Path("/run/secrets/kubernetes.io/serviceaccount"),
+)
 UNSHARE = ("--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL")
 
 
@@ -97,7 +114,18 @@ def state_paths(settings: Settings) -> set[Path]:
         # `init`'s key beside the store, also when the key now comes from the environment.
         paths.add(database.with_name(DEFAULT_KEY_FILE))
     paths |= _socket_dirs(settings.db)
-    return {_real(p) for p in paths} | referenced_files(settings)
+    return {_real(p) for p in paths} | referenced_files(settings) | backend_files(os.environ)
+
+
+def backend_files(environ: Mapping[str, str]) -> set[Path]:
+    """The files credproxy logs in to secret backends with, that exist, as named and
+    resolved: whoever reads Vault's token reads every secret it may read."""
+    named = [Path(environ[v]) for v in BACKEND_FILE_VARS if environ.get(v)]
+    found: set[Path] = set()
+    for path in [*named, *(p.expanduser() for p in BACKEND_DEFAULTS)]:
+        if path.exists():
+            found |= {path, _real(path)}
+    return found
 
 
 def referenced_files(settings: Settings) -> set[Path]:
@@ -234,7 +262,7 @@ def _secret_files(settings: Settings) -> list[Path]:
         found.append(database)
     if settings.certs.is_dir():
         found += [p for p in settings.certs.iterdir() if p.is_file()]
-    found += [p for p in referenced_files(settings) if p.is_file()]
+    found += [p for p in referenced_files(settings) | backend_files(os.environ) if p.is_file()]
     return found
 
 

@@ -67,6 +67,7 @@ def isolated(
     flags: tuple[str, ...] = (),
     cwd: Path | None = None,
     pass_fds: tuple[int, ...] = (),
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """exec --isolate from a working directory of its own (the proxy's home holds the state)."""
     work = cwd or Path("/var/tmp") / f"credproxy-test-work-{os.getpid()}"  # noqa: S108
@@ -86,7 +87,7 @@ def isolated(
             "--",
             *command,
         ],
-        env=proxy.env,
+        env={**proxy.env, **(env or {})},
         cwd=work,
         capture_output=True,
         text=True,
@@ -519,3 +520,39 @@ def test_a_secret_file_a_credential_references_is_hidden_in_the_sandbox(
     assert done.stdout.count("refused") == 2
     # From outside, the same file reads: the sandbox is what hid it.
     assert (mounted / "token").read_text() == "gh-isolate-secret"
+
+
+@needs_namespaces
+def test_the_files_credproxy_logs_in_to_secret_backends_with_are_hidden(
+    proxy: Proxy, agent: Agent, tmp_path: Path
+):
+    """Vault's token file and the AWS chain's credentials file, named by the variables
+    credproxy reads them from: whoever reads them reads every secret they may, so the sandbox
+    sees neither, though they are readable by anyone."""
+    backend = tmp_path / "backend"
+    backend.mkdir()
+    backend.chmod(0o755)
+    files = {"VAULT_TOKEN_FILE": "hvs.isolate-vault", "AWS_SHARED_CREDENTIALS_FILE": "aws-kept"}
+    for var, value in files.items():
+        (backend / var).write_text(value)
+        (backend / var).chmod(0o644)
+    probe = (
+        "import sys\n"
+        "for p in sys.argv[1:]:\n"
+        "    try:\n"
+        "        print(p, 'READ', open(p).read())\n"
+        "    except OSError as e:\n"
+        "        print(p, 'refused', type(e).__name__)\n"
+    )
+    done = isolated(
+        proxy,
+        agent,
+        PYTHON,
+        "-c",
+        probe,
+        *(str(backend / var) for var in files),
+        env={var: str(backend / var) for var in files},
+    )
+    assert done.returncode == 0, done.stderr
+    assert "READ" not in done.stdout and done.stdout.count("refused") == 2, done.stdout
+    assert (backend / "VAULT_TOKEN_FILE").read_text() == "hvs.isolate-vault"
