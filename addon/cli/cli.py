@@ -99,11 +99,12 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     if argv is not None and _command(argv) in _OWN:
         return parser
     # Imported only for a command of their own, or for --help: see LIGHT.
-    from addon.cli import demo, policycmd
+    from addon.cli import demo, policycmd, suggestcmd
     from addon.launcher import launch
     from addon.runtime import runner
 
     policycmd.register(sub, shared)
+    suggestcmd.register(sub, shared)
     launch.register(sub, shared)
     runner.register(sub, shared)  # mitmproxy is imported only when `run` runs
     demo.register(sub, shared, main=main)

@@ -1,0 +1,394 @@
+"""Grants drafted from evidence: added from denials, narrowed to their use, listed when unused.
+
+The result is a policy file of [[grant]] tables only, which `plan` and `apply` take as it is:
+the principals and credentials it names are the store's own. Nothing is ever wider than what
+was seen plus the one generalisation rule of `evidence.patterns`; every table carries its
+evidence as comments, and every value from the audit has passed the grammar before it is
+written (and is written as a TOML or JSON string, escaped).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from store.errors import InvalidInput
+from store.policyfile.evidence import (
+    MAX_EXAMPLES,
+    MIN_IDS,
+    Evidence,
+    Tally,
+    covers,
+    fold,
+    patterns,
+)
+from store.policyfile.reconcile import Current, GrantView, grant_table
+from store.rules.grammar import HostPattern, parse_host, path_matches
+
+# Paths of one suggested grant; past it an addition keeps the most denied, a narrowing is not
+# suggested (it would cut paths that were used).
+MAX_PATHS = 64
+MIN_DENIALS = 2
+
+
+@dataclass(frozen=True)
+class Addition:
+    key: str
+    principal: str
+    credential: str | None
+    host: str  # as a grant writes it: `host` (443) or `host:port`
+    methods: tuple[str, ...]
+    paths: tuple[str, ...]
+    tally: Tally
+    examples: tuple[str, ...]
+    also: tuple[str, ...]  # other credentials that cover the host
+
+
+@dataclass(frozen=True)
+class Narrowing:
+    grant: GrantView
+    methods: tuple[str, ...]
+    paths: tuple[str, ...]
+    tally: Tally
+    examples: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Suggestion:
+    additions: tuple[Addition, ...]
+    narrowings: tuple[Narrowing, ...]
+    unused: tuple[GrantView, ...]
+    skipped: dict[str, int]  # why evidence gave no suggestion, counted
+    uses_read: bool  # whether use evidence was read at all (narrow and retire need it)
+    since: datetime | None
+    until: datetime | None
+    min_denials: int
+    min_ids: int
+
+
+def suggest(
+    now: Current,
+    evidence: Evidence,
+    *,
+    uses_read: bool,
+    min_denials: int = MIN_DENIALS,
+    min_ids: int = MIN_IDS,
+    since: datetime | None = None,
+    until: datetime | None = None,
+) -> Suggestion:
+    if min_denials < 1 or min_ids < 2:
+        raise InvalidInput("invalid --min-denials or --min-ids: at least 1 and 2")
+    skipped: dict[str, int] = defaultdict(int)
+    additions = _additions(now, evidence, min_denials, min_ids, skipped)
+    narrowings: list[Narrowing] = []
+    unused: list[GrantView] = []
+    if uses_read:
+        for g in now.grants:
+            uses = evidence.used.get(g.id, {})
+            if not uses:
+                unused.append(g)
+            elif g.id in evidence.incomplete:
+                skipped["grant with uses past --max-keys (not narrowed)"] += 1
+            else:
+                narrowed = _narrow(g, uses, min_ids, skipped)
+                if narrowed is not None:
+                    narrowings.append(narrowed)
+    if evidence.dropped:
+        skipped["keys past --max-keys"] = evidence.dropped
+    if evidence.other_grants:
+        skipped["uses of grants no longer active"] = evidence.other_grants
+    return Suggestion(
+        tuple(additions),
+        tuple(narrowings),
+        tuple(unused),
+        dict(skipped),
+        uses_read,
+        since,
+        until,
+        min_denials,
+        min_ids,
+    )
+
+
+def _allows(now: Current, g: GrantView, host: str, port: int, method: str, path: str) -> bool:
+    """Would active grant `g` allow this request's host, method and path as they stand?"""
+    hosts = g.hosts or now.credential_hosts.get(g.credential or "", ())
+    default = 80 if port == 80 and g.credential is None else 443
+    if not any(parse_host(h).matches(host, port, default) for h in hosts):
+        return False
+    methods = set(g.methods)
+    if not ("*" in methods or method in methods or (method == "HEAD" and "GET" in methods)):
+        return False
+    return any(path_matches(p, path, g.encoded_slash) for p in g.paths)
+
+
+def _credential_for(now: Current, host: str, port: int) -> list[str]:
+    return sorted(
+        name
+        for name, hosts in now.credential_hosts.items()
+        if any(parse_host(h).matches(host, port, 443) for h in hosts)
+    )
+
+
+def _additions(
+    now: Current, evidence: Evidence, min_denials: int, min_ids: int, skipped: dict[str, int]
+) -> list[Addition]:
+    by_place: dict[tuple[str, str, int], dict[str, dict[str, Tally]]] = defaultdict(
+        lambda: defaultdict(dict)
+    )
+    grants_of: dict[str, list[GrantView]] = defaultdict(list)
+    for g in now.grants:
+        grants_of[g.principal].append(g)
+    for (principal, host, port, method, path), tally in evidence.denied.items():
+        if principal not in now.principals:
+            skipped["denials of principals not in the store"] += tally.count
+        elif any(_allows(now, g, host, port, method, path) for g in grants_of[principal]):
+            skipped["denials an active grant now allows"] += tally.count
+        else:
+            by_place[(principal, host, port)][method][path] = tally
+    additions = []
+    for (principal, host, port), methods in sorted(by_place.items()):
+        # Methods whose patterns are the same share one grant; the others get their own, so
+        # that no method is granted a path it was not denied.
+        shared: dict[tuple[str, ...], list[tuple[str, dict[str, Tally]]]] = defaultdict(list)
+        for method, paths in sorted(methods.items()):
+            drawn = patterns(paths, min_ids)
+            left = len(paths) - sum(len(v) for v in drawn.values())
+            if left:
+                skipped["paths no grant pattern can write"] += left
+            kept = {
+                p: members
+                for p, members in drawn.items()
+                if sum(paths[m].count for m in members) >= min_denials
+            }
+            skipped["denials below --min-denials"] += sum(
+                paths[m].count for p, members in drawn.items() if p not in kept for m in members
+            )
+            if kept:
+                ranked = sorted(kept, key=lambda p: (-sum(paths[m].count for m in kept[p]), p))
+                chosen = tuple(sorted(ranked[:MAX_PATHS]))
+                members = {m: paths[m] for p in chosen for m in kept[p]}
+                shared[chosen].append((method, members))
+                if len(ranked) > MAX_PATHS:
+                    skipped["patterns past the paths of one grant"] += len(ranked) - MAX_PATHS
+        credentials = _credential_for(now, host, port)
+        shown = str(HostPattern(host, None if port == 443 else port))
+        for chosen, entries in sorted(shared.items()):
+            names = [m for m, _ in entries]
+            if "GET" in names and "HEAD" in names:
+                names.remove("HEAD")  # a grant of GET allows HEAD
+            tally = Tally()
+            seen: dict[str, Tally] = {}
+            for _, members in entries:
+                for path, t in members.items():
+                    tally.merge(t)
+                    seen[path] = t
+            credential = credentials[0] if credentials else None
+            digest = hashlib.sha256(
+                json.dumps([principal, credential, shown, names, chosen]).encode()
+            ).hexdigest()[:12]
+            additions.append(
+                Addition(
+                    key=f"suggested-{digest}",
+                    principal=principal,
+                    credential=credential,
+                    host=shown,
+                    methods=tuple(names),
+                    paths=chosen,
+                    tally=tally,
+                    examples=_examples(seen),
+                    also=tuple(credentials[1:]),
+                )
+            )
+    return additions
+
+
+def _examples(seen: dict[str, Tally]) -> tuple[str, ...]:
+    ranked = sorted(seen, key=lambda p: (-seen[p].count, p))
+    return tuple(ranked[:MAX_EXAMPLES])
+
+
+def _narrow(
+    g: GrantView, uses: dict[tuple[str, str], Tally], min_ids: int, skipped: dict[str, int]
+) -> Narrowing | None:
+    granted = set(g.methods)
+    used = {m if m in granted or m != "HEAD" else "GET" for m, _ in uses}
+    if "*" not in granted and not used <= granted:
+        skipped["grants whose use the audit shows outside them (not narrowed)"] += 1
+        return None
+    if "GET" in used:
+        used.discard("HEAD")
+    methods = tuple(sorted(used)) if "*" in granted or used < granted else g.methods
+    seen: dict[str, Tally] = {}
+    for (_, path), tally in uses.items():
+        seen.setdefault(path, Tally()).merge(tally)
+    drawn = patterns(seen, min_ids)
+    chosen: set[str] = set()
+    for pattern, members in drawn.items():
+        if any(covers(p, pattern, g.encoded_slash) for p in g.paths):
+            chosen.add(pattern)
+        else:  # the rule went past the grant: the paths themselves, which it did allow
+            chosen.update(members)
+    chosen = set(fold({c: [] for c in chosen}))
+    written = {m for members in drawn.values() for m in members}
+    if any(not any(covers(c, u) for c in chosen) for u in set(seen) - written):
+        skipped["grants used on paths no pattern can write (not narrowed)"] += 1
+        return None
+    if not all(any(covers(p, c, g.encoded_slash) for p in g.paths) for c in chosen):
+        skipped["grants whose use the audit shows outside them (not narrowed)"] += 1
+        return None
+    if len(chosen) > MAX_PATHS:
+        skipped["grants used on more paths than one grant lists (not narrowed)"] += 1
+        return None
+    paths = tuple(sorted(chosen))
+    if set(methods) == granted and set(paths) == set(g.paths):
+        return None
+    tally = Tally()
+    for t in seen.values():
+        tally.merge(t)
+    return Narrowing(g, methods, paths, tally, _examples(seen))
+
+
+# -- the file -------------------------------------------------------------------------
+
+
+def _when(t: datetime | None) -> str:
+    return "-" if t is None else t.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def _quoted(values: tuple[str, ...]) -> str:
+    # JSON's escapes: nothing from a path reaches the file raw, not even inside a comment.
+    return ", ".join(json.dumps(v, ensure_ascii=True) for v in values)
+
+
+def _proof(tally: Tally, examples: tuple[str, ...], what: str) -> list[str]:
+    lines = [f"#   {what}: {tally.count}, first {_when(tally.first)}, last {_when(tally.last)}"]
+    if tally.reasons:
+        reasons = ", ".join(f"{r} {n}" for r, n in sorted(tally.reasons.items()))
+        lines.append(f"#   reasons: {reasons}")
+    if examples:
+        lines.append(f"#   for example: {_quoted(examples)}")
+    return lines
+
+
+def _addition_table(a: Addition) -> list[str]:
+    view = GrantView(
+        key=a.key,
+        id=0,
+        principal=a.principal,
+        credential=a.credential,
+        hosts=(a.host,),
+        methods=a.methods,
+        paths=a.paths,
+        once=False,
+        websocket=False,
+        encoded_slash=False,
+        expires_at=None,
+        purpose=f"suggested from {a.tally.count} denials",
+        rate=None,
+        burst=None,
+        max_uses=None,
+        approval=None,
+        hold=None,
+        body=None,
+        created_at=datetime.now(UTC),
+    )
+    return grant_table(view)
+
+
+def render(s: Suggestion) -> str:
+    """The suggestion as a policy file `plan` and `apply` take as it is."""
+    lines = [
+        "# credproxy policy suggest: "
+        f"{len(s.additions)} to add, {len(s.narrowings)} to narrow, {len(s.unused)} unused "
+        "(listed, not revoked)",
+        f"# window: {_when(s.since) if s.since else 'from the first line'} to "
+        f"{_when(s.until) if s.until else 'the last'}",
+        f"# rule: a path segment after the first becomes * when it looks like an id (digits, a "
+        f"UUID, 7-64 hex digits) and {s.min_ids} or more distinct values were seen there; "
+        f"a grant is added for {s.min_denials} or more denials of its paths",
+        "# review, then: credproxy plan FILE; credproxy apply FILE",
+    ]
+    for why, n in sorted(s.skipped.items()):
+        lines.append(f"# skipped: {why}: {n}")
+    if not s.uses_read:
+        lines.append("# no audit lines were read: nothing to narrow, nothing listed as unused")
+    for a in s.additions:
+        lines += ["", f"# add: {', '.join(a.methods)} on {a.host} for {a.principal}"]
+        lines += _proof(a.tally, a.examples, "denials")
+        if a.credential is None:
+            lines.append(
+                "#   no credential covers this host: the grant passes requests through "
+                "with nothing stamped; add a [[credential]] and name it here if one is needed"
+            )
+        if a.also:
+            lines.append(f"#   other credentials for this host: {_quoted(a.also)}")
+        lines += _addition_table(a)
+    for cut in s.narrowings:
+        g = cut.grant
+        lines += ["", f"# narrow: grant {json.dumps(g.key)} (grant {g.id}) to what it was used for"]
+        lines += _proof(cut.tally, cut.examples, "uses")
+        if tuple(cut.methods) != g.methods:
+            lines.append(f"#   methods: {_quoted(g.methods)} -> {_quoted(cut.methods)}")
+        if set(cut.paths) != set(g.paths):
+            lines.append(f"#   paths: {_quoted(g.paths)} -> {_quoted(cut.paths)}")
+        narrowed = dataclasses.replace(
+            g,
+            methods=cut.methods,
+            paths=cut.paths,
+            encoded_slash=g.encoded_slash and any("*" in p.split("/") for p in cut.paths),
+        )
+        lines += grant_table(narrowed)
+    if s.unused:
+        lines += ["", "# unused in the window (left as they are; revoke with grant revoke ID):"]
+        for g in s.unused:
+            lines.append(
+                f"#   grant {json.dumps(g.key)} (grant {g.id}): {g.principal}, "
+                f"{_quoted(g.methods)} on {_quoted(g.paths)}, created {_when(g.created_at)}"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def as_json(s: Suggestion) -> dict[str, Any]:
+    def proof(t: Tally, examples: tuple[str, ...]) -> dict[str, Any]:
+        return {
+            "count": t.count,
+            "first": _when(t.first),
+            "last": _when(t.last),
+            "reasons": dict(sorted(t.reasons.items())),
+            "examples": list(examples),
+        }
+
+    return {
+        "window": {"since": _when(s.since), "until": _when(s.until)},
+        "add": [
+            {
+                "id": a.key,
+                "principal": a.principal,
+                "credential": a.credential,
+                "hosts": [a.host],
+                "methods": list(a.methods),
+                "paths": list(a.paths),
+                "evidence": proof(a.tally, a.examples),
+            }
+            for a in s.additions
+        ],
+        "narrow": [
+            {
+                "id": n.grant.key,
+                "grant": n.grant.id,
+                "methods": {"before": list(n.grant.methods), "after": list(n.methods)},
+                "paths": {"before": list(n.grant.paths), "after": list(n.paths)},
+                "evidence": proof(n.tally, n.examples),
+            }
+            for n in s.narrowings
+        ],
+        "unused": [{"id": g.key, "grant": g.id, "principal": g.principal} for g in s.unused],
+        "skipped": dict(sorted(s.skipped.items())),
+        "policy": render(s),
+    }
