@@ -124,12 +124,15 @@ def looks_like_id(segment: str) -> bool:
 def patterns(paths: Iterable[str], min_ids: int = MIN_IDS) -> dict[str, list[str]]:
     """Each pattern the rule draws from `paths`, with the paths it stands for.
 
-    A path the pattern grammar cannot write (an escape other than %2F, an empty segment) is
-    left out: no pattern is drawn from it. Patterns under another of the set are folded into it.
+    A path the pattern grammar cannot write (an escape other than %2F, an empty segment, a
+    segment that is `*` itself) is left out: no pattern is drawn from it. Patterns under
+    another of the set are folded into it.
     """
     shapes: dict[tuple[str, ...], list[tuple[str, ...]]] = defaultdict(list)
     for path in sorted(set(paths)):
         segments = tuple(path[1:].split("/"))
+        if "*" in segments:  # a literal `*` segment would be written as a wildcard
+            continue
         shape = tuple("*" if i > 0 and looks_like_id(s) else s for i, s in enumerate(segments))
         shapes[shape].append(segments)
     drawn: dict[str, list[str]] = defaultdict(list)
