@@ -166,9 +166,11 @@ def _additions(
                 for p, members in drawn.items()
                 if sum(paths[m].count for m in members) >= min_denials
             }
-            skipped["denials below --min-denials"] += sum(
+            below = sum(
                 paths[m].count for p, members in drawn.items() if p not in kept for m in members
             )
+            if below:
+                skipped["denials below --min-denials"] += below
             if kept:
                 ranked = sorted(kept, key=lambda p: (-sum(paths[m].count for m in kept[p]), p))
                 chosen = tuple(sorted(ranked[:MAX_PATHS]))
