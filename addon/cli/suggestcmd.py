@@ -123,6 +123,7 @@ def cmd_suggest(args: argparse.Namespace, settings: Settings) -> int:
                 "requests": counts.requests,
                 "denials": counts.denials,
                 "uses": counts.uses,
+                "connects": counts.connects,
             }
         }
         print(json.dumps(out))
@@ -138,6 +139,6 @@ def cmd_suggest(args: argparse.Namespace, settings: Settings) -> int:
         raise InvalidInput(f"cannot write {args.out}: {e.strerror}") from e
     print(
         f"wrote {args.out}: {len(result.additions)} to add, {len(result.narrowings)} to narrow, "
-        f"{len(result.unused)} unused"
+        f"{len(result.unused)} unused, {len(result.hosts)} hosts refused at CONNECT"
     )
     return 0

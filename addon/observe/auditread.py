@@ -45,6 +45,7 @@ class Counts:
     requests: int = 0  # request lines within the window
     denials: int = 0
     uses: int = 0
+    connects: int = 0  # refused CONNECTs: a host asked for, no method or path
     skipped: dict[str, int] = field(default_factory=dict)
 
     def skip(self, why: str) -> None:
@@ -155,6 +156,17 @@ def _line(
         _, _, _, method, path = request
         evidence.use(line[audit.GRANT_ID], method, path, when)
         counts.uses += 1
+    elif (
+        decision == audit.DENY
+        and line.get(audit.REASON) == Reason.NO_GRANT
+        and line.get(audit.METHOD) == "CONNECT"
+    ):
+        request = _request(line | {audit.PATH: "/"}, need_principal=True, connect=True)
+        if request is None or line.get(audit.PATH) is not None:
+            counts.skip("malformed")
+            return
+        evidence.connect(request[:3], when)
+        counts.connects += 1
     elif decision == audit.DENY and line.get(audit.REASON) in SUGGESTABLE:
         request = _request(line, need_principal=True)
         if request is None:
@@ -177,7 +189,7 @@ def _instant(value: Any) -> datetime | None:
 
 
 def _request(
-    line: dict[str, Any], *, need_principal: bool
+    line: dict[str, Any], *, need_principal: bool, connect: bool = False
 ) -> tuple[str, str, int, str, str] | None:
     """(principal, host, port, method, path), each as the proxy writes it, or None."""
     principal, host, port = line.get(audit.PRINCIPAL), line.get(audit.HOST), line.get(audit.PORT)
@@ -186,7 +198,7 @@ def _request(
         return None
     if not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:
         return None
-    if len(path) > MAX_PATH or not _CANONICAL.fullmatch(path) or method == "CONNECT":
+    if len(path) > MAX_PATH or not _CANONICAL.fullmatch(path) or (method == "CONNECT") != connect:
         return None
     spec = f"[{host}]" if ":" in host else host  # the audit writes an IPv6 host bare
     try:
@@ -194,7 +206,8 @@ def _request(
             if not isinstance(principal, str):
                 return None
             validate_name("principal", principal)
-        validate_method(method)
+        if not connect:
+            validate_method(method)
         pattern = parse_host(spec)
     except InvalidInput:
         return None

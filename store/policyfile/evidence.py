@@ -1,7 +1,8 @@
 """What an audit showed, gathered within a bound, and the one rule that turns paths into patterns.
 
 Memory grows with the distinct keys seen, never with the lines: a denial's key is (principal,
-host, port, method, path), a use's is (grant, method, path). Past `max_keys` a new key is
+host, port, method, path), a refused CONNECT's (principal, host, port), a use's (grant, method,
+path). Past `max_keys` a new key is
 dropped and counted, and a grant whose use was dropped is marked incomplete (never narrowed).
 
 The generalisation rule (`patterns`): a path is its own pattern, except that a segment after
@@ -59,6 +60,7 @@ class Tally:
 
 
 DenialKey = tuple[str, str, int, str, str]  # principal, host, port, method, path
+HostKey = tuple[str, str, int]  # principal, host, port: a refused CONNECT shows no more
 
 
 class Evidence:
@@ -69,6 +71,7 @@ class Evidence:
             raise InvalidInput(f"invalid --max-keys {max_keys}: at least 1")
         self.max_keys = max_keys
         self.denied: dict[DenialKey, Tally] = {}
+        self.hosts: dict[HostKey, Tally] = {}
         # Only the store's active grants are followed: the audit cannot grow this beyond them.
         self.used: dict[int, dict[tuple[str, str], Tally]] = {g: {} for g in known_grants}
         self.incomplete: set[int] = set()
@@ -90,6 +93,15 @@ class Evidence:
                 return
             tally = self.denied[key] = Tally()
         tally.add(when, count, reason)
+
+    def connect(self, key: HostKey, when: datetime) -> None:
+        """A refused CONNECT: the host was asked for; what inside the tunnel, never seen."""
+        tally = self.hosts.get(key)
+        if tally is None:
+            if not self._room():
+                return
+            tally = self.hosts[key] = Tally()
+        tally.add(when)
 
     def requested(self, key: DenialKey, first: datetime, last: datetime, count: int) -> None:
         """An access request of the store: the same denials as the audit's, so the larger

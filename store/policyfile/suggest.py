@@ -50,6 +50,16 @@ class Addition:
 
 
 @dataclass(frozen=True)
+class AskedHost:
+    """A host a principal was refused a tunnel to: listed, never granted (no path was seen)."""
+
+    principal: str
+    host: str
+    credentials: tuple[str, ...]
+    tally: Tally
+
+
+@dataclass(frozen=True)
 class Narrowing:
     grant: GrantView
     methods: tuple[str, ...]
@@ -61,6 +71,7 @@ class Narrowing:
 @dataclass(frozen=True)
 class Suggestion:
     additions: tuple[Addition, ...]
+    hosts: tuple[AskedHost, ...]
     narrowings: tuple[Narrowing, ...]
     unused: tuple[GrantView, ...]
     skipped: dict[str, int]  # why evidence gave no suggestion, counted
@@ -85,6 +96,7 @@ def suggest(
         raise InvalidInput("invalid --min-denials or --min-ids: at least 1 and 2")
     skipped: dict[str, int] = defaultdict(int)
     additions = _additions(now, evidence, min_denials, min_ids, skipped)
+    hosts = _asked_hosts(now, evidence, skipped)
     narrowings: list[Narrowing] = []
     unused: list[GrantView] = []
     if uses_read:
@@ -104,6 +116,7 @@ def suggest(
         skipped["uses of grants no longer active"] = evidence.other_grants
     return Suggestion(
         tuple(additions),
+        tuple(hosts),
         tuple(narrowings),
         tuple(unused),
         dict(skipped),
@@ -115,11 +128,30 @@ def suggest(
     )
 
 
-def _allows(now: Current, g: GrantView, host: str, port: int, method: str, path: str) -> bool:
-    """Would active grant `g` allow this request's host, method and path as they stand?"""
+def _names_host(now: Current, g: GrantView, host: str, port: int) -> bool:
     hosts = g.hosts or now.credential_hosts.get(g.credential or "", ())
     default = 80 if port == 80 and g.credential is None else 443
-    if not any(parse_host(h).matches(host, port, default) for h in hosts):
+    return any(parse_host(h).matches(host, port, default) for h in hosts)
+
+
+def _asked_hosts(now: Current, evidence: Evidence, skipped: dict[str, int]) -> list[AskedHost]:
+    asked = []
+    for (principal, host, port), tally in sorted(evidence.hosts.items()):
+        if principal not in now.principals:
+            skipped["denials of principals not in the store"] += tally.count
+        elif any(_names_host(now, g, host, port) for g in now.grants if g.principal == principal):
+            skipped["refused CONNECTs to a host a grant now names"] += tally.count
+        else:
+            shown = str(HostPattern(host, None if port == 443 else port))
+            asked.append(
+                AskedHost(principal, shown, tuple(_credential_for(now, host, port)), tally)
+            )
+    return asked
+
+
+def _allows(now: Current, g: GrantView, host: str, port: int, method: str, path: str) -> bool:
+    """Would active grant `g` allow this request's host, method and path as they stand?"""
+    if not _names_host(now, g, host, port):
         return False
     methods = set(g.methods)
     if not ("*" in methods or method in methods or (method == "HEAD" and "GET" in methods)):
@@ -308,7 +340,7 @@ def render(s: Suggestion) -> str:
     lines = [
         "# credproxy policy suggest: "
         f"{len(s.additions)} to add, {len(s.narrowings)} to narrow, {len(s.unused)} unused "
-        "(listed, not revoked)",
+        f"(listed, not revoked), {len(s.hosts)} hosts refused at CONNECT (listed)",
         f"# window: {_when(s.since) if s.since else 'from the first line'} to "
         f"{_when(s.until) if s.until else 'the last'}",
         f"# rule: a path segment after the first becomes * when it looks like an id (digits, a "
@@ -331,6 +363,18 @@ def render(s: Suggestion) -> str:
         if a.also:
             lines.append(f"#   other credentials for this host: {_quoted(a.also)}")
         lines += _addition_table(a)
+    if s.hosts:
+        lines += [
+            "",
+            "# hosts asked for and refused at CONNECT: listed, not granted (a refused tunnel shows",
+            "# no method or path); grant the paths you expect, then suggest again from new audit",
+        ]
+        for h in s.hosts:
+            covered = f" (credential {_quoted(h.credentials)})" if h.credentials else ""
+            lines.append(
+                f"#   {h.principal}: {json.dumps(h.host)}{covered}, {h.tally.count} CONNECTs, "
+                f"first {_when(h.tally.first)}, last {_when(h.tally.last)}"
+            )
     for cut in s.narrowings:
         g = cut.grant
         lines += ["", f"# narrow: grant {json.dumps(g.key)} (grant {g.id}) to what it was used for"]
@@ -379,6 +423,15 @@ def as_json(s: Suggestion) -> dict[str, Any]:
                 "evidence": proof(a.tally, a.examples),
             }
             for a in s.additions
+        ],
+        "hosts": [
+            {
+                "principal": h.principal,
+                "host": h.host,
+                "credentials": list(h.credentials),
+                "evidence": proof(h.tally, ()),
+            }
+            for h in s.hosts
         ],
         "narrow": [
             {

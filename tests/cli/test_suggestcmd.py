@@ -54,6 +54,7 @@ def cli(tmp_path: Path) -> Cli:
     lines = [_line(host=UP, path=f"/orgs/acme/members/{i}", method="PUT") for i in range(1, 5)]
     lines += [_line("allow", 1, path=f"/repos/acme/app/pulls/{i}") for i in (10, 11, 12)]
     lines += ["{ torn line", _line(path="/x\x1b]0;owned\x07")]
+    lines += [_line(host="evil.example", method="CONNECT", path=None)] * 2
     (tmp_path / "audit.jsonl.gz").write_bytes(gzip.compress("\n".join(lines).encode()))
     return cli
 
@@ -62,7 +63,7 @@ def test_suggest_then_plan_then_apply_and_a_second_suggestion_has_nothing_to_add
     cli: Cli,
 ) -> None:
     out = cli.ok(Call(("policy", "suggest", "audit.jsonl.gz", "--out", "s.toml")))[0]
-    assert out == "wrote s.toml: 1 to add, 1 to narrow, 1 unused\n"
+    assert out == "wrote s.toml: 1 to add, 1 to narrow, 1 unused, 1 hosts refused at CONNECT\n"
     text = (cli.root / "s.toml").read_text()
     assert "# skipped: audit lines malformed: 1" in text
     assert "# skipped: audit lines not JSON: 1" in text
@@ -96,7 +97,27 @@ def test_standard_input_and_json(cli: Cli) -> None:
     assert result.returncode == 0, result.stderr
     out = json.loads(result.stdout)
     assert out["add"] == [] and out["skipped"]["denials below --min-denials"] == 4
-    assert out["read"] == {"lines": 9, "requests": 8, "denials": 4, "uses": 3}
+    assert out["read"] == {
+        "lines": 11,
+        "requests": 10,
+        "denials": 4,
+        "uses": 3,
+        "connects": 2,
+    }
+    assert out["hosts"] == [
+        {
+            "principal": "agent",
+            "host": "evil.example",
+            "credentials": [],
+            "evidence": {
+                "count": 2,
+                "first": "2026-12-07T10:00:00Z",
+                "last": "2026-12-07T10:00:00Z",
+                "reasons": {},
+                "examples": [],
+            },
+        }
+    ]
     assert out["narrow"][0]["paths"] == {"before": ["/"], "after": ["/repos/acme/app/pulls/*"]}
     assert out["unused"] == [{"id": "grant-2", "grant": 2, "principal": "agent"}]
     assert out["policy"].startswith("# credproxy policy suggest: 0 to add, 1 to narrow")

@@ -146,3 +146,22 @@ def test_bad_input_is_one_error(tmp_path: Path, data: bytes, message: str) -> No
 def test_an_unreadable_file_is_one_error(tmp_path: Path) -> None:
     with pytest.raises(InvalidInput, match=r"cannot read .*missing\.jsonl: No such file"):
         auditread.read([str(tmp_path / "missing.jsonl")], Evidence([]))
+
+
+def test_a_refused_connect_is_a_host_asked_for_and_nothing_more(tmp_path: Path) -> None:
+    connect = {audit.METHOD: "CONNECT", audit.PATH: None, audit.HOST: "evil.test"}
+    data = "\n".join(
+        [
+            _line(**connect),
+            _line(**connect | {audit.PORT: 8443}),
+            _line(**connect | {audit.PATH: "/smuggled"}),  # the proxy never writes one
+            _line(**connect | {audit.REASON: "too-many-connections"}),
+        ]
+    )
+    evidence, counts = _read(tmp_path, data.encode())
+    assert sorted(evidence.hosts) == [("agent", "evil.test", 443), ("agent", "evil.test", 8443)]
+    assert evidence.denied == {} and counts.connects == 2
+    assert counts.skipped == {
+        "malformed": 1,
+        "neither a use nor a denial a grant would allow": 1,
+    }

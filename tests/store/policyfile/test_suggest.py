@@ -189,3 +189,23 @@ def test_without_use_evidence_nothing_is_narrowed_or_listed(agent: Store) -> Non
     s = suggest.suggest(reconcile.current(agent.db), _evidence(agent), uses_read=False)
     assert (s.narrowings, s.unused) == ((), ())
     assert "nothing to narrow, nothing listed as unused" in suggest.render(s)
+
+
+def test_a_host_refused_at_connect_is_listed_never_granted(
+    agent: Store, key: MasterKey, tmp_path: Path
+) -> None:
+    evidence = _evidence(agent)
+    for _ in range(3):
+        evidence.connect(("agent", "uploads.example", 443), T)
+    evidence.connect(("agent", GH, 8443), T)
+    s = _suggest(agent, evidence)
+    assert s.additions == ()
+    assert [(h.host, h.credentials, h.tally.count) for h in s.hosts] == [
+        ("api.github.com:8443", (), 1),
+        ("uploads.example", (), 3),
+    ]
+    text = suggest.render(s)
+    assert '#   agent: "uploads.example", 3 CONNECTs' in text
+    path = tmp_path / "s.toml"
+    path.write_text(text)
+    assert reconcile.plan(agent.db, key, load(path)).empty  # comments only: nothing applied
