@@ -132,12 +132,12 @@ def _line(
     counts: Counts,
 ) -> None:
     try:
-        line = json.loads(raw)
+        line = json.loads(raw.decode())  # UTF-8, as the proxy writes; a bad byte is no JSON
     except (ValueError, RecursionError):
         counts.skip("not JSON")
         return
     if not isinstance(line, dict) or line.get(audit.EVENT) != audit.REQUEST_EVENT:
-        counts.skip("not a request line")  # credproxy's other events, an OCSF line
+        counts.skip("of other events")  # credproxy's own events, mitmproxy's, an OCSF line
         return
     when = _instant(line.get(audit.TS))
     if when is None:
@@ -200,17 +200,46 @@ def _request(
         return None
     if len(path) > MAX_PATH or not _CANONICAL.fullmatch(path) or (method == "CONNECT") != connect:
         return None
+    if principal is None and not need_principal:
+        principal = ""  # a use's line may have none; the grant says whose it was
+    if not isinstance(principal, str):
+        return None
+    who = _identity(principal, host, method)
+    if who is None:
+        return None
+    name, bare = who
+    return name, bare, port, method, path
+
+
+_IDENTITIES: dict[tuple[str, str, str], tuple[str, str] | None] = {}
+# A cache of pure checks, of short keys only (at most 4096 x 350 characters); past it, each
+# line is checked again.
+_MAX_IDENTITIES = 4096
+
+
+def _identity(principal: str, host: str, method: str) -> tuple[str, str] | None:
+    """(principal, host as the store keeps it) when the proxy could have written them."""
+    if len(principal) > 63 or len(host) > 255 or len(method) > 32:
+        return None  # longer than the grammar allows any of them
+    key = (principal, host, method)
+    if key in _IDENTITIES:
+        return _IDENTITIES[key]
+    found = _check_identity(principal, host, method)
+    if len(_IDENTITIES) < _MAX_IDENTITIES:
+        _IDENTITIES[key] = found
+    return found
+
+
+def _check_identity(principal: str, host: str, method: str) -> tuple[str, str] | None:
     spec = f"[{host}]" if ":" in host else host  # the audit writes an IPv6 host bare
     try:
-        if need_principal or principal is not None:
-            if not isinstance(principal, str):
-                return None
+        if principal != "":
             validate_name("principal", principal)
-        if not connect:
+        if method != "CONNECT":
             validate_method(method)
         pattern = parse_host(spec)
     except InvalidInput:
         return None
     if pattern.port is not None or pattern.wildcard or str(pattern) != spec:
         return None
-    return principal or "", pattern.host, port, method, path
+    return principal, pattern.host

@@ -55,7 +55,7 @@ def test_denials_and_uses_are_gathered_and_gzip_is_read_as_it_is(tmp_path: Path)
         assert (counts.lines, counts.denials, counts.uses) == (5, 2, 2)
         assert evidence.denied[("agent", GH, 443, "GET", "/repos/acme/app")].count == 2
         assert set(evidence.used[7]) == {("GET", "/repos/acme/app"), ("GET", "/b")}
-        assert counts.skipped == {"not a request line": 1}
+        assert counts.skipped == {"of other events": 1}
 
 
 @pytest.mark.parametrize(
