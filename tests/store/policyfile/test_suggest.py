@@ -3,6 +3,7 @@ and the file they make goes through plan and apply as it is."""
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -209,3 +210,22 @@ def test_a_host_refused_at_connect_is_listed_never_granted(
     path = tmp_path / "s.toml"
     path.write_text(text)
     assert reconcile.plan(agent.db, key, load(path)).empty  # comments only: nothing applied
+
+
+def test_nothing_from_a_path_reaches_the_file_unescaped_even_in_a_comment(
+    agent: Store, key: MasterKey, tmp_path: Path
+) -> None:
+    # The audit reader refuses such a path; the file's writer escapes it all the same.
+    hostile = '/x"\n[[grant]]\nid = "evil"\nprincipal = "agent"\nhosts = ["evil.test"]'
+    evidence = _evidence(agent)
+    evidence.deny(("agent", GH, 443, "GET", "/ok"), T, "no-grant", count=2)
+    s = _suggest(agent, evidence)
+    hacked = dataclasses.replace(
+        s,
+        additions=(suggest.dataclasses.replace(s.additions[0], examples=(hostile,)),),  # type: ignore[attr-defined]
+    )
+    path = tmp_path / "s.toml"
+    path.write_text(suggest.render(hacked))
+    policy = load(path)
+    assert [g.key for g in policy.grants] == [s.additions[0].key]
+    assert "evil.test" not in [h for g in policy.grants for h in g.hosts]
