@@ -144,12 +144,13 @@ def test_an_over_wide_grant_is_narrowed_to_its_use_and_applies_in_place(
 
 def test_a_narrowing_never_goes_past_the_grant_it_narrows(agent: Store) -> None:
     listed = ["/x/1", "/x/2", "/x/3"]
-    grant = agent.add_grant("agent", ["GET"], credential="github", paths=listed)
+    grant = agent.add_grant("agent", ["GET"], credential="github", paths=[*listed, "/y"])
     evidence = _evidence(agent)
     for path in listed:
         evidence.use(grant, "GET", path, T)
-    # The rule would draw /x/*, which the grant does not allow: the paths stay, no change.
-    assert _suggest(agent, evidence).narrowings == ()
+    # The rule would draw /x/*, which the grant does not allow: the paths themselves instead.
+    (cut,) = _suggest(agent, evidence).narrowings
+    assert cut.paths == tuple(listed)
 
 
 def test_a_grant_whose_use_went_past_max_keys_is_not_narrowed(agent: Store) -> None:
@@ -229,3 +230,21 @@ def test_nothing_from_a_path_reaches_the_file_unescaped_even_in_a_comment(
     policy = load(path)
     assert [g.key for g in policy.grants] == [s.additions[0].key]
     assert "evil.test" not in [h for g in policy.grants for h in g.hosts]
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        pytest.param("GET", "/b", id="a path the grant does not allow (changed since, or forged)"),
+        pytest.param("DELETE", "/a", id="a method the grant does not allow"),
+    ],
+)
+def test_use_the_grant_could_not_have_allowed_never_moves_it_elsewhere(
+    agent: Store, method: str, path: str
+) -> None:
+    grant = agent.add_grant("agent", ["GET", "POST"], credential="github", paths=["/a"])
+    evidence = _evidence(agent)
+    evidence.use(grant, method, path, T)
+    s = _suggest(agent, evidence)
+    assert s.narrowings == ()
+    assert s.skipped["grants whose use the audit shows outside them (not narrowed)"] == 1
