@@ -116,6 +116,13 @@ def cmd_suggest(args: argparse.Namespace, settings: Settings) -> int:
     )
     result.skipped.update({f"audit lines {why}": n for why, n in counts.skipped.items()})
     text = suggest.render(result)
+    if args.out is not None:
+        try:
+            fd = os.open(args.out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+        except OSError as e:
+            raise InvalidInput(f"cannot write {args.out}: {e.strerror}") from e
     if args.json:
         out = suggest.as_json(result) | {
             "read": {
@@ -127,18 +134,11 @@ def cmd_suggest(args: argparse.Namespace, settings: Settings) -> int:
             }
         }
         print(json.dumps(out))
-        return 0
-    if args.out is None:
+    elif args.out is None:
         sys.stdout.write(text)
-        return 0
-    try:
-        fd = os.open(args.out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-    except OSError as e:
-        raise InvalidInput(f"cannot write {args.out}: {e.strerror}") from e
-    print(
-        f"wrote {args.out}: {len(result.additions)} to add, {len(result.narrowings)} to narrow, "
-        f"{len(result.unused)} unused, {len(result.hosts)} hosts refused at CONNECT"
-    )
+    else:
+        print(
+            f"wrote {args.out}: {len(result.additions)} to add, {len(result.narrowings)} to "
+            f"narrow, {len(result.unused)} unused, {len(result.hosts)} hosts refused at CONNECT"
+        )
     return 0

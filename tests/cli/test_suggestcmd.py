@@ -93,7 +93,8 @@ def test_suggest_then_plan_then_apply_and_a_second_suggestion_has_nothing_to_add
 
 def test_standard_input_and_json(cli: Cli) -> None:
     data = gzip.decompress((cli.root / "audit.jsonl.gz").read_bytes())
-    result = cli.run(Call(("policy", "suggest", "-", "--json", "--min-denials", "5"), stdin=data))
+    args = ("policy", "suggest", "-", "--json", "--min-denials", "5", "--out", "s.toml")
+    result = cli.run(Call(args, stdin=data))
     assert result.returncode == 0, result.stderr
     out = json.loads(result.stdout)
     assert out["add"] == [] and out["skipped"]["denials below --min-denials"] == 4
@@ -121,6 +122,7 @@ def test_standard_input_and_json(cli: Cli) -> None:
     assert out["narrow"][0]["paths"] == {"before": ["/"], "after": ["/repos/acme/app/pulls/*"]}
     assert out["unused"] == [{"id": "grant-2", "grant": 2, "principal": "agent"}]
     assert out["policy"].startswith("# credproxy policy suggest: 0 to add, 1 to narrow")
+    assert (cli.root / "s.toml").read_text() == out["policy"]
 
 
 def test_pending_access_requests_are_evidence_with_requests(cli: Cli) -> None:
