@@ -16,7 +16,7 @@ from addon.cli.parsing import group
 from addon.core.argtypes import count
 from addon.observe import auditread
 from store.errors import InvalidInput
-from store.policyfile import evidence, reconcile, suggest
+from store.policyfile import evidence, reconcile, suggest, suggestfile
 from store.settings import Settings
 from store.tables import access_requests
 
@@ -115,7 +115,7 @@ def cmd_suggest(args: argparse.Namespace, settings: Settings) -> int:
         until=until,
     )
     result.skipped.update({f"audit lines {why}": n for why, n in counts.skipped.items()})
-    text = suggest.render(result)
+    text = suggestfile.render(result)
     if args.out is not None:
         try:
             fd = os.open(args.out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -124,7 +124,7 @@ def cmd_suggest(args: argparse.Namespace, settings: Settings) -> int:
         except OSError as e:
             raise InvalidInput(f"cannot write {args.out}: {e.strerror}") from e
     if args.json:
-        out = suggest.as_json(result) | {
+        out = suggestfile.as_json(result) | {
             "read": {
                 "lines": counts.lines,
                 "requests": counts.requests,

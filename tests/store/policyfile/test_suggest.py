@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from store.crypto import MasterKey, Secret
-from store.policyfile import reconcile, suggest
+from store.policyfile import reconcile, suggest, suggestfile
 from store.policyfile.evidence import Evidence
 from store.policyfile.parse import load
 from store.repository import Store
@@ -37,7 +37,7 @@ def _evidence(store: Store) -> Evidence:
 
 def _round_trip(store: Store, key: MasterKey, s: suggest.Suggestion, tmp_path: Path) -> None:
     path = tmp_path / "suggested.toml"
-    path.write_text(suggest.render(s))
+    path.write_text(suggestfile.render(s))
     reconcile.apply(store.db, key, load(path))
     assert reconcile.plan(store.db, key, load(path)).empty
 
@@ -59,7 +59,7 @@ def test_a_denied_burst_becomes_one_grant_with_the_credential_that_covers_the_ho
     )
     assert a.tally.count == 5 and a.tally.reasons == {"no-grant": 5}
     assert s.skipped["denials below --min-denials"] == 1
-    text = suggest.render(s)
+    text = suggestfile.render(s)
     assert '#   for example: "/repos/acme/app/issues/1"' in text
     _round_trip(agent, key, s, tmp_path)
     (grant,) = agent.list_grants()
@@ -94,7 +94,7 @@ def test_no_host_is_suggested_that_no_denial_named_and_no_credential_means_pass_
         ("files.example:8443", None),
         ("pypi.org", None),
     ]
-    assert "no credential covers this host" in suggest.render(s)
+    assert "no credential covers this host" in suggestfile.render(s)
     _round_trip(agent, key, s, tmp_path)
     assert sorted(h for g in agent.list_grants() for h in g.hosts or []) == [
         "files.example:8443",
@@ -177,7 +177,7 @@ def test_an_unused_grant_is_listed_and_the_file_leaves_it_alone(
     idle = agent.add_grant("agent", ["GET"], credential="github", paths=["/old"])
     s = _suggest(agent, _evidence(agent))
     assert [g.id for g in s.unused] == [idle]
-    text = suggest.render(s)
+    text = suggestfile.render(s)
     assert f'#   grant "grant-{idle}" (grant {idle}): agent' in text
     path = tmp_path / "s.toml"
     path.write_text(text)
@@ -190,7 +190,7 @@ def test_without_use_evidence_nothing_is_narrowed_or_listed(agent: Store) -> Non
     agent.add_grant("agent", ["GET"], credential="github", paths=["/"])
     s = suggest.suggest(reconcile.current(agent.db), _evidence(agent), uses_read=False)
     assert (s.narrowings, s.unused) == ((), ())
-    assert "nothing to narrow, nothing listed as unused" in suggest.render(s)
+    assert "nothing to narrow, nothing listed as unused" in suggestfile.render(s)
 
 
 def test_a_host_refused_at_connect_is_listed_never_granted(
@@ -206,7 +206,7 @@ def test_a_host_refused_at_connect_is_listed_never_granted(
         ("api.github.com:8443", (), 1),
         ("uploads.example", (), 3),
     ]
-    text = suggest.render(s)
+    text = suggestfile.render(s)
     assert '#   agent: "uploads.example", 3 CONNECTs' in text
     path = tmp_path / "s.toml"
     path.write_text(text)
@@ -223,10 +223,10 @@ def test_nothing_from_a_path_reaches_the_file_unescaped_even_in_a_comment(
     s = _suggest(agent, evidence)
     hacked = dataclasses.replace(
         s,
-        additions=(suggest.dataclasses.replace(s.additions[0], examples=(hostile,)),),  # type: ignore[attr-defined]
+        additions=(dataclasses.replace(s.additions[0], examples=(hostile,)),),
     )
     path = tmp_path / "s.toml"
-    path.write_text(suggest.render(hacked))
+    path.write_text(suggestfile.render(hacked))
     policy = load(path)
     assert [g.key for g in policy.grants] == [s.additions[0].key]
     assert "evil.test" not in [h for g in policy.grants for h in g.hosts]
