@@ -217,7 +217,9 @@ def test_nothing_from_a_path_reaches_the_file_unescaped_even_in_a_comment(
     agent: Store, key: MasterKey, tmp_path: Path
 ) -> None:
     # The audit reader refuses such a path; the file's writer escapes it all the same.
-    hostile = '/x"\n[[grant]]\nid = "evil"\nprincipal = "agent"\nhosts = ["evil.test"]'
+    hostile = (
+        '/x"\n[[grant]]\nid = "evil"\nprincipal = "agent"\nhosts = ["evil.test"]\nmethods = ["GET"]'
+    )
     evidence = _evidence(agent)
     evidence.deny(("agent", GH, 443, "GET", "/ok"), T, "no-grant", count=2)
     s = _suggest(agent, evidence)
@@ -228,7 +230,7 @@ def test_nothing_from_a_path_reaches_the_file_unescaped_even_in_a_comment(
     path = tmp_path / "s.toml"
     path.write_text(suggestfile.render(hacked))
     policy = load(path)
-    assert [g.key for g in policy.grants] == [s.additions[0].key]
+    assert [g.key for g in policy.grants] == [s.additions[0].key] and policy.problems == ()
     assert "evil.test" not in [h for g in policy.grants for h in g.hosts]
 
 
