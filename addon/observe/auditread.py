@@ -153,8 +153,8 @@ def _line(
         if request is None:
             counts.skip("malformed")
             return
-        _, _, _, method, path = request
-        evidence.use(line[audit.GRANT_ID], method, path, when)
+        _, host, port, method, path = request
+        evidence.use(line[audit.GRANT_ID], method, path, when, (host, port))
         counts.uses += 1
     elif (
         decision == audit.DENY

@@ -75,6 +75,9 @@ class Evidence:
         # Only the store's active grants are followed: the audit cannot grow this beyond them.
         self.used: dict[int, dict[tuple[str, str], Tally]] = {g: {} for g in known_grants}
         self.incomplete: set[int] = set()
+        # Each followed grant's (host, port) as used; a grant in `unplaced` had a use without.
+        self.places: dict[int, set[tuple[str, int]]] = {g: set() for g in self.used}
+        self.unplaced: set[int] = set()
         self.keys = 0
         self.dropped = 0
         self.other_grants = 0  # uses of grants no longer active
@@ -115,11 +118,26 @@ class Evidence:
         tally.add(first, 0)
         tally.add(last, extra, "access-request" if extra else None)
 
-    def use(self, grant: int, method: str, path: str, when: datetime) -> None:
+    def use(
+        self,
+        grant: int,
+        method: str,
+        path: str,
+        when: datetime,
+        place: tuple[str, int] | None = None,
+    ) -> None:
         uses = self.used.get(grant)
         if uses is None:
             self.other_grants += 1
             return
+        places = self.places[grant]
+        if place is None:
+            self.unplaced.add(grant)
+        elif place not in places:
+            if self._room():
+                places.add(place)
+            else:
+                self.incomplete.add(grant)
         tally = uses.get((method, path))
         if tally is None:
             if not self._room():

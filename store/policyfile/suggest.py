@@ -59,6 +59,7 @@ class AskedHost:
 @dataclass(frozen=True)
 class Narrowing:
     grant: GrantView
+    hosts: tuple[str, ...]  # the grant's own when unchanged (() for the credential's)
     methods: tuple[str, ...]
     paths: tuple[str, ...]
     tally: Tally
@@ -104,7 +105,8 @@ def suggest(
             elif g.id in evidence.incomplete:
                 skipped["grant with uses past --max-keys (not narrowed)"] += 1
             else:
-                narrowed = _narrow(g, uses, min_ids, skipped)
+                used_on = _used_hosts(now, g, evidence)
+                narrowed = _narrow(g, uses, used_on, min_ids, skipped)
                 if narrowed is not None:
                     narrowings.append(narrowed)
     if evidence.dropped:
@@ -244,8 +246,29 @@ def _examples(seen: dict[str, Tally]) -> tuple[str, ...]:
     return tuple(ranked[:MAX_EXAMPLES])
 
 
+def _used_hosts(now: Current, g: GrantView, evidence: Evidence) -> tuple[str, ...]:
+    """The hosts `g` was used on, when fewer than it names (a wildcard, a host never used);
+    else the grant's own. Only hosts its patterns cover on the same port are written."""
+    places = evidence.places.get(g.id, set())
+    if g.id in evidence.unplaced or not places:
+        return g.hosts
+    named = [parse_host(h) for h in (g.hosts or now.credential_hosts.get(g.credential or "", ()))]
+    used = sorted(
+        {HostPattern(host, None if port == 443 else port) for host, port in places}, key=str
+    )
+    if not all(any(p.covers(u) for p in named) for u in used):
+        return g.hosts  # a port the pattern stands for only on plain http, or a stale grant
+    if {str(u) for u in used} == {str(p) for p in named}:
+        return g.hosts
+    return tuple(str(u) for u in used)
+
+
 def _narrow(
-    g: GrantView, uses: dict[tuple[str, str], Tally], min_ids: int, skipped: dict[str, int]
+    g: GrantView,
+    uses: dict[tuple[str, str], Tally],
+    hosts: tuple[str, ...],
+    min_ids: int,
+    skipped: dict[str, int],
 ) -> Narrowing | None:
     granted = set(g.methods)
     used = {m if m in granted or m != "HEAD" else "GET" for m, _ in uses}
@@ -277,9 +300,9 @@ def _narrow(
         skipped["grants used on more paths than one grant lists (not narrowed)"] += 1
         return None
     paths = tuple(sorted(chosen))
-    if set(methods) == granted and set(paths) == set(g.paths):
+    if set(methods) == granted and set(paths) == set(g.paths) and hosts == g.hosts:
         return None
     tally = Tally()
     for t in seen.values():
         tally.merge(t)
-    return Narrowing(g, methods, paths, tally, _examples(seen))
+    return Narrowing(g, hosts, methods, paths, tally, _examples(seen))

@@ -102,12 +102,16 @@ def render(s: Suggestion) -> str:
         g = cut.grant
         lines += ["", f"# narrow: grant {json.dumps(g.key)} (grant {g.id}) to what it was used for"]
         lines += _proof(cut.tally, cut.examples, "uses")
+        if cut.hosts != g.hosts:
+            before = g.hosts or (f"the hosts of credential {json.dumps(g.credential)}",)
+            lines.append(f"#   hosts: {_quoted(before)} -> {_quoted(cut.hosts)}")
         if tuple(cut.methods) != g.methods:
             lines.append(f"#   methods: {_quoted(g.methods)} -> {_quoted(cut.methods)}")
         if set(cut.paths) != set(g.paths):
             lines.append(f"#   paths: {_quoted(g.paths)} -> {_quoted(cut.paths)}")
         narrowed = dataclasses.replace(
             g,
+            hosts=cut.hosts,
             methods=cut.methods,
             paths=cut.paths,
             encoded_slash=g.encoded_slash and any("*" in p.split("/") for p in cut.paths),
@@ -160,6 +164,7 @@ def as_json(s: Suggestion) -> dict[str, Any]:
             {
                 "id": n.grant.key,
                 "grant": n.grant.id,
+                "hosts": {"before": list(n.grant.hosts), "after": list(n.hosts)},
                 "methods": {"before": list(n.grant.methods), "after": list(n.methods)},
                 "paths": {"before": list(n.grant.paths), "after": list(n.paths)},
                 "evidence": proof(n.tally, n.examples),

@@ -250,3 +250,43 @@ def test_use_the_grant_could_not_have_allowed_never_moves_it_elsewhere(
     s = _suggest(agent, evidence)
     assert s.narrowings == ()
     assert s.skipped["grants whose use the audit shows outside them (not narrowed)"] == 1
+
+
+def test_a_wildcard_grant_used_on_one_host_is_narrowed_to_it(
+    agent: Store, key: MasterKey, tmp_path: Path
+) -> None:
+    agent.add_credential("wild", "bearer", ["*.example.com"], Secret(b"wild-secret"))
+    grant = agent.add_grant("agent", ["GET"], credential="wild", paths=["/v1/"])
+    passing = agent.add_grant("agent", ["GET"], hosts=["a.example.org", "b.example.org"])
+    evidence = _evidence(agent)
+    evidence.use(grant, "GET", "/v1/x", T, ("eu.example.com", 443))
+    evidence.use(passing, "GET", "/", T, ("b.example.org", 443))
+    s = _suggest(agent, evidence)
+    assert sorted((n.grant.id, n.hosts, n.paths) for n in s.narrowings) == [
+        (grant, ("eu.example.com",), ("/v1/x",)),
+        (passing, ("b.example.org",), ("/",)),
+    ]
+    assert '#   hosts: "the hosts of credential \\"wild\\"" -> "eu.example.com"' in (
+        suggestfile.render(s)
+    )
+    _round_trip(agent, key, s, tmp_path)
+    assert sorted(g.hosts or [] for g in agent.list_grants()) == [
+        ["b.example.org"],
+        ["eu.example.com"],
+    ]
+
+
+@pytest.mark.parametrize(
+    "place",
+    [
+        pytest.param(("files.example", 80), id="plain http on a host named without its port"),
+        pytest.param(None, id="a use whose host the evidence does not say"),
+    ],
+)
+def test_hosts_are_kept_when_the_use_does_not_say_they_can_be_cut(
+    agent: Store, place: tuple[str, int] | None
+) -> None:
+    grant = agent.add_grant("agent", ["GET"], hosts=["files.example", "other.example"])
+    evidence = _evidence(agent)
+    evidence.use(grant, "GET", "/", T, place)
+    assert _suggest(agent, evidence).narrowings == ()
