@@ -180,7 +180,9 @@ def test_a_vault_field_is_read_and_the_token_comes_from_its_file(vault: Path) ->
         ("vault:secret/agents/gh#token", "hvs.wrong", PERMISSION_DENIED),
     ],
 )
-def test_what_vault_refuses_is_a_fixed_class(vault: Path, ref: str, token: str, error: str) -> None:
+def test_what_vault_refuses_is_a_fixed_class(
+    vault: Path, ref: str, token: str, error: str
+) -> None:
     vault.write_text(token)
     with pytest.raises(SourceError) as raised:
         Vault().fetch(parse(ref))
