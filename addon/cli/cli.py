@@ -1,7 +1,7 @@
 """The operator's CLI, `credproxy`: parse once, call one function, print one line or exit 2.
 
 Each command's module (init.py, principals.py, credentials.py, grants.py, accessrequests.py,
-keys.py, policycmd.py, demo.py; launcher's launch.py and runtime's runner.py) has one
+keys.py, policycmd.py, suggestcmd.py, demo.py; launcher's launch.py and runtime's runner.py) has one
 `register(sub, common)` that adds its parsers and sets their `func`; this module builds the
 parser from them, runs the one handler, and turns every error into one line on stderr and exit
 status 2.
@@ -99,11 +99,12 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     if argv is not None and _command(argv) in _OWN:
         return parser
     # Imported only for a command of their own, or for --help: see LIGHT.
-    from addon.cli import demo, policycmd
+    from addon.cli import demo, policycmd, suggestcmd
     from addon.launcher import launch
     from addon.runtime import runner
 
     policycmd.register(sub, shared)
+    suggestcmd.register(sub, shared)
     launch.register(sub, shared)
     runner.register(sub, shared)  # mitmproxy is imported only when `run` runs
     demo.register(sub, shared, main=main)

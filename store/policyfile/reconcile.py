@@ -604,31 +604,111 @@ def export(db: Database) -> str:
         for key, (g, principal, credential) in state.grants.items():
             if _grant_state(g, now) != "active":
                 continue
-            lines += ["", "[[grant]]", f"id = {_toml(key)}", f"principal = {_toml(principal)}"]
-            if credential is not None:
-                lines.append(f"credential = {_toml(credential)}")
-            if g.hosts:
-                lines.append(f"hosts = {_toml(sorted(g.hosts))}")
-            lines.append(f"methods = {_toml(sorted(g.methods))}")
-            lines.append(f"paths = {_toml(sorted(g.paths))}")
-            for flag in ("once", "websocket", "encoded_slash"):
-                if getattr(g, flag):
-                    lines.append(f"{flag} = true")
-            if set(g.methods) - {"*"} - REGISTERED_METHODS:
-                lines.append("extension_methods = true")
-            if g.expires_at is not None:
-                lines.append(f"expires = {_instant(g.expires_at)}")
-            if g.purpose is not None:
-                lines.append(f"purpose = {_toml(g.purpose)}")
-            for limit in ("rate", "burst", "max_uses", "approval"):
-                if getattr(g, limit) is not None:
-                    lines.append(f"{limit} = {_toml(getattr(g, limit))}")
-            if g.hold is not None:
-                lines.append(f'hold = "{g.hold}s"')
-            body = bodyrules.describe_for_file(g.body)
-            if body is not None:
-                lines.append(body)
+            lines += ["", *grant_table(_view(key, g, principal, credential))]
     return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True)
+class GrantView:
+    """An active grant as a policy file writes it, read out of its session."""
+
+    key: str  # its id in a policy file: the key, or grant-<id>
+    id: int
+    principal: str
+    credential: str | None
+    hosts: tuple[str, ...]  # () means the credential's
+    methods: tuple[str, ...]
+    paths: tuple[str, ...]
+    once: bool
+    websocket: bool
+    encoded_slash: bool
+    expires_at: datetime | None
+    purpose: str | None
+    rate: str | None
+    burst: int | None
+    max_uses: int | None
+    approval: str | None
+    hold: int | None
+    body: Any
+    created_at: datetime
+
+
+def _view(key: str, g: Grant, principal: str, credential: str | None) -> GrantView:
+    return GrantView(
+        key=key,
+        id=g.id,
+        principal=principal,
+        credential=credential,
+        hosts=tuple(sorted(g.hosts or [])),
+        methods=tuple(sorted(g.methods)),
+        paths=tuple(sorted(g.paths)),
+        once=g.once,
+        websocket=g.websocket,
+        encoded_slash=g.encoded_slash,
+        expires_at=g.expires_at,
+        purpose=g.purpose,
+        rate=g.rate,
+        burst=g.burst,
+        max_uses=g.max_uses,
+        approval=g.approval,
+        hold=g.hold,
+        body=g.body,
+        created_at=g.created_at,
+    )
+
+
+@dataclass(frozen=True)
+class Current:
+    """What a suggestion is drawn against: live principals, credentials' hosts, active grants."""
+
+    principals: frozenset[str]
+    credential_hosts: dict[str, tuple[str, ...]]
+    grants: tuple[GrantView, ...]
+
+
+def current(db: Database) -> Current:
+    """The store as a plan reads it: no secret is opened."""
+    now = utcnow()
+    with db.session() as session:
+        state = _read(session)
+        return Current(
+            frozenset(state.principals),
+            {name: tuple(c.hosts) for name, c in state.credentials.items()},
+            tuple(
+                _view(key, g, principal, credential)
+                for key, (g, principal, credential) in state.grants.items()
+                if _grant_state(g, now) == "active"
+            ),
+        )
+
+
+def grant_table(g: GrantView) -> list[str]:
+    """The grant's [[grant]] table, as `export` writes it and `apply` reads it back."""
+    lines = ["[[grant]]", f"id = {_toml(g.key)}", f"principal = {_toml(g.principal)}"]
+    if g.credential is not None:
+        lines.append(f"credential = {_toml(g.credential)}")
+    if g.hosts:
+        lines.append(f"hosts = {_toml(sorted(g.hosts))}")
+    lines.append(f"methods = {_toml(sorted(g.methods))}")
+    lines.append(f"paths = {_toml(sorted(g.paths))}")
+    for flag in ("once", "websocket", "encoded_slash"):
+        if getattr(g, flag):
+            lines.append(f"{flag} = true")
+    if set(g.methods) - {"*"} - REGISTERED_METHODS:
+        lines.append("extension_methods = true")
+    if g.expires_at is not None:
+        lines.append(f"expires = {_instant(g.expires_at)}")
+    if g.purpose is not None:
+        lines.append(f"purpose = {_toml(g.purpose)}")
+    for limit in ("rate", "burst", "max_uses", "approval"):
+        if getattr(g, limit) is not None:
+            lines.append(f"{limit} = {_toml(getattr(g, limit))}")
+    if g.hold is not None:
+        lines.append(f'hold = "{g.hold}s"')
+    body = bodyrules.describe_for_file(g.body)
+    if body is not None:
+        lines.append(body)
+    return lines
 
 
 def _toml(value: Any) -> str:

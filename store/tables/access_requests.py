@@ -109,6 +109,13 @@ def listing(db: Database, state: str | None = None) -> list[AccessRequestEntry]:
         return [_entry(row, name) for row, name in session.execute(query).all()]
 
 
+def pending(db: Database) -> list[AccessRequestEntry]:
+    """Requests of kind access (not holds) still waiting for a decision."""
+    query = _query().where(AccessRequest.kind == ACCESS, AccessRequest.state == PENDING)
+    with db.session() as session:
+        return [_entry(row, name) for row, name in session.execute(query).all()]
+
+
 def decided_since(db: Database, since: datetime) -> list[AccessRequestEntry]:
     """Requests approved or denied after `since`, oldest first."""
     query = (
