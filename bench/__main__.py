@@ -80,6 +80,12 @@ def parse(argv: Sequence[str] | None) -> Settings:
         type=int,
         help="requests for credproxy-10k's RSS-growth run (default 50000; smoke 0 = skip)",
     )
+    p.add_argument(
+        "--memory-connections",
+        type=int,
+        help="tunnels held for RSS per connection, mitmproxy and credproxy-10 "
+        "(default 300; smoke 20; 0 = skip)",
+    )
     p.add_argument("--smoke", action="store_true", help="tiny counts, to check that it runs")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON results; .md beside it")
     p.add_argument("--keep-workdir", action="store_true", help="keep stores and proxy logs")
@@ -120,6 +126,9 @@ def parse(argv: Sequence[str] | None) -> Settings:
         body=args.body,
         download_bytes=DOWNLOAD_BYTES,
         connection_close=args.connection_close,
+        memory_connections=args.memory_connections
+        if args.memory_connections is not None
+        else (20 if smoke else 300),
     )
     if settings.repeat < 1 or (settings.requests or settings.repeat) < settings.repeat:
         p.error("--requests must be at least --repeat, and --repeat at least 1")

@@ -83,14 +83,14 @@ async def _hold(
     return held
 
 
-def _measure(
+def measure(
     bench: Bench,
     config: str,
     connections: int,
-    requests: int,
-    batch: int,
-    settle: float,
-    trace: Path | None,
+    requests: int = 1,
+    batch: int = 20,
+    settle: float = 8.0,
+    trace: Path | None = None,
 ) -> dict[str, Any]:
     pid = bench.processes[config].process.pid
 
@@ -149,13 +149,30 @@ async def _closed(held: list[_Connection]) -> None:
         c.writer.transport.abort()
 
 
+def summary(rows: dict[str, Any], connections: int, requests: int, traced: bool) -> dict[str, Any]:
+    """The JSON of a run: each proxy's row, and per-connection ratios to bare mitmproxy's."""
+    base = rows.get("mitmproxy")
+    return {
+        "connections": connections,
+        "requests_per_connection": requests,
+        "traced": traced,
+        "rows": rows,
+        "ratio_per_connection": {
+            k: round(v["kib_per_connection"] / base["kib_per_connection"], 2)
+            for k, v in rows.items()
+        }
+        if base and base["kib_per_connection"] > 0
+        else None,
+    }
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m bench.memory", description=__doc__.split("\n")[0])
     p.add_argument("--configs", default=",".join(CONFIGS))
     p.add_argument("--connections", type=int, default=300)
     p.add_argument("--requests", type=int, default=1, help="per connection (0: idle tunnels)")
     p.add_argument("--batch", type=int, default=20)
-    p.add_argument("--settle", type=float, default=2.0)
+    p.add_argument("--settle", type=float, default=8.0)
     p.add_argument("--trace", action="store_true")
     p.add_argument("--out", type=Path, default=Path("bench/results/memory.json"))
     args = p.parse_args(argv)
@@ -174,7 +191,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         bench.start()
         for config in configs:
-            rows[config] = _measure(
+            rows[config] = measure(
                 bench, config, args.connections, args.requests, args.batch, args.settle, trace
             )
             print(f"[memory] {config}: {json.dumps(rows[config])}", file=sys.stderr)
@@ -187,19 +204,7 @@ def main(argv: list[str] | None = None) -> None:
                     target.write_text(dumped.read_text() if dumped.exists() else "no dump\n")
     finally:
         bench.stop()
-    base = rows.get("mitmproxy")
-    result = {
-        "connections": args.connections,
-        "requests_per_connection": args.requests,
-        "traced": args.trace,
-        "rows": rows,
-        "ratio_per_connection": {
-            k: round(v["kib_per_connection"] / base["kib_per_connection"], 2)
-            for k, v in rows.items()
-        }
-        if base and base["kib_per_connection"] > 0
-        else None,
-    }
+    result = summary(rows, args.connections, args.requests, args.trace)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench import figure
 from bench.client import Outcome
 
 BASELINE = "mitmproxy"
@@ -21,6 +22,8 @@ MAX_P50_ADDED_MS = 0.5
 # Issue 24: downloads through a redacted grant at 0.9 of streaming mitmproxy's throughput.
 MIN_DOWNLOAD_RATIO = 0.90
 MAX_RSS_GROWTH_MIB = 20.0
+# RSS per held connection against bare mitmproxy's (issue 45).
+MAX_CONNECTION_RATIO = 1.3
 MAX_STARTUP_S = 2.0
 STARTUP_CONFIG = "credproxy-10k"
 
@@ -185,6 +188,11 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         name = f"{growth['config']} RSS growth < {MAX_RSS_GROWTH_MIB:.0f} MiB over "
         name += f"{growth['requests']:,} requests"
         check(name, growth["growth_mb"], MAX_RSS_GROWTH_MIB, False)
+    memory = results.get("memory_per_connection")
+    if memory and memory.get("ratio_per_connection"):
+        ratio = memory["ratio_per_connection"].get("credproxy-10")
+        name = f"credproxy-10 RSS per held connection ≤ {MAX_CONNECTION_RATIO:.1f} × mitmproxy's"
+        check(name, ratio, MAX_CONNECTION_RATIO + 1e-9, False)
     startup = results["startup_s"].get(STARTUP_CONFIG)
     if startup is not None:
         check(
@@ -249,6 +257,14 @@ def markdown(results: dict[str, Any]) -> str:
             f"(**{growth['growth_mb']:+.1f} MiB**; samples {samples}); "
             f"{growth['errors']} errors.",
         ]
+    memory = results.get("memory_per_connection")
+    if memory:
+        held = ", ".join(
+            f"{name} {row['kib_per_connection']:.0f} KiB held, "
+            f"{row['kib_kept_per_connection']:.0f} KiB kept after the close"
+            for name, row in memory["rows"].items()
+        )
+        lines += ["", f"RSS per connection, {memory['connections']} tunnels held: {held}."]
     if results["targets"]:
         lines += ["", "| target | measured | met |", "|---|--:|:-:|"]
         for t in results["targets"]:
@@ -337,4 +353,7 @@ def write(results: dict[str, Any], out: Path) -> str:
     out.write_text(json.dumps(results, indent=2) + "\n")
     text = markdown(results)
     out.with_suffix(".md").write_text(text)
+    figure.draw(
+        results, out.with_suffix(figure.FIGURE_SUFFIX), results.get("memory_per_connection")
+    )
     return text

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -94,6 +95,14 @@ def test_smoke_run(
     assert set(results["startup_s"]) == proxies
     assert results["grants"] == dict.fromkeys(ours, 10)
     assert results["rss_growth"] is None
+    memory = results["memory_per_connection"]
+    if {"mitmproxy", "credproxy-10"} <= set(configs):
+        assert set(memory["rows"]) == {"mitmproxy", "credproxy-10"}
+        assert memory["rows"]["credproxy-10"]["kib_per_connection"] is not None
+    else:
+        assert memory is None
+    if importlib.util.find_spec("matplotlib") is not None:  # the bench extra
+        assert out.with_suffix(".svg").read_text().lstrip().startswith("<?xml")
     markdown = out.with_suffix(".md").read_text()
     assert markdown.startswith("# credproxy benchmark")
     assert all(f"| {config} | 1 |" in markdown for config in ours)
