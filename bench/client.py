@@ -52,6 +52,8 @@ class Outcome:
     elapsed: float = 0.0
     # What `probe` counted over the timed part (the proxy's CPU seconds), if given.
     probed: float | None = None
+    # Of `probed`, what the supervisor of `--workers` spent itself (its own process only).
+    supervisor_s: float | None = None
     latencies: list[float] = field(default_factory=list)
     error_kinds: dict[str, int] = field(default_factory=dict)
 

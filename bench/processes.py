@@ -48,6 +48,13 @@ class Running:
         """User + system CPU seconds of the process and its children (`--workers`), so far."""
         return sum(_cpu_s(pid) for pid in [self.process.pid, *_children(self.process.pid)])
 
+    def own_cpu_s(self) -> float:
+        """User + system CPU seconds of the process itself, without its children."""
+        return _cpu_s(self.process.pid)
+
+    def has_workers(self) -> bool:
+        return bool(_children(self.process.pid))
+
     def stop(self) -> None:
         for process in (self.process, self.extra.get("reader")):
             if process is None or process.poll() is not None:

@@ -22,6 +22,9 @@ MAX_P50_ADDED_MS = 0.5
 # Issue 24: downloads through a redacted grant at 0.9 of streaming mitmproxy's throughput.
 MIN_DOWNLOAD_RATIO = 0.90
 MAX_RSS_GROWTH_MIB = 20.0
+# --workers 2 against one process: all processes' CPU per request served (issue 45).
+WORKERS_CONFIG, WORKERS_BASE = "credproxy-10-w2", "credproxy-10"
+MAX_WORKERS_CPU_RATIO = 1.05
 # RSS per held connection against bare mitmproxy's (issue 45).
 MAX_CONNECTION_RATIO = 1.3
 MAX_STARTUP_S = 2.0
@@ -41,6 +44,7 @@ class Cell:
     errors: int = 0
     elapsed: float = 0.0
     cpu_s: float | None = None
+    supervisor_s: float | None = None
     latencies: list[float] = field(default_factory=list)
     rps_reps: list[float] = field(default_factory=list)
     p50_reps: list[float | None] = field(default_factory=list)
@@ -53,6 +57,8 @@ class Cell:
         self.elapsed += outcome.elapsed
         if outcome.probed is not None:
             self.cpu_s = (self.cpu_s or 0.0) + outcome.probed
+        if outcome.supervisor_s is not None:
+            self.supervisor_s = (self.supervisor_s or 0.0) + outcome.supervisor_s
         self.latencies += outcome.latencies
         self.rps_reps.append(outcome.requests / outcome.elapsed if outcome.elapsed else 0.0)
         self.p50_reps.append(
@@ -91,6 +97,10 @@ class Cell:
             else None,
             "cpu_ns_per_byte": _round(self.cpu_s * 1e9 / (self.requests * self.size), 2)
             if self.cpu_s is not None and self.requests and self.size
+            else None,
+            # --workers: the supervisor's own CPU, a share of the whole process tree's.
+            "supervisor_cpu_share": _round(self.supervisor_s / self.cpu_s, 3)
+            if self.supervisor_s is not None and self.cpu_s
             else None,
             "rps_reps": [round(r, 1) for r in self.rps_reps],
             "p50_ms_reps": [_round(p, 3) for p in self.p50_reps],
@@ -188,6 +198,20 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         name = f"{growth['config']} RSS growth < {MAX_RSS_GROWTH_MIB:.0f} MiB over "
         name += f"{growth['requests']:,} requests"
         check(name, growth["growth_mb"], MAX_RSS_GROWTH_MIB, False)
+    index = _by_key(results["rows"])
+    for row in results["rows"]:
+        one = index.get((WORKERS_BASE, row["concurrency"], row.get("size")))
+        if row["config"] != WORKERS_CONFIG or row["concurrency"] < 10 or one is None:
+            continue
+        per_request = None
+        if row["cpu_ms"] is not None and one["cpu_ms"]:
+            per_request = round(row["cpu_ms"] / one["cpu_ms"], 3)
+        name = (
+            f"{WORKERS_CONFIG} CPU per request ≤ {MAX_WORKERS_CPU_RATIO:.2f} × "
+            f"{WORKERS_BASE}'s at c={row['concurrency']} (supervisor's share "
+            f"{_fmt(row.get('supervisor_cpu_share'), '.1%')})"
+        )
+        check(name, per_request, MAX_WORKERS_CPU_RATIO + 1e-9, False)
     memory = results.get("memory_per_connection")
     if memory and memory.get("ratio_per_connection"):
         ratio = memory["ratio_per_connection"].get("credproxy-10")

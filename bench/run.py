@@ -300,20 +300,26 @@ class Bench:
             target = replace(target, path=f"{BLOB.decode()}{self.settings.body}/{size}")
         running = self.processes.get(config)
         probe = running.cpu_s if running is not None else None
+        own = running.own_cpu_s if running is not None and running.has_workers() else None
+        supervisor = own() if own is not None else 0.0
         try:
             if self.settings.client == "httpx":
                 assert requests is not None
-                return asyncio.run(run_cell_httpx(target, concurrency, requests, probe))
-            return asyncio.run(
-                run_cell(
-                    target,
-                    concurrency,
-                    requests,
-                    duration,
-                    per_connection=per_connection,
-                    probe=probe,
+                outcome = asyncio.run(run_cell_httpx(target, concurrency, requests, probe))
+            else:
+                outcome = asyncio.run(
+                    run_cell(
+                        target,
+                        concurrency,
+                        requests,
+                        duration,
+                        per_connection=per_connection,
+                        probe=probe,
+                    )
                 )
-            )
+            if own is not None:  # over the whole cell, its connections' set-up included
+                outcome.supervisor_s = own() - supervisor
+            return outcome
         except (BadResponse, OSError, ssl.SSLError, TimeoutError) as e:
             log = running.output if running is not None else None
             raise BenchError(f"{config} at c={concurrency}: {e!r} (log: {log})") from e
