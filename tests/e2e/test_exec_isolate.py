@@ -481,6 +481,16 @@ def test_as_root_the_sandbox_needs_another_user(proxy: Proxy, agent: Agent, tmp_
     assert tokens(proxy, agent) == []
 
 
+# Run in the sandbox: each argument's path, READ and what it holds, or refused and why.
+READ_EACH = (
+    "import sys\n"
+    "for p in sys.argv[1:]:\n"
+    "    try:\n"
+    "        print(p, 'READ', open(p).read())\n"
+    "    except OSError as e:\n"
+    "        print(p, 'refused', type(e).__name__)\n"
+)
+
 @needs_namespaces
 def test_a_secret_file_a_credential_references_is_hidden_in_the_sandbox(
     proxy: Proxy, agent: Agent, tmp_path: Path
@@ -498,20 +508,12 @@ def test_a_secret_file_a_credential_references_is_hidden_in_the_sandbox(
     proxy.store.add_credential(
         name, "bearer", ["api.test"], None, secret_ref=f"file:{mounted}/token"
     )
-    probe = (
-        "import os, sys\n"
-        "for p in sys.argv[1:]:\n"
-        "    try:\n"
-        "        print(p, 'READ', open(p).read())\n"
-        "    except OSError as e:\n"
-        "        print(p, 'refused', type(e).__name__)\n"
-    )
     done = isolated(
         proxy,
         agent,
         PYTHON,
         "-c",
-        probe,
+        READ_EACH,
         str(mounted / "token"),
         str(mounted / "..data" / "token"),
     )
@@ -536,20 +538,12 @@ def test_the_files_credproxy_logs_in_to_secret_backends_with_are_hidden(
     for var, value in files.items():
         (backend / var).write_text(value)
         (backend / var).chmod(0o644)
-    probe = (
-        "import sys\n"
-        "for p in sys.argv[1:]:\n"
-        "    try:\n"
-        "        print(p, 'READ', open(p).read())\n"
-        "    except OSError as e:\n"
-        "        print(p, 'refused', type(e).__name__)\n"
-    )
     done = isolated(
         proxy,
         agent,
         PYTHON,
         "-c",
-        probe,
+        READ_EACH,
         *(str(backend / var) for var in files),
         env={var: str(backend / var) for var in files},
     )
