@@ -25,6 +25,8 @@ MAX_RSS_GROWTH_MIB = 20.0
 # --workers 2 against one process: all processes' CPU per request served (issue 45).
 WORKERS_CONFIG, WORKERS_BASE = "credproxy-10-w2", "credproxy-10"
 MAX_WORKERS_CPU_RATIO = 1.05
+# The OTLP export against the same proxy without it, requests/s (issue 40).
+OTLP_CONFIG, OTLP_BASE, MIN_OTLP_RATIO = "credproxy-10-otlp", "credproxy-10", 0.90
 # RSS per held connection against bare mitmproxy's (issue 45).
 MAX_CONNECTION_RATIO = 1.3
 MAX_STARTUP_S = 2.0
@@ -212,6 +214,13 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
             f"{_fmt(row.get('supervisor_cpu_share'), '.1%')})"
         )
         check(name, per_request, MAX_WORKERS_CPU_RATIO + 1e-9, False)
+    for row in results["rows"]:
+        plain = index.get((OTLP_BASE, row["concurrency"], row.get("size")))
+        if row["config"] != OTLP_CONFIG or row["concurrency"] != 10 or plain is None:
+            continue
+        paired = [o / p for o, p in zip(row["rps_reps"], plain["rps_reps"], strict=True) if p]
+        name = f"{OTLP_CONFIG} rps ≥ {MIN_OTLP_RATIO:.2f} × {OTLP_BASE} at c=10 (paired median)"
+        check(name, round(statistics.median(paired), 3) if paired else None, MIN_OTLP_RATIO, True)
     memory = results.get("memory_per_connection")
     if memory and memory.get("ratio_per_connection"):
         ratio = memory["ratio_per_connection"].get("credproxy-10")
