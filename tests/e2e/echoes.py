@@ -127,7 +127,17 @@ def _h2_body_then_trailer(conn: Any, stream_id: int, secret: bytes) -> None:
     conn.send_headers(stream_id, [(b"grpc-message", secret[9:])], end_stream=True)
 
 
+def _h2_empty_frame_split(conn: Any, stream_id: int, secret: bytes) -> None:
+    """A streamed body with the secret split around an empty DATA frame: mitmproxy hands the
+    empty frame on as b"", the marker of a stream's end to a stream function."""
+    conn.send_headers(stream_id, [(b":status", b"200"), (b"content-type", b"text/plain")])
+    conn.send_data(stream_id, b"echo: " + secret[:9])
+    conn.send_data(stream_id, b"")
+    conn.send_data(stream_id, secret[9:] + b" end", end_stream=True)
+
+
 H2_SCRIPTS = {
+    "/v1/empty-frame-split": _h2_empty_frame_split,
     "/v1/trailers-held": _h2_trailers(True),
     "/v1/trailers-streamed": _h2_trailers(False),
     "/v1/body-then-trailer": _h2_body_then_trailer,

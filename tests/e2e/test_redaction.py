@@ -115,6 +115,17 @@ def test_a_secret_split_between_body_and_trailers_never_reaches_the_agent(
     assert not whole, "the agent can put the secret back together"
 
 
+# An empty HTTP/2 DATA frame mid-body is not the body's end (addon/mitm/emptydata.py): the
+# held-back start of a secret is not flushed by it.
+def test_a_secret_split_around_an_empty_h2_data_frame_is_redacted(rproxy: Proxy, names):
+    principal, token, cred = _principal(rproxy, names)
+    rproxy.store.add_grant(principal, ["GET"], credential=cred, hosts=["h2.test"], paths=["/v1/"])
+    rproxy.wait_reload()
+    body, _ = _h2_get(rproxy, (principal, token), "h2.test", "/v1/empty-frame-split")
+    assert body.startswith(b"echo: ") and body.endswith(b" end"), body
+    assert SECRET not in body and SECRET[:9] not in body, body
+
+
 # -- WebSocket -----------------------------------------------------------------------------
 
 
