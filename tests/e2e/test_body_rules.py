@@ -155,6 +155,9 @@ def test_a_mutation_outside_the_grant_is_refused_wherever_it_hides(
     assert refused.headers["x-credproxy-reason"] == "operation-not-allowed"
     assert upstream.log.requests == []
     assert SECRET.decode() not in refused.text
+    # No access request: approving one would grant the path with any body (access-requests.md).
+    assert "access_request" not in refused.json()
+    assert [r for r in proxy.store.list_access_requests(None) if r.principal == agent] == []
 
 
 def test_a_mutation_in_a_get_query_string_is_refused(proxy: Proxy, upstream: Upstream, names):
