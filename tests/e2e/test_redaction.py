@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import wsproto.events as ev
 
+from store.rules import bodyrules
 from tests.e2e.conftest import Proxy
 from tests.e2e.echoes import (
     SECRET,
@@ -124,6 +125,22 @@ def test_a_secret_split_around_an_empty_h2_data_frame_is_redacted(rproxy: Proxy,
     body, _ = _h2_get(rproxy, (principal, token), "h2.test", "/v1/empty-frame-split")
     assert body.startswith(b"echo: ") and body.endswith(b" end"), body
     assert SECRET not in body and SECRET[:9] not in body, body
+
+
+def test_a_tools_list_event_split_around_an_empty_h2_data_frame_is_filtered(rproxy: Proxy, names):
+    principal, token, cred = _principal(rproxy, names)
+    rproxy.store.add_grant(
+        principal,
+        ["GET"],
+        credential=cred,
+        hosts=["h2.test"],
+        paths=["/v1/"],
+        body=bodyrules.parse("mcp", {"tools": ["ok"]}),
+    )
+    rproxy.wait_reload()
+    body, _ = _h2_get(rproxy, (principal, token), "h2.test", "/v1/mcp-empty-frame")
+    assert b'"ok"' in body, body
+    assert b"drop_repo" not in body, body
 
 
 # -- WebSocket -----------------------------------------------------------------------------
