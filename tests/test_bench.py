@@ -161,6 +161,24 @@ def test_the_comparison_pairs_each_repetition_with_mitmproxys() -> None:
     assert slowed["p50_added_ms"] == 0.5
 
 
+def test_the_graphql_configuration_has_its_throughput_target() -> None:
+    from bench.report import targets
+
+    rows = [
+        {"config": "credproxy-graphql", "concurrency": 10, "rps_ratio": 0.92},
+        {"config": "credproxy-10-otlp", "concurrency": 10, "rps_ratio": 0.5},  # no target
+    ]
+    checks = targets({"rows": rows, "rss_growth": None, "startup_s": {}})
+    assert checks == [
+        {
+            "target": "credproxy-graphql rps ≥ 0.90 × mitmproxy at c=10",
+            "measured": 0.92,
+            "limit": 0.9,
+            "met": True,
+        }
+    ]
+
+
 def test_instruction_counts_run(tmp_path: Path) -> None:
     """python -m bench.instructions under callgrind, tiny: it starts, counts and compares."""
     result = subprocess.run(

@@ -73,12 +73,16 @@ def _request_row(r: AccessRequestEntry) -> dict[str, Any]:
         "cover_until": r.cover_until.isoformat() if r.cover_until else None,
         "cover_uses": r.cover_uses,
         "covered": r.covered,
+        # What a held request's body asked under a grant's body rule (GraphQL operation, MCP
+        # method and tool, JSON-RPC method); never its arguments.
+        "operation": r.operation,
     }
 
 
 def cmd_request_list(args: argparse.Namespace, settings: Settings) -> int:
     rows = [_request_row(r) for r in settings.reader().list_access_requests(args.state)]
-    columns = ["id", "principal", "method", "host", "port", "path", "source", "state", "count"]
+    columns = ["id", "principal", "method", "host", "port", "path", "operation", "source", "state"]
+    columns.append("count")
     emit(settings, rows, table(rows, columns + ["last_seen", "grant_id", "kind", "purpose"]))
     return 0
 

@@ -88,7 +88,11 @@ class SseFilter:
         self._first = True  # the stream's first line, whose BOM a client strips
 
     def feed(self, chunk: bytes) -> bytes:
-        """The bytes to forward now: the events this chunk completed. Raises Unfilterable."""
+        """The bytes to forward now: the events this chunk completed. Raises Unfilterable.
+        An empty chunk changes nothing (the end is `end()`): a CR that ended the last chunk
+        still waits for the LF that may begin the next."""
+        if not chunk:
+            return b""
         out = bytearray()
         start = 0
         if self._cr and chunk[:1] == b"\n":

@@ -176,7 +176,9 @@ class Route:
         """
         head = connect_head(name, port, self.authorization() if self.authorization else None)
         try:
-            reader, writer = await asyncio.open_connection(self.proxy.host, self.proxy.port)
+            reader, writer = await asyncio.open_connection(
+                self.proxy.host, self.proxy.port, limit=ANSWER_LIMIT
+            )
         except OSError as e:
             raise ProxyFailed("proxy-unreachable") from e
         try:
@@ -208,7 +210,6 @@ class Route:
                 writer.transport.abort()
                 raise
         return reader, writer
-
 
     def tunnel(
         self, name: str, port: int, address: tuple[str, int], timeout: float
@@ -249,8 +250,8 @@ class Route:
         return sock
 
 
-# The corporate proxy's answer to a CONNECT, read by `Route.tunnel` (`open` uses the stream
-# reader's own limit).
+# The corporate proxy's answer to a CONNECT, read by `Route.tunnel` and (as its stream
+# reader's limit) by `Route.open`: a longer answer is `proxy-bad-answer`.
 ANSWER_LIMIT = 64 * 1024
 
 

@@ -401,7 +401,7 @@ def operation_of(body: dict[str, Any] | None) -> str | None:
                 fields = ",".join(item.get("fields") or ())
                 parts.append(f"{item.get('type')} {fields}".strip())
             elif kind == "mcp":
-                target = item.get("tool") or item.get("uri") or item.get("prompt")
+                target = item.get("tool") or item.get("resource") or item.get("prompt")
                 parts.append(
                     f"{item.get('method')} {target}" if target else str(item.get("method"))
                 )

@@ -1144,3 +1144,48 @@ def test_a_fragment_spread_by_every_operation_is_walked_once() -> None:
     decision = gql({"query": document, "operationName": "Q0"})
     assert decision.allowed
     assert len(decision.summary["graphql"]) == 20  # capped, one entry per operation
+
+
+# -- the limits table's bounds, each at its edge (docs/configuration.md#limits) ------------
+
+
+def _operations(n: int) -> dict[str, Any]:
+    document = " ".join(f"query Q{i} {{ viewer {{ id }} }}" for i in range(n))
+    return {"query": document, "operationName": "Q0"}
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        pytest.param(_operations(bodies.MAX_OPERATIONS), ALLOWED, id="32 operations pass"),
+        pytest.param(_operations(bodies.MAX_OPERATIONS + 1), UNDECIDABLE, id="33 are refused"),
+        pytest.param([{"query": "{ viewer { id } }"}] * MAX_BATCH, ALLOWED, id="a batch of 100"),
+        pytest.param(
+            [{"query": "{ viewer { id } }"}] * (MAX_BATCH + 1), UNDECIDABLE, id="a batch of 101"
+        ),
+        pytest.param(
+            {"query": "{ viewer { id } }" + " #\n" * (bodies.MAX_TOKENS - 10)},
+            ALLOWED,
+            id="under 50,000 tokens",
+        ),
+    ],
+)
+def test_the_body_bounds_at_their_edges(body: Any, expected: Reason | None) -> None:
+    assert (bodies.MAX_OPERATIONS, MAX_BATCH, bodies.MAX_TOKENS) == (32, 100, 50_000)
+    assert gql(body).reason is expected
+
+
+def test_a_rule_list_holds_256_names_of_200_characters() -> None:
+    from store.errors import InvalidInput
+    from store.rules.bodyrules import MAX_NAME, MAX_NAMES
+
+    assert (MAX_NAMES, MAX_NAME) == (256, 200)
+    names = [f"f{i}".ljust(200, "x") for i in range(256)]
+    parse("graphql", {"mutation": names})
+    parse("mcp", {"tools": names})
+    with pytest.raises(InvalidInput):
+        parse("graphql", {"mutation": [*names, "one_more"]})
+    with pytest.raises(InvalidInput):
+        parse("mcp", {"tools": ["t" * 201]})
+    with pytest.raises(InvalidInput):
+        parse("graphql", {"mutation": ["f" * 201]})

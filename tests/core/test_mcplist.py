@@ -167,6 +167,14 @@ def test_any_chunking_changes_nothing(cuts: list[int]) -> None:
     assert sse(SseFilter(RULE), *chunks) == EXPECTED
 
 
+def test_an_empty_chunk_between_a_cr_and_its_lf_changes_nothing() -> None:
+    # Hypothesis' cuts may repeat a point: an empty chunk. It must not forget the CR.
+    # The cut falls in the CR LF that ends the first of an event's two data lines.
+    cut = STREAM.index(b"\r\n", STREAM.index(b"id: 42") + 8) + 1
+    assert sse(SseFilter(RULE), STREAM[:cut], b"", STREAM[cut:]) == EXPECTED
+    assert SseFilter(RULE).feed(b"") == b""
+
+
 def test_a_cr_at_a_chunk_end_is_one_line_end_with_the_lf_after_it() -> None:
     body = j(listing(SEARCH, DROP))
     assert sse(SseFilter(RULE), b"data: " + body + b"\r", b"\n\r", b"\n") == (

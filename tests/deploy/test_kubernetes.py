@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import shutil
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -16,12 +17,16 @@ import pytest
 import yaml
 from conftest import (
     AGENTS_NAMESPACE,
+    DEPLOYMENT_DOC,
+    KUSTOMIZE,
     MASTER_KEY,
     OVERLAYS,
     PG_PASSWORD,
     PROXY_NAMESPACE,
     SESSION_TOKEN,
     find,
+    install_files,
+    kustomize,
     pod_templates,
     secret_data,
 )
@@ -536,3 +541,45 @@ def test_the_agent_gets_the_sessions_proxy_variables_and_trusts_the_ca(rendered:
     assert volume["configMap"]["name"] == ca["metadata"]["name"]
     assert set(ca["data"]) == {AGENT_CA.rsplit("/", 1)[1]}
     assert "BEGIN CERTIFICATE" in ca["data"]["credproxy-ca.pem"]
+
+
+def test_the_documented_session_secret_per_workload_renders_and_is_used(
+    tmp_path: Path, ca_dir: Path
+) -> None:
+    """docs/deployment.md's two snippets, applied to a copy of agents/: each workload gets
+    its own Secret, renamed with its hash, and names only its own."""
+    doc = DEPLOYMENT_DOC.read_text()
+    section = doc[doc.index("**A session Secret per workload.**") :]
+    generators, env_from = (
+        yaml.safe_load(block) for block in re.findall(r"```yaml\n(.*?)```", section, re.S)[:2]
+    )
+    tree = tmp_path / "kubernetes"
+    shutil.copytree(KUSTOMIZE, tree)
+    install_files(tree, ca_dir)
+    agents = tree / "agents"
+    (agents / "secrets" / "reviewer.env").write_text(
+        (agents / "secrets" / "session.env").read_text().replace("agent:", "reviewer:")
+    )
+    kustomization = yaml.safe_load((agents / "kustomization.yaml").read_text())
+    kustomization["secretGenerator"] = generators["secretGenerator"]
+    kustomization["resources"].append("reviewer.yaml")
+    (agents / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
+    reviewer = yaml.safe_load((agents / "agent.yaml").read_text())
+    reviewer["metadata"]["name"] = "reviewer"
+    reviewer["spec"]["template"]["spec"]["containers"][0]["envFrom"] = env_from["envFrom"]
+    (agents / "reviewer.yaml").write_text(yaml.safe_dump(reviewer))
+    objects = kustomize(agents)
+    secrets = {
+        o["metadata"]["name"]: secret_data(o)["HTTPS_PROXY"]
+        for o in objects
+        if o["kind"] == "Secret"
+    }
+    used = {
+        o["metadata"]["name"]: container(o)["envFrom"][0]["secretRef"]["name"]
+        for o in objects
+        if o["kind"] == "Deployment"
+    }
+    assert len(secrets) == 2 and set(used.values()) == set(secrets)
+    assert used["agent"].startswith("credproxy-session-") and b"//agent:" in secrets[used["agent"]]
+    assert used["reviewer"].startswith("credproxy-session-reviewer-")
+    assert b"//reviewer:" in secrets[used["reviewer"]]

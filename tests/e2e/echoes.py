@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import gzip
+import json
 import os
 import ssl
 import time
@@ -127,7 +128,33 @@ def _h2_body_then_trailer(conn: Any, stream_id: int, secret: bytes) -> None:
     conn.send_headers(stream_id, [(b"grpc-message", secret[9:])], end_stream=True)
 
 
+def _h2_empty_frame_split(conn: Any, stream_id: int, secret: bytes) -> None:
+    """A streamed body with the secret split around an empty DATA frame: mitmproxy hands the
+    empty frame on as b"", the marker of a stream's end to a stream function."""
+    conn.send_headers(stream_id, [(b":status", b"200"), (b"content-type", b"text/plain")])
+    conn.send_data(stream_id, b"echo: " + secret[:9])
+    conn.send_data(stream_id, b"")
+    conn.send_data(stream_id, secret[9:] + b" end", end_stream=True)
+
+
+def _h2_tools_list_split(conn: Any, stream_id: int, secret: bytes) -> None:
+    """An MCP server's event stream listing a tool the grant leaves out, its event split
+    around an empty DATA frame."""
+    listing = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "result": {"tools": [{"name": "ok"}, {"name": "drop_repo"}]},
+    }
+    event = b"data: " + json.dumps(listing).encode() + b"\n\n"
+    conn.send_headers(stream_id, [(b":status", b"200"), (b"content-type", b"text/event-stream")])
+    conn.send_data(stream_id, event[:30])
+    conn.send_data(stream_id, b"")
+    conn.send_data(stream_id, event[30:], end_stream=True)
+
+
 H2_SCRIPTS = {
+    "/v1/empty-frame-split": _h2_empty_frame_split,
+    "/v1/mcp-empty-frame": _h2_tools_list_split,
     "/v1/trailers-held": _h2_trailers(True),
     "/v1/trailers-streamed": _h2_trailers(False),
     "/v1/body-then-trailer": _h2_body_then_trailer,

@@ -21,6 +21,7 @@ from graphql import build_schema, graphql_sync
 from store.crypto import Secret
 from store.rules import bodyrules, validation
 from tests.e2e.conftest import NAMES, Proxy
+from tests.e2e.raw import exchange, proxy_auth, tunnel
 from tests.e2e.upstream import Answer, Received, Upstream
 
 pytestmark = pytest.mark.e2e
@@ -155,6 +156,9 @@ def test_a_mutation_outside_the_grant_is_refused_wherever_it_hides(
     assert refused.headers["x-credproxy-reason"] == "operation-not-allowed"
     assert upstream.log.requests == []
     assert SECRET.decode() not in refused.text
+    # No access request: approving one would grant the path with any body (access-requests.md).
+    assert "access_request" not in refused.json()
+    assert [r for r in proxy.store.list_access_requests(None) if r.principal == agent] == []
 
 
 def test_a_mutation_in_a_get_query_string_is_refused(proxy: Proxy, upstream: Upstream, names):
@@ -195,6 +199,56 @@ def test_a_body_that_cannot_be_read_with_certainty_is_refused(
         refused = client.post("https://api.test/graphql", content=body, headers=headers)
     assert refused.status_code in (400, 415)
     assert refused.headers["x-credproxy-reason"] == "body-undecidable"
+    assert upstream.log.requests == []
+
+
+# Two fields would let the proxy decide on one and the upstream read the other: a plain
+# JSON query to credproxy, a form or a gzip body to a server that reads the last field.
+DUPLICATE_FIELDS = {
+    "two Content-Type fields": [
+        ("content-type", "application/json"),
+        ("content-type", "application/x-www-form-urlencoded"),
+    ],
+    "two Content-Encoding fields": [
+        ("content-type", "application/json"),
+        ("content-encoding", "identity"),
+        ("content-encoding", "gzip"),
+    ],
+}
+
+
+@pytest.mark.parametrize("fields", DUPLICATE_FIELDS.values(), ids=DUPLICATE_FIELDS.keys())
+def test_a_body_with_two_type_or_coding_fields_is_refused(
+    proxy: Proxy, upstream: Upstream, names, fields
+):
+    agent, token = _granted(proxy, names, {"query": "*"})
+    with proxy.client(agent, token) as client:
+        refused = client.post(
+            "https://api.test/graphql", content=b'{"query": "{ viewer }"}', headers=fields
+        )
+    assert refused.status_code == 400
+    assert refused.headers["x-credproxy-reason"] == "body-undecidable"
+    assert upstream.log.requests == []
+
+
+def test_a_declared_over_long_body_is_refused_before_a_byte_of_it_is_read(
+    proxy: Proxy, upstream: Upstream, names
+):
+    """Content-Length over the bound: 413 at once, while the client has sent none of it."""
+    agent, token = _granted(proxy, names, {"query": "*"})
+    head = (
+        "POST /graphql HTTP/1.1\r\nHost: api.test\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {2 * 1024 * 1024}\r\n\r\n"
+    ).encode()
+    started = time.monotonic()
+    with tunnel(
+        proxy.port, "api.test:443", proxy_auth(agent, token), "api.test", proxy.ca_file
+    ) as tls:
+        tls.settimeout(5)
+        reply = exchange(tls, head)
+    assert time.monotonic() - started < 4
+    assert reply.status == 413
+    assert reply.headers.get("x-credproxy-reason") == "body-too-large"
     assert upstream.log.requests == []
 
 

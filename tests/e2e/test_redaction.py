@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import wsproto.events as ev
 
+from store.rules import bodyrules
 from tests.e2e.conftest import Proxy
 from tests.e2e.echoes import (
     SECRET,
@@ -113,6 +114,33 @@ def test_a_secret_split_between_body_and_trailers_never_reaches_the_agent(
     joined = body.removeprefix(b"key: ") + trailers.removeprefix(b"grpc-message: ")
     whole = SECRET in joined
     assert not whole, "the agent can put the secret back together"
+
+
+# An empty HTTP/2 DATA frame mid-body is not the body's end (addon/mitm/emptydata.py): the
+# held-back start of a secret is not flushed by it.
+def test_a_secret_split_around_an_empty_h2_data_frame_is_redacted(rproxy: Proxy, names):
+    principal, token, cred = _principal(rproxy, names)
+    rproxy.store.add_grant(principal, ["GET"], credential=cred, hosts=["h2.test"], paths=["/v1/"])
+    rproxy.wait_reload()
+    body, _ = _h2_get(rproxy, (principal, token), "h2.test", "/v1/empty-frame-split")
+    assert body.startswith(b"echo: ") and body.endswith(b" end"), body
+    assert SECRET not in body and SECRET[:9] not in body, body
+
+
+def test_a_tools_list_event_split_around_an_empty_h2_data_frame_is_filtered(rproxy: Proxy, names):
+    principal, token, cred = _principal(rproxy, names)
+    rproxy.store.add_grant(
+        principal,
+        ["GET"],
+        credential=cred,
+        hosts=["h2.test"],
+        paths=["/v1/"],
+        body=bodyrules.parse("mcp", {"tools": ["ok"]}),
+    )
+    rproxy.wait_reload()
+    body, _ = _h2_get(rproxy, (principal, token), "h2.test", "/v1/mcp-empty-frame")
+    assert b'"ok"' in body, body
+    assert b"drop_repo" not in body, body
 
 
 # -- WebSocket -----------------------------------------------------------------------------

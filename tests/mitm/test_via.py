@@ -10,6 +10,7 @@ import pytest
 from addon.core.reasons import Reason
 from addon.mitm import wire
 from addon.mitm.via import (
+    ANSWER_LIMIT,
     ERRORS,
     Bypass,
     ProxyFailed,
@@ -234,6 +235,43 @@ async def test_a_refused_tunnel_for_a_token_endpoint_raises_its_fixed_failure(
     assert raised.value.error == error
     assert heads[0].startswith(b"CONNECT auth.example.com:443 HTTP/1.1\r\n")
     assert b"Proxy-Authorization: Basic c2VjcmV0\r\n" in heads[0]
+
+
+# -- the corporate proxy's answer is bounded (ANSWER_LIMIT, in the limits table) ------------
+
+_LONG = b"HTTP/1.1 200 Connection established\r\nX-Pad: " + b"a" * ANSWER_LIMIT + b"\r\n\r\n"
+_ENDLESS = b"HTTP/1.1 200 Connection established\r\nX-Pad: " + b"a" * (ANSWER_LIMIT + 4096)
+_UNDER = b"HTTP/1.1 200 Connection established\r\nX-Pad: " + b"a" * 60_000 + b"\r\n\r\n"
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [pytest.param(_LONG, id="a whole answer over 64 KiB"), pytest.param(_ENDLESS, id="no end")],
+)
+async def test_an_answer_over_64_kib_is_a_bad_answer_in_open_and_tunnel(answer: bytes) -> None:
+    assert ANSWER_LIMIT == 64 * 1024
+    server, _ = await _scripted(answer)
+    route = _route(server)
+    async with server:
+        with pytest.raises(ProxyFailed) as opened:
+            await asyncio.wait_for(route.open("api.example.com", 443, None, 5), 10)
+        with pytest.raises(ProxyFailed) as tunnelled:
+            await asyncio.wait_for(
+                asyncio.to_thread(route.tunnel, "auth.example.com", 443, ("192.0.2.1", 443), 5),
+                10,
+            )
+    assert (opened.value.error, tunnelled.value.error) == ("proxy-bad-answer", "proxy-bad-answer")
+
+
+async def test_an_answer_under_the_limit_opens_the_tunnel() -> None:
+    server, _ = await _scripted(_UNDER)
+    route = _route(server)
+    async with server:
+        _, writer = await route.open("api.example.com", 443, None, 5)
+        writer.close()
+        sock = await asyncio.to_thread(route.tunnel, "auth.example.com", 443, ("192.0.2.1", 443), 5)
+        assert sock is not None
+        sock.close()
 
 
 async def test_a_tunnel_is_opened_by_name_and_a_bypassed_address_is_dialled_directly() -> None:

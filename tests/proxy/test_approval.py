@@ -13,7 +13,7 @@ from addon.core.policy import Policy
 from addon.core.reasons import Reason
 from addon.core.verdict import HeaderScan, Verdict
 from addon.observe.metrics import Metrics
-from addon.proxy.approval import Holds, HoldSettings
+from addon.proxy.approval import Holds, HoldSettings, operation_of
 from addon.proxy.failclosed import Denied
 from addon.proxy.state import Record, Step
 from store.errors import StoreUnavailable
@@ -162,3 +162,24 @@ def test_an_approval_counts_only_while_the_grant_still_serves(change: Any, reaso
     with pytest.raises(Denied) as info:
         asyncio.run(run())
     assert info.value.reason == reason
+
+
+# What an owner is asked to approve names the tool, the resource or the prompt: the keys the
+# body rule's summary writes (addon/core/bodies.py), never an argument.
+@pytest.mark.parametrize(
+    ("body", "operation"),
+    [
+        ({"graphql": [{"type": "mutation", "fields": ["addComment"]}]}, "mutation addComment"),
+        ({"mcp": [{"method": "tools/call", "tool": "search"}]}, "tools/call search"),
+        (
+            {"mcp": [{"method": "resources/read", "resource": "repo://acme/app"}]},
+            "resources/read repo://acme/app",
+        ),
+        ({"mcp": [{"method": "prompts/get", "prompt": "triage"}]}, "prompts/get triage"),
+        ({"mcp": [{"method": "ping"}]}, "ping"),
+        ({"jsonrpc": ["eth_call"]}, "eth_call"),
+        (None, None),
+    ],
+)
+def test_a_held_body_is_named_by_what_it_asks(body: Any, operation: str | None) -> None:
+    assert operation_of(body) == operation

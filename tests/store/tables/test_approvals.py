@@ -241,6 +241,33 @@ def test_grant_add_and_list_show_the_approval(cli: Cli) -> None:
     cli.ok(Call(("grant", "revoke", str(row["id"]))))
 
 
+def test_request_list_shows_what_a_held_body_asked(cli: Cli) -> None:
+    args = ("--credential", "gh", "--method", "POST", "--path", "/graphql", "--approval", "each")
+    (added,) = cli.ok(Call(("grant", "add", "agent", *args, "--graphql", "mutation", "--json")))
+    grant_id = json.loads(added)["id"]
+    store = cli.store()
+    held, _ = store.hold_request(
+        "agent", grant_id, "api.test", 443, "POST", "/graphql", 60, False, "mutation addComment"
+    )
+    store.close()
+    as_json, as_table = cli.ok(
+        Call(("request", "list", "--json")),
+        Call(
+            (
+                "request",
+                "list",
+            )
+        ),
+    )
+    [row] = [r for r in json.loads(as_json) if r["id"] == held]
+    assert (row["kind"], row["operation"]) == ("hold", "mutation addComment")
+    head, *rows = as_table.splitlines()
+    assert "operation" in head.split()
+    [line] = [line for line in rows if line.split()[0] == str(held)]
+    assert "mutation addComment" in line
+    cli.ok(Call(("request", "deny", str(held))), Call(("grant", "revoke", str(grant_id))))
+
+
 def test_concurrent_first_holds_of_a_kind_share_one_request(store: Store) -> None:
     grant_id = _grant(store, "first")
     with ThreadPoolExecutor(8) as pool:
