@@ -219,6 +219,19 @@ def test_the_proxy_runs_several_replicas_that_a_drain_takes_one_at_a_time(
     assert selects(budget["spec"]["selector"]["matchLabels"], labels)
 
 
+def test_the_memory_limit_holds_the_connections_the_proxy_accepts(rendered: Objects) -> None:
+    """A full proxy refuses connections (--max-connections) before it outgrows its memory
+    limit, which would kill it and every connection with it: start-up on PostgreSQL, a busy
+    connection each, and the AWS bodies held to be signed (docs/deployment.md's figures)."""
+    deployment = proxy_deployment(rendered["shared-proxy"])
+    found = re.search(r"--max-connections (\d+)", script(deployment))
+    assert found is not None, "the default 4,096 busy connections outgrow a 640 MiB limit"
+    limit = container(deployment)["resources"]["limits"]["memory"]
+    assert limit.endswith("Mi")
+    needed = 130 * 1024 + int(found.group(1)) * 185 + 64 * 1024  # KiB
+    assert needed <= int(limit.removesuffix("Mi")) * 1024 * 0.95, (needed // 1024, limit)
+
+
 def test_the_probes_ask_the_admin_listener(rendered: Objects) -> None:
     deployment = proxy_deployment(rendered["shared-proxy"])
     proxy = container(deployment)
