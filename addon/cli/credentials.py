@@ -13,7 +13,7 @@ from addon.cli.parsing import group
 from store.crypto import MasterKey, Secret
 from store.errors import CredproxyError, InvalidInput
 from store.records import NO_SECRET, CredentialEntry, CredentialRecord
-from store.rules import aws, secretref, validation
+from store.rules import aws, clientcert, secretref, validation
 from store.rules.grammar import validate_name
 from store.rules.mintspec import GITHUB_API, MINTED, OPTION_NAMES
 from store.rules.validation import SCHEMES
@@ -170,12 +170,26 @@ def cmd_credential_add(args: argparse.Namespace, settings: Settings) -> int:
             [f"added credential {args.name} ({args.scheme}, its secret held at {fp})"],
         )
         return 0
-    emit(
-        settings,
-        {"name": args.name, "scheme": args.scheme, "fingerprint": fp},
-        [f"added credential {args.name} ({args.scheme}, {fp})"],
-    )
+    row: dict[str, Any] = {"name": args.name, "scheme": args.scheme, "fingerprint": fp}
+    lines = [f"added credential {args.name} ({args.scheme}, {fp})"]
+    if args.scheme == "mtls":
+        assert secret is not None
+        shown = _certificate(secret)
+        row |= shown
+        lines += [f"  {name}: {value}" for name, value in shown.items()]
+    emit(settings, row, lines)
     return 0
+
+
+def _certificate(secret: Secret) -> dict[str, str]:
+    """What `credential add` shows of a client certificate: never anything of its key."""
+    found = clientcert.identity(clientcert.parse(secret).chain[0])
+    return {
+        "subject": found.subject,
+        "issuer": found.issuer,
+        "sans": ", ".join(found.sans) or "(none)",
+        "expires": found.not_after.isoformat(timespec="seconds"),
+    }
 
 
 def _policy_file(path: str | None) -> str | None:
@@ -246,6 +260,8 @@ def _scheme_columns(c: CredentialEntry) -> dict[str, Any]:
         }
     if c.scheme in MINTED:
         return {"token_url": _token_endpoint(c), "scope": c.options.get("scope")}
+    if c.scheme == "mtls":
+        return {"subject": c.options.get("subject"), "expires": c.options.get("not_after")}
     return {}
 
 
@@ -269,7 +285,7 @@ def cmd_credential_list(args: argparse.Namespace, settings: Settings) -> int:
     rows = [_credential_row(c, key) for c in found]
     columns = ["name", "scheme", "header", "param", "hosts"]
     extras = ("region", "service", "access_key_id", "assume_role", "placeholder", "positions")
-    for extra in (*extras, "token_url", "scope"):
+    for extra in (*extras, "token_url", "scope", "subject", "expires"):
         if any(extra in row for row in rows):
             columns.append(extra)
     if any(row["secret_ref"] for row in rows):

@@ -4,12 +4,23 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from addon.mitm import bounds, connects, framing, hop, refusals, reuse, websocket, wire
+from addon.mitm import (
+    bounds,
+    clientcerts,
+    connects,
+    framing,
+    hop,
+    refusals,
+    reuse,
+    websocket,
+    wire,
+)
 
 # Where two patches replace the same function, the later one wraps the earlier: reuse wraps
 # connects' ConnectionHandler.open_connection, and bounds wraps what wire replaced of
-# Http1Client.read_headers, HttpStream.handle_protocol_error and Http2Server._handle_event.
-ORDER = (wire, connects, reuse, framing, hop, refusals, bounds, websocket)
+# Http1Client.read_headers, HttpStream.handle_protocol_error and Http2Server._handle_event;
+# clientcerts wraps reuse's HttpLayer.get_connection (it marks what reuse must not dial).
+ORDER = (wire, connects, reuse, clientcerts, framing, hop, refusals, bounds, websocket)
 
 
 def install_all(*above: Callable[[], None]) -> None:

@@ -13,6 +13,7 @@ from functools import partial
 
 from addon.core.guard import DestinationGuard
 from addon.core.hosts import ResolveMap
+from addon.mitm.clientcerts import ClientCerts
 from addon.mitm.reuse import Reuse
 from addon.mitm.via import Route, UpstreamProxy
 from addon.observe import audit
@@ -112,6 +113,8 @@ def build_chain(
             # running, configure, responseheaders, done: parked upstream connections
             # every upstream connection, when there is a corporate proxy (addon/mitm/via.py)
             Reuse(clients, upstream_idle, limits.connect_timeout, route),
+            # tls_start_server (after mitmproxy's tlsconfig): an mtls grant's certificate
+            ClientCerts(),
             Gate(access, trail, limiter),  # requestheaders: the principal's rate, the verdict
             # requestheaders: hold a body that decides the grant; request: decide, then forward
             BodyGate(forward, trail),
