@@ -10,6 +10,15 @@ opens, and `connection_spec_matches` also wants the two to be the same (both non
 Such a connection is never dialled by reuse.py (so never parked for another client
 connection): mitmproxy's TLS layer opens it, and `ClientCerts.tls_start_server`, after
 mitmproxy's tlsconfig, puts the certificate on that one TLS connection.
+
+In TLS 1.3 the upstream refuses a client certificate (or its absence) after the client's
+handshake is done: mitmproxy's `TLSLayer.receive_data` only logs the alert (and its
+`receive_close` then takes the close for one already passed on: the request waited for ever;
+the wrapper here passes it on), or the alert is lost to the reset of a socket closed with the
+request unread. So `HttpStream.handle_protocol_error` (around addon/mitm/wire.py's)
+words a request's failure as upstream-tls-client-cert-refused when its connection got such an
+alert (noted by the wrapper of `receive_data`), or presented a certificate and was closed
+before it answered anything. The alert's text is never passed on.
 """
 
 from __future__ import annotations
@@ -17,15 +26,19 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Generator
 from typing import Any
-from weakref import WeakKeyDictionary
+from weakref import WeakKeyDictionary, WeakSet
 
 from mitmproxy import connection, ctx, tls
 from mitmproxy.addons.tlsconfig import _default_ciphers
 from mitmproxy.net import tls as net_tls
+from mitmproxy.proxy import commands, events
 from mitmproxy.proxy.layers import http as layers
+from mitmproxy.proxy.layers import tls as tls_layers
+from mitmproxy.proxy.layers.http._events import ResponseProtocolError
 from OpenSSL import SSL, crypto
 
-from addon.mitm import once
+from addon.core.reasons import Reason
+from addon.mitm import once, wire
 from addon.observe import audit
 from addon.schemes.mtls import CLIENT_CERTS, Presented
 
@@ -33,6 +46,13 @@ from addon.schemes.mtls import CLIENT_CERTS, Presented
 _WANTS = "_credproxy_client_cert"
 # The certificate each upstream connection was opened to present.
 HOLDS: WeakKeyDictionary[connection.Server, Presented] = WeakKeyDictionary()
+# Server connections the upstream sent a client-certificate alert on, after the handshake.
+REFUSED: WeakSet[connection.Server] = WeakSet()
+# Connections presenting a certificate that the upstream answered on (it took the certificate).
+ANSWERED: WeakSet[connection.Server] = WeakSet()
+# The failures of a connection closed before its first answer.
+_CLOSED = frozenset({"closed-before-response", "connection-reset", "truncated-head"})
+REFUSAL = wire.Failure(Reason.UPSTREAM_TLS_CLIENT_CERT_REFUSED, "client-cert-refused")
 MAX_CONTEXTS = 64
 
 
@@ -67,6 +87,10 @@ class ClientCerts:
                 "hook.failed", hook="tls_start_server", error_type=type(e).__name__
             )
             data.ssl_conn = None
+
+    def responseheaders(self, flow: Any) -> None:
+        if flow.server_conn in HOLDS:
+            ANSWERED.add(flow.server_conn)
 
     def done(self) -> None:
         self._contexts.clear()
@@ -121,6 +145,14 @@ def install() -> None:
         layers.GetHttpConnection.connection_spec_matches
     ):
         raise RuntimeError("mitmproxy changed: GetHttpConnection.connection_spec_matches")
+    if "TLS Error" not in inspect.getsource(tls_layers.TLSLayer.receive_data):
+        raise RuntimeError("mitmproxy changed: TLSLayer.receive_data")
+    tls_layers.TLSLayer.receive_data = _alerts(  # type: ignore[method-assign]
+        tls_layers.TLSLayer.receive_data
+    )
+    layers.HttpStream.handle_protocol_error = _refusals(  # type: ignore[method-assign]
+        layers.HttpStream.handle_protocol_error
+    )
     layers.HttpLayer.get_connection = _get_connection(  # type: ignore[method-assign]
         layers.HttpLayer.get_connection
     )
@@ -165,3 +197,53 @@ def _claim(connections: dict[Any, Any], before: set[Any], want: Presented) -> No
     for server in connections.keys() - before:
         if server not in HOLDS:
             HOLDS[server] = want
+
+
+def alerted(server: connection.Server, text: str) -> None:
+    """A TLS error on an upstream connection after its handshake: a client-certificate alert
+    marks it (OpenSSL's words, as mitmproxy's log or Python's SSLError give them)."""
+    text = text.lower().replace("_", " ")
+    if any(f"alert {a}" in text for a in wire.CLIENT_CERT_ALERTS):
+        REFUSED.add(server)
+
+
+def _alerts(original: Callable[..., Any]) -> Callable[..., Any]:
+    def receive_data(self: Any, data: bytes) -> Generator[Any, Any, None]:
+        failed = False
+        for command in original(self, data):
+            if (
+                isinstance(command, commands.Log)
+                and isinstance(self.conn, connection.Server)
+                and command.message.startswith("TLS Error")
+            ):
+                alerted(self.conn, command.message)
+                failed = True
+            yield command
+        if (
+            failed
+            and self.tls.get_shutdown() & SSL.RECEIVED_SHUTDOWN
+            and self.conn.state & connection.ConnectionState.CAN_READ
+        ):
+            # A fatal alert sets this flag, which mitmproxy's receive_close takes for a close
+            # already passed on: the request would wait for ever. Passed on here, once.
+            self.conn.state &= ~connection.ConnectionState.CAN_READ
+            yield from self.event_to_child(events.ConnectionClosed(self.conn))
+
+    return receive_data
+
+
+def _refusals(original: Callable[..., Any]) -> Callable[..., Any]:
+    def handle_protocol_error(self: Any, event: Any) -> Generator[Any, Any, None]:
+        if isinstance(event, ResponseProtocolError) and _refused(self.flow.server_conn, event):
+            event.message = REFUSAL.message
+        yield from original(self, event)
+
+    return handle_protocol_error
+
+
+def _refused(server: connection.Server, event: Any) -> bool:
+    if server in REFUSED:
+        return True
+    return (
+        server in HOLDS and server not in ANSWERED and wire.classify(event.message).error in _CLOSED
+    )

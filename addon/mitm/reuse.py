@@ -493,7 +493,9 @@ async def _serve(handler: Any, server: Any, key: Key | None, active: Reuse, tls:
             data = await reader.read(65535)
             if not data:
                 break
-        except OSError:
+        except OSError as e:
+            if isinstance(e, ssl.SSLError):  # an alert: a client certificate wanted?
+                clientcerts.alerted(server, str(e))
             break
         except asyncio.CancelledError as e:
             cancelled = e

@@ -194,23 +194,29 @@ def test_a_required_certificate_passes(world: World) -> None:
     assert [s.cert for s in world.seen(world.strict)] == ["alice-a"]
 
 
-@pytest.mark.parametrize(
-    "who, path",
-    [
-        pytest.param("bob", "/x", id="no certificate where one is required"),
-        pytest.param("alice", "/rogue/x", id="a certificate the upstream does not trust"),
-    ],
-)
-def test_a_refused_certificate_has_its_own_reason(world: World, who: str, path: str) -> None:
+def test_a_refused_certificate_has_its_own_reason(world: World) -> None:
     world.clear()
-    principal = world.alice if who == "alice" else world.bob
-    with _client(world, principal) as client:
-        reply = client.get(f"https://{STRICT}{path}")
-    assert reply.status_code == 502
-    assert reply.json()["reason"] == "upstream-tls-client-cert-refused"
+    with _client(world, world.alice) as client:
+        replies = [client.get(f"https://{STRICT}/rogue/{i}") for i in range(3)]
+    assert [r.status_code for r in replies] == [502] * 3
+    assert {r.json()["reason"] for r in replies} == {"upstream-tls-client-cert-refused"}
     assert world.seen(world.strict) == []
-    [line] = [r for r in world.proxy.requests(principal[0]) if r.get("path") == path]
-    assert line["reason"] == "upstream-tls-client-cert-refused"
+    lines = [r for r in world.proxy.requests("alice") if r.get("path", "").startswith("/rogue/")]
+    assert {(r["reason"], r["error"]) for r in lines} == {
+        ("upstream-tls-client-cert-refused", "client-cert-refused")
+    }
+
+
+def test_without_a_certificate_a_strict_upstream_serves_nothing(world: World) -> None:
+    """bob's grant has no certificate: his request never goes out with alice's. (TLS 1.3: the
+    upstream's alert is often lost to its reset, so this reads as the upstream closing.)"""
+    world.clear()
+    with _client(world, world.alice) as a, _client(world, world.bob) as b:
+        assert a.get(f"https://{STRICT}/a/first").status_code == 200
+        reply = b.get(f"https://{STRICT}/a/second")
+    assert reply.status_code == 502
+    assert reply.json()["reason"] in ("upstream-tls-client-cert-refused", "upstream-protocol-error")
+    assert [(s.path, s.cert) for s in world.seen(world.strict)] == [("/a/first", "alice-a")]
 
 
 def test_an_expired_certificate_is_refused_before_anything_is_sent(world: World) -> None:
