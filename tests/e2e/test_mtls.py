@@ -107,6 +107,8 @@ def world(
                 "cert-a": _pem(clients, "alice-a"),
                 "cert-b": _pem(clients, "alice-b"),
                 "rogue": _pem(trustme.CA(), "rogue"),  # from a CA the upstreams do not trust
+                # issued by an intermediate CA: the upstream trusts only the root
+                "chained": _pem(clients.create_child_ca(), "alice-chained"),
             }
             for name, secret in secrets.items():
                 store.add_credential(name, "mtls", hosts, secret)
@@ -116,6 +118,7 @@ def world(
             store.add_grant("alice", ["GET"], credential="cert-b", hosts=hosts, paths=["/b/"])
             store.add_grant("alice", ["GET"], credential="token", hosts=hosts, paths=["/none/"])
             store.add_grant("alice", ["GET"], credential="rogue", hosts=hosts, paths=["/rogue/"])
+            store.add_grant("alice", ["GET"], credential="chained", hosts=hosts, paths=["/c/"])
             store.add_grant("bob", ["GET"], credential="token", hosts=hosts, paths=["/"])
             proxy.wait_reload()
             keys = [_key_pem(s) for s in secrets.values()]
@@ -192,6 +195,15 @@ def test_a_required_certificate_passes(world: World) -> None:
     done = _curl(world, world.alice, f"https://{STRICT}/a/ok")
     assert done.stdout.endswith(b"\n200"), done
     assert [s.cert for s in world.seen(world.strict)] == ["alice-a"]
+
+
+def test_the_chain_goes_with_the_certificate(world: World) -> None:
+    """Issued by an intermediate the upstream does not hold: it verifies only if the proxy
+    sends the intermediate too."""
+    world.clear()
+    with _client(world, world.alice) as client:
+        assert client.get(f"https://{STRICT}/c/x").status_code == 200
+    assert [s.cert for s in world.seen(world.strict)] == ["alice-chained"]
 
 
 def test_a_refused_certificate_has_its_own_reason(world: World) -> None:
