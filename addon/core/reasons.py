@@ -103,6 +103,5 @@ UPSTREAM_REASONS = frozenset(
         Reason.UPSTREAM_PROXY_AUTH,
         Reason.CREDENTIALS_UNAVAILABLE,
         Reason.UPSTREAM_TLS_CLIENT_CERT_REFUSED,
-        Reason.CLIENT_CERT_EXPIRED,
     }
 )

@@ -1,8 +1,8 @@
 """A client certificate credential (scheme mtls): a PEM certificate chain and its private key.
 
-Checked once, before it is stored: the chain parses, each certificate is signed by the next,
-the key is the first certificate's. What is stored is the chain (leaf first) and the key as
-unencrypted PKCS#8 PEM. Messages never quote the input.
+Checked once, before it is stored: the chain parses, one certificate is the key's, and each
+other is the issuer of the one before it (put in that order). What is stored is the chain
+(leaf first) and the key as unencrypted PKCS#8 PEM. Messages never quote the input.
 """
 
 from __future__ import annotations
@@ -74,7 +74,8 @@ class ClientCert:
 
 
 def parse(value: Secret) -> ClientCert:
-    """A PEM chain and one unencrypted private key, in any order in the input.
+    """A PEM chain and one unencrypted private key, in any order in the input; the chain is
+    returned leaf first.
 
     Raises: InvalidInput, naming what is wrong and quoting nothing.
     """
@@ -86,7 +87,7 @@ def parse(value: Secret) -> ClientCert:
     if len(keys) != 1:
         raise InvalidInput("an mtls secret needs exactly one private key (PEM)")
     if not pems:
-        raise InvalidInput("an mtls secret needs a certificate (PEM), the client's first")
+        raise InvalidInput("an mtls secret needs the client's certificate (PEM)")
     if len(pems) > MAX_CHAIN:
         raise InvalidInput(f"the certificate chain is longer than {MAX_CHAIN}")
     try:
@@ -99,16 +100,36 @@ def parse(value: Secret) -> ClientCert:
         raise InvalidInput("the private key does not parse") from None
     if not isinstance(key, Key):
         raise InvalidInput("the private key must be RSA, EC, Ed25519 or Ed448")
-    if _spki(key.public_key()) != _spki(chain[0].public_key()):
-        raise InvalidInput("the private key does not match the first certificate")
-    for child, parent in zip(chain, chain[1:], strict=False):
-        try:
-            child.verify_directly_issued_by(parent)
-        except (ValueError, TypeError, InvalidSignature):
-            raise InvalidInput(
-                "each certificate of the chain must be signed by the next one"
-            ) from None
-    return ClientCert(chain, key)
+    return ClientCert(_ordered(chain, key), key)
+
+
+def _ordered(certs: tuple[x509.Certificate, ...], key: Key) -> tuple[x509.Certificate, ...]:
+    """The key's certificate first, then each one's issuer (as `openssl pkcs12 -nodes`
+    prints them, in any order).
+
+    Raises: InvalidInput for no certificate of the key, or one outside its chain.
+    """
+    mine = _spki(key.public_key())
+    leaves = [c for c in certs if _spki(c.public_key()) == mine]
+    if not leaves:
+        raise InvalidInput("the private key does not match any certificate")
+    chain = [leaves[0]]
+    rest = [c for c in certs if c is not leaves[0]]
+    while rest:
+        parent = next((c for c in rest if _issued(chain[-1], c)), None)
+        if parent is None:
+            raise InvalidInput("each certificate must be in the chain of the key's certificate")
+        chain.append(parent)
+        rest.remove(parent)
+    return tuple(chain)
+
+
+def _issued(child: x509.Certificate, parent: x509.Certificate) -> bool:
+    try:
+        child.verify_directly_issued_by(parent)
+    except (ValueError, TypeError, InvalidSignature):
+        return False
+    return True
 
 
 def secret(value: Secret, now: datetime | None = None) -> Secret:

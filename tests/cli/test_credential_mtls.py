@@ -52,7 +52,7 @@ def test_a_key_that_is_not_the_certificates_is_one_line_and_status_2(
     pem = leaf.cert_chain_pems[0].bytes() + other.private_key_pem.bytes()
     done = cli.run(Call(("credential", "add", "bad", "--scheme", "mtls", "--host", "a.test"), pem))
     assert done.returncode == 2
-    assert done.stderr == "credproxy: error: the private key does not match the first certificate\n"
+    assert done.stderr == "credproxy: error: the private key does not match any certificate\n"
     assert done.stdout == ""
 
 
