@@ -22,6 +22,7 @@ from addon.proxy.access import AccessEndpoint, AccessRequests
 from addon.proxy.approval import Holds, HoldSettings
 from addon.proxy.auth import Auth
 from addon.proxy.bodygate import BodyGate
+from addon.proxy.certexpiry import CertExpiry
 from addon.proxy.chain import Chain, Lifecycle
 from addon.proxy.corporate import ProxyCredential
 from addon.proxy.dns import DEFAULT_TTL
@@ -108,6 +109,7 @@ def build_chain(
     return Chain(
         [
             Lifecycle(live),  # configure, running, done: the options and the policy poller
+            CertExpiry(live, metrics),  # running, done: mtls certificates near their expiry
             Auth(live, clients, trail),  # http_connect, requestheaders: who, and the tunnel
             Pinning(clients),  # tls_clienthello, tls_start_client, server_connect
             # running, configure, responseheaders, done: parked upstream connections
