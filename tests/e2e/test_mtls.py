@@ -21,11 +21,13 @@ import trustme
 
 from store.crypto import Secret
 from tests.e2e.conftest import Proxy, start_proxy, stop_proxy
+from tests.e2e.servers import TlsServer, server_context
 from tests.e2e.upstream import Upstream, _Handler
 
 pytestmark = pytest.mark.e2e
 
 OPEN, STRICT = "api.test", "strict.test"  # a client certificate asked for; required
+H2 = "h2.test"  # asked for, over HTTP/2
 
 
 @dataclass(frozen=True)
@@ -40,10 +42,42 @@ class _Recording(_Handler):
         peer = self.connection.getpeercert()  # type: ignore[attr-defined]
         names = [v for rdn in (peer or {}).get("subject", ()) for k, v in rdn if k == "commonName"]
         seen: list[Seen] = self.server.seen  # type: ignore[attr-defined]
-        seen.append(Seen(self.path, names[0] if names else None, id(self.connection)))
+        port = self.client_address[1]  # the proxy's end: one per upstream connection
+        seen.append(Seen(self.path, names[0] if names else None, port))
         super()._handle()
 
     do_GET = _handle
+
+
+class _H2Recording(TlsServer):
+    """HTTP/2, a client certificate asked for: each request's path and certificate (by the
+    connection it came on); 200 to all."""
+
+    def __init__(self, ca: trustme.CA, clients: trustme.CA) -> None:
+        context = server_context(ca, [H2], "h2")
+        context.verify_mode = ssl.CERT_OPTIONAL
+        context.load_verify_locations(cadata=clients.cert_pem.bytes().decode())
+        self.seen: list[Seen] = []
+        super().__init__(context)
+
+    def serve(self, tls: ssl.SSLSocket) -> None:
+        import h2.config
+        import h2.connection
+        import h2.events
+
+        peer = tls.getpeercert() or {}
+        names = [v for rdn in peer.get("subject", ()) for k, v in rdn if k == "commonName"]
+        conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
+        conn.initiate_connection()
+        tls.sendall(conn.data_to_send())
+        while data := tls.recv(65536):
+            for event in conn.receive_data(data):
+                if isinstance(event, h2.events.RequestReceived):
+                    path = dict(event.headers)[b":path"].decode()
+                    port = tls.getpeername()[1]
+                    self.seen.append(Seen(path, names[0] if names else None, port))
+                    conn.send_headers(event.stream_id, [(":status", "200")], end_stream=True)
+            tls.sendall(conn.data_to_send())
 
 
 def _asks(upstream: Upstream, clients: trustme.CA, mode: ssl.VerifyMode) -> None:
@@ -79,6 +113,7 @@ class World:
     bob: tuple[str, str]
     key_pems: list[bytes]
     clients: trustme.CA
+    h2: _H2Recording
 
     def seen(self, upstream: Upstream) -> list[Seen]:
         return list(upstream.server.seen)  # type: ignore[attr-defined]
@@ -88,21 +123,27 @@ class World:
         for upstream in (self.open, self.strict):
             upstream.server.seen.clear()  # type: ignore[attr-defined]
             upstream.log.clear()
+        self.h2.seen.clear()
 
 
 @pytest.fixture(scope="module")
 def world(
     tmp_path_factory: pytest.TempPathFactory, ca: trustme.CA, clients: trustme.CA
 ) -> Iterator[World]:
-    with Upstream(ca, [OPEN]) as open_, Upstream(ca, [STRICT]) as strict:
+    with (
+        Upstream(ca, [OPEN]) as open_,
+        Upstream(ca, [STRICT]) as strict,
+        _H2Recording(ca, clients) as h2,
+    ):
         _asks(open_, clients, ssl.CERT_OPTIONAL)
         _asks(strict, clients, ssl.CERT_REQUIRED)
         home = tmp_path_factory.mktemp("mtls")
         resolve = [f"{OPEN}=127.0.0.1:{open_.port}", f"{STRICT}=127.0.0.1:{strict.port}"]
+        resolve.append(f"{H2}=127.0.0.1:{h2.port}")
         proxy = start_proxy(home, ca, resolve)
         try:
             store = proxy.store
-            hosts = [OPEN, STRICT]
+            hosts = [OPEN, STRICT, H2]
             secrets = {
                 "cert-a": _pem(clients, "alice-a"),
                 "cert-b": _pem(clients, "alice-b"),
@@ -122,7 +163,7 @@ def world(
             store.add_grant("bob", ["GET"], credential="token", hosts=hosts, paths=["/"])
             proxy.wait_reload()
             keys = [_key_pem(s) for s in secrets.values()]
-            yield World(proxy, open_, strict, ("alice", alice), ("bob", bob), keys, clients)
+            yield World(proxy, open_, strict, ("alice", alice), ("bob", bob), keys, clients, h2)
         finally:
             stop_proxy(proxy)
 
@@ -133,9 +174,28 @@ def _key_pem(secret: Secret) -> bytes:
     return text[start : text.index(b"-----END", start)]
 
 
-def _client(world: World, who: tuple[str, str], http2: bool = False) -> httpx.Client:
+def _client(world: World, who: tuple[str, str]) -> httpx.Client:
     context = ssl.create_default_context(cafile=str(world.proxy.ca_file))
-    return httpx.Client(proxy=world.proxy.url(*who), verify=context, timeout=10, http2=http2)
+    return httpx.Client(proxy=world.proxy.url(*who), verify=context, timeout=10)
+
+
+def _curl_many(
+    world: World, who: tuple[str, str], urls: list[str], parallel: bool = False
+) -> list[str]:
+    """One curl, one client connection, HTTP/2 in the tunnel (httpx offers http/1.1 first
+    there, and mitmproxy takes the client's first); each URL's "version status"."""
+    outputs = [arg for _ in urls for arg in ("-o", "/dev/null")]
+    done = subprocess.run(
+        ["curl", "-sS", "--http2", "--max-time", "20", "--proxy", world.proxy.url(*who)]
+        + ["--cacert", str(world.proxy.ca_file), "-w", "%{http_version} %{http_code}\\n"]
+        + (["-Z", "--parallel-max", "6"] if parallel else [])
+        + outputs
+        + urls,
+        capture_output=True,
+        timeout=30,
+    )
+    assert done.returncode == 0, done
+    return done.stdout.decode().splitlines()
 
 
 def _curl(world: World, who: tuple[str, str], url: str) -> subprocess.CompletedProcess[bytes]:
@@ -153,21 +213,42 @@ def test_one_client_connection_never_shares_a_connection_across_certificates(
 ) -> None:
     world.clear()
     order = ["/a/1", "/none/1", "/b/1", "/a/2", "/none/2", "/b/2", "/a/3"]
-    with _client(world, world.alice, http2) as client:
-        for path in order:
-            assert client.get(f"https://{OPEN}{path}").status_code == 200
+    if http2:
+        answers = _curl_many(world, world.alice, [f"https://{OPEN}{p}" for p in order])
+        assert answers == ["2 200"] * len(order)
+    else:
+        with _client(world, world.alice) as client:
+            for path in order:
+                assert client.get(f"https://{OPEN}{path}").status_code == 200
     seen = world.seen(world.open)
     assert [s.path for s in seen] == order
     wanted = {"a": "alice-a", "b": "alice-b", "none": None}
     assert [s.cert for s in seen] == [wanted[p.split("/")[1]] for p in order]
-    # One connection per certificate (none is one too), each kept alive for its own.
     by_connection: dict[int, set[str | None]] = {}
     for s in seen:
         by_connection.setdefault(s.connection, set()).add(s.cert)
-    assert sorted(map(sorted, by_connection.values()), key=str) == sorted(
-        [["alice-a"], ["alice-b"], [None]], key=str
-    )
-    assert world.open.log.connections == 3
+    assert all(len(certs) == 1 for certs in by_connection.values()), seen
+    if not http2:  # one connection per certificate (none is one too), kept alive for it
+        assert world.open.log.connections == 3
+    # (HTTP/2 to the agent, HTTP/1.1 upstream: mitmproxy dials a connection per request.)
+
+
+def test_an_http2_upstream_multiplexes_no_stream_across_certificates(world: World) -> None:
+    """HTTP/2 end to end, streams in parallel: mitmproxy would put every stream to one
+    address on one upstream connection."""
+    world.clear()
+    paths = [f"/{kind}/{i}" for i in range(4) for kind in ("a", "none", "b")]
+    urls = [f"https://{H2}{p}" for p in paths]
+    assert _curl_many(world, world.alice, urls, parallel=True) == ["2 200"] * len(paths)
+    wanted = {"a": "alice-a", "b": "alice-b", "none": None}
+    seen = world.h2.seen
+    assert {s.path: s.cert for s in seen} == {p: wanted[p.split("/")[1]] for p in paths}
+    assert len(seen) == len(paths)
+    by_connection: dict[int, set[str | None]] = {}
+    for s in seen:
+        by_connection.setdefault(s.connection, set()).add(s.cert)
+    assert all(len(certs) == 1 for certs in by_connection.values())
+    assert len(by_connection) >= 3
 
 
 def test_another_principal_on_the_same_host_goes_without_it(world: World) -> None:
@@ -187,10 +268,12 @@ def test_one_shot_clients_never_get_a_certificates_connection(world: World) -> N
         with _client(world, who) as client:
             assert client.get(f"https://{OPEN}{path}").status_code == 200
         time.sleep(0.1)  # the proxy parks a connection once it has seen its client go
-    assert [s.cert for s in world.seen(world.open)] == ["alice-a", None, None] * 2
-    # Each certificate request dialled its own; bob's second and alice's second without a
-    # certificate took the one parked by their first.
-    assert world.open.log.connections == 4
+    seen = world.seen(world.open)
+    assert [s.cert for s in seen] == ["alice-a", None, None] * 2
+    # Each certificate request dialled its own connection, which served nothing else.
+    certified = {s.connection for s in seen if s.cert is not None}
+    assert len(certified) == 2
+    assert all(s.cert is not None for s in seen if s.connection in certified)
 
 
 def test_curl_per_request_presents_it_each_time(world: World) -> None:
