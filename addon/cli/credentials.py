@@ -261,7 +261,10 @@ def _scheme_columns(c: CredentialEntry) -> dict[str, Any]:
     if c.scheme in MINTED:
         return {"token_url": _token_endpoint(c), "scope": c.options.get("scope")}
     if c.scheme == "mtls":
-        return {"subject": c.options.get("subject"), "expires": c.options.get("not_after")}
+        return {
+            "subject": c.options.get("cert_subject"),
+            "expires": c.options.get("cert_not_after"),
+        }
     return {}
 
 

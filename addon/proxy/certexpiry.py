@@ -51,7 +51,8 @@ class CertExpiry:
         now = self.now()
         self.metrics.client_cert_expiry.clear()
         for credential in policy.credentials.values():
-            shown = credential.options.get("not_after") if credential.scheme == "mtls" else None
+            mtls = credential.scheme == "mtls"
+            shown = credential.options.get("cert_not_after") if mtls else None
             if not isinstance(shown, str):
                 continue  # held elsewhere (no hint stored), or another scheme
             with contextlib.suppress(ValueError):

@@ -45,10 +45,10 @@ class Identity:
     def hint(self) -> dict[str, str]:
         """What `credential list` keeps in the credential's options."""
         return {
-            "subject": self.subject,
-            "issuer": self.issuer,
-            "sans": ", ".join(self.sans),
-            "not_after": self.not_after.isoformat(timespec="seconds"),
+            "cert_subject": self.subject,
+            "cert_issuer": self.issuer,
+            "cert_sans": ", ".join(self.sans),
+            "cert_not_after": self.not_after.isoformat(timespec="seconds"),
         }
 
 

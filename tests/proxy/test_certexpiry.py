@@ -16,7 +16,7 @@ NOW = datetime(2027, 1, 1, tzinfo=UTC)
 
 
 def _credential(name: str, left: timedelta, scheme: str = "mtls", fp: str = "fp-1") -> Any:
-    options = {"not_after": (NOW + left).isoformat(timespec="seconds")}
+    options = {"cert_not_after": (NOW + left).isoformat(timespec="seconds")}
     return SimpleNamespace(name=name, scheme=scheme, options=options, fingerprint=fp)
 
 

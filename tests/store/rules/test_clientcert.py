@@ -59,8 +59,8 @@ def test_what_is_shown_is_the_certificate_never_the_key() -> None:
     assert "CN=agent" in found.subject
     assert found.sans == ("DNS:agent.clients.test", "email:agent@example.com")
     hint = found.hint()
-    assert set(hint) == {"subject", "issuer", "sans", "not_after"}
-    assert hint["not_after"] == "3000-01-01T00:00:00+00:00"
+    assert set(hint) == {"cert_subject", "cert_issuer", "cert_sans", "cert_not_after"}
+    assert hint["cert_not_after"] == "3000-01-01T00:00:00+00:00"
 
 
 def _other_key() -> bytes:
@@ -91,20 +91,25 @@ def _other_key() -> bytes:
             id="a key without its certificate is refused",
         ),
         pytest.param(
-            lambda: b"-----BEGIN CERTIFICATE-----\nnot-base64\n-----END CERTIFICATE-----\n"
-            + _key(issued()),
+            lambda: (
+                b"-----BEGIN CERTIFICATE-----\nnot-base64\n-----END CERTIFICATE-----\n"
+                + _key(issued())
+            ),
             "a certificate in the chain does not parse",
             id="a certificate that does not parse is refused",
         ),
         pytest.param(
-            lambda: _cert(issued())
-            + b"-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n",
+            lambda: (
+                _cert(issued()) + b"-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n"
+            ),
             "the private key does not parse",
             id="a key that does not parse is refused",
         ),
         pytest.param(
-            lambda: _cert(issued())
-            + b"-----BEGIN ENCRYPTED PRIVATE KEY-----\nAAAA\n-----END ENCRYPTED PRIVATE KEY-----\n",
+            lambda: (
+                _cert(issued())
+                + b"-----BEGIN ENCRYPTED PRIVATE KEY-----\nAAAA\n-----END ENCRYPTED PRIVATE KEY-----\n"
+            ),
             "the private key is encrypted: give it unencrypted (PEM), on stdin",
             id="an encrypted key is refused",
         ),
