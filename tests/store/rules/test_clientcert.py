@@ -108,7 +108,8 @@ def _other_key() -> bytes:
         pytest.param(
             lambda: (
                 _cert(issued())
-                + b"-----BEGIN ENCRYPTED PRIVATE KEY-----\nAAAA\n-----END ENCRYPTED PRIVATE KEY-----\n"
+                + b"-----BEGIN ENCRYPTED PRIVATE KEY-----\nAAAA\n"
+                + b"-----END ENCRYPTED PRIVATE KEY-----\n"
             ),
             "the private key is encrypted: give it unencrypted (PEM), on stdin",
             id="an encrypted key is refused",
