@@ -61,11 +61,6 @@ def wants(event: Any) -> bool:
     return getattr(event, _WANTS, None) is not None
 
 
-def presented(server: connection.Server) -> bool:
-    """Was this upstream connection opened to present a client certificate?"""
-    return server in HOLDS
-
-
 class ClientCerts:
     """The addon: the certificate on the TLS of each connection opened for one."""
 
@@ -73,8 +68,7 @@ class ClientCerts:
         self._contexts: dict[tuple[Any, ...], SSL.Context] = {}
 
     def tls_start_server(self, data: tls.TlsData) -> None:
-        assert isinstance(data.conn, connection.Server)
-        found = HOLDS.get(data.conn)
+        found = HOLDS.get(data.conn) if isinstance(data.conn, connection.Server) else None
         if found is None:
             return
         try:
