@@ -16,6 +16,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed448, ed25519, rsa
 from cryptography.hazmat.primitives.asymmetric.types import CertificatePublicKeyTypes
+from cryptography.hazmat.primitives.serialization import pkcs12
 from cryptography.x509.oid import ExtensionOID
 
 from store.crypto import Secret
@@ -130,6 +131,31 @@ def _issued(child: x509.Certificate, parent: x509.Certificate) -> bool:
     except (ValueError, TypeError, InvalidSignature):
         return False
     return True
+
+
+def from_pkcs12(value: Secret) -> Secret:
+    """A PKCS#12 bundle as PEM: `value` is its passphrase (maybe empty), a newline, then the
+    PKCS#12 bytes.
+
+    Raises: InvalidInput, quoting nothing.
+    """
+    passphrase, newline, bundle = value.reveal().partition(b"\n")
+    if not newline or not bundle:
+        raise InvalidInput("give the passphrase (or an empty line), a newline, then the PKCS#12")
+    try:
+        key, cert, extra = pkcs12.load_key_and_certificates(bundle, passphrase or None)
+    except (ValueError, TypeError):
+        raise InvalidInput(
+            "the PKCS#12 does not open: not PKCS#12, or a wrong passphrase"
+        ) from None
+    if key is None or cert is None:
+        raise InvalidInput("the PKCS#12 holds no certificate and key")
+    pem = serialization.Encoding.PEM
+    chain = b"".join(c.public_bytes(pem) for c in (cert, *extra))
+    return Secret(
+        chain
+        + key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
 
 
 def secret(value: Secret, now: datetime | None = None) -> Secret:

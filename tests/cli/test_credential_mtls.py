@@ -56,6 +56,25 @@ def test_a_key_that_is_not_the_certificates_is_one_line_and_status_2(
     assert done.stdout == ""
 
 
+def test_a_pkcs12_is_read_with_its_passphrase_from_stdin(cli: Cli) -> None:
+    from tests.store.rules.test_clientcert import _p12
+
+    leaf = trustme.CA().issue_cert("p12.clients.test", common_name="p12")
+    stdin = b"s3cret-pass\n" + _p12(leaf, b"s3cret-pass")
+    add = ("credential", "add", "p12", "--scheme", "mtls", "--host", "a.test", "--pkcs12")
+    (added,) = cli.ok(Call(add, stdin))
+    assert "  subject: CN=p12," in added
+    wrong = cli.run(Call(("credential", "rotate", "p12", "--pkcs12"), b"nope\n" + stdin[12:]))
+    assert (wrong.returncode, wrong.stderr) == (
+        2,
+        "credproxy: error: the PKCS#12 does not open: not PKCS#12, or a wrong passphrase\n",
+    )
+    bearer = ("credential", "add", "b", "--scheme", "bearer", "--host", "a.test", "--pkcs12")
+    refused = cli.run(Call(bearer, stdin))
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1
+    assert b"s3cret-pass" not in b"".join(cli.outputs)
+
+
 def test_the_key_is_in_no_output_nor_in_the_database(cli: Cli, leaf: trustme.LeafCert) -> None:
     """Last: every output of the commands above, and the database file."""
     outputs = b"".join(cli.outputs)

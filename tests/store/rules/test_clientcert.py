@@ -159,3 +159,41 @@ def test_the_repr_shows_no_key() -> None:
     parsed = clientcert.parse(Secret(_cert(leaf) + _key(leaf)))
     assert "[secure]" in repr(parsed)
     assert "PRIVATE" not in repr(parsed)
+
+
+def _p12(leaf: trustme.LeafCert, passphrase: bytes) -> bytes:
+    from cryptography import x509
+    from cryptography.hazmat.primitives.serialization import pkcs12
+
+    key = serialization.load_pem_private_key(leaf.private_key_pem.bytes(), password=None)
+    certs = [x509.load_pem_x509_certificate(p.bytes()) for p in leaf.cert_chain_pems]
+    encryption = (
+        serialization.BestAvailableEncryption(passphrase)
+        if passphrase
+        else serialization.NoEncryption()
+    )
+    return pkcs12.serialize_key_and_certificates(
+        b"client",
+        key,  # type: ignore[arg-type]
+        certs[0],
+        certs[1:] or None,
+        encryption,
+    )
+
+
+@pytest.mark.parametrize("passphrase", [b"pass\nphrase-free", b""], ids=["a passphrase", "none"])
+def test_a_pkcs12_opens_into_the_chain_and_key(passphrase: bytes) -> None:
+    passphrase = passphrase.split(b"\n")[0]
+    leaf = ca().create_child_ca().issue_cert("p12.clients.test")
+    pem = clientcert.from_pkcs12(Secret(passphrase + b"\n" + _p12(leaf, passphrase)))
+    parsed = clientcert.parse(clientcert.secret(pem))
+    assert [c.public_bytes(serialization.Encoding.PEM) for c in parsed.chain] == [
+        p.bytes() for p in leaf.cert_chain_pems
+    ]
+
+
+def test_a_wrong_passphrase_is_one_message_without_either() -> None:
+    bundle = _p12(issued(), b"right-passphrase")
+    with pytest.raises(InvalidInput) as e:
+        clientcert.from_pkcs12(Secret(b"wrong-passphrase\n" + bundle))
+    assert str(e.value) == "the PKCS#12 does not open: not PKCS#12, or a wrong passphrase"
