@@ -13,7 +13,7 @@ from addon.cli.parsing import group
 from store.crypto import MasterKey, Secret
 from store.errors import CredproxyError, InvalidInput
 from store.records import NO_SECRET, CredentialEntry, CredentialRecord
-from store.rules import aws, secretref, validation
+from store.rules import aws, clientcert, secretref, validation
 from store.rules.grammar import validate_name
 from store.rules.mintspec import GITHUB_API, MINTED, OPTION_NAMES
 from store.rules.validation import SCHEMES
@@ -52,6 +52,7 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         help="path prefix where the placeholder goes, e.g. /bot{}, with --scheme path",
     )
     p.add_argument("--placeholder-env", help="a variable `credproxy exec` sets to a placeholder")
+    _pkcs12_flag(p)
     _ref_flag(p)
     _mint_flags(p)
     p.set_defaults(func=cmd_credential_add, reads_secret=True)
@@ -64,8 +65,18 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         "rotate", parents=[common], help="new secret from stdin, or held at --secret-ref"
     )
     p.add_argument("name", help="the credential")
+    _pkcs12_flag(p)
     _ref_flag(p)
     p.set_defaults(func=cmd_credential_rotate, reads_secret=True)
+
+
+def _pkcs12_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--pkcs12",
+        action="store_true",
+        help="with --scheme mtls: stdin is the passphrase (or an empty line), a newline, then "
+        "a PKCS#12 file",
+    )
 
 
 def _ref_flag(p: argparse.ArgumentParser) -> None:
@@ -124,6 +135,25 @@ def _mint_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
+def read_pkcs12() -> Secret:
+    """The passphrase line and PKCS#12 bytes from stdin (nothing stripped: it is binary), as
+    the PEM chain and key."""
+    if sys.stdin.isatty():
+        raise InvalidInput("--pkcs12 reads the passphrase and the file from stdin, not a terminal")
+    raw = sys.stdin.buffer.read(MAX_SECRET + 1)
+    if len(raw) > MAX_SECRET:
+        raise InvalidInput("the secret is longer than 64 KiB")
+    return clientcert.from_pkcs12(Secret(raw))
+
+
+def _secret_of(args: argparse.Namespace, scheme: str) -> Secret:
+    if not args.pkcs12:
+        return read_secret()
+    if scheme != "mtls":
+        raise InvalidInput("--pkcs12 goes with --scheme mtls, and only with it")
+    return read_pkcs12()
+
+
 def read_secret() -> Secret:
     """The secret from stdin, one trailing newline stripped; a prompt without echo on a tty."""
     if sys.stdin.isatty():
@@ -147,8 +177,10 @@ def cmd_credential_add(args: argparse.Namespace, settings: Settings) -> int:
     validation.credential_hosts(args.host)
     if args.secret_ref is not None:
         secretref.for_scheme(args.scheme, args.secret_ref)
+    if args.pkcs12 and (args.scheme != "mtls" or args.secret_ref is not None):
+        raise InvalidInput("--pkcs12 goes with --scheme mtls, and not with --secret-ref")
     store = settings.store()
-    secret = read_secret() if args.secret_ref is None else None
+    secret = _secret_of(args, args.scheme) if args.secret_ref is None else None
     options = {
         "region": args.region,
         "service": args.service,
@@ -170,12 +202,26 @@ def cmd_credential_add(args: argparse.Namespace, settings: Settings) -> int:
             [f"added credential {args.name} ({args.scheme}, its secret held at {fp})"],
         )
         return 0
-    emit(
-        settings,
-        {"name": args.name, "scheme": args.scheme, "fingerprint": fp},
-        [f"added credential {args.name} ({args.scheme}, {fp})"],
-    )
+    row: dict[str, Any] = {"name": args.name, "scheme": args.scheme, "fingerprint": fp}
+    lines = [f"added credential {args.name} ({args.scheme}, {fp})"]
+    if args.scheme == "mtls":
+        assert secret is not None
+        shown = _certificate(secret)
+        row |= shown
+        lines += [f"  {name}: {value}" for name, value in shown.items()]
+    emit(settings, row, lines)
     return 0
+
+
+def _certificate(secret: Secret) -> dict[str, str]:
+    """What `credential add` shows of a client certificate: never anything of its key."""
+    found = clientcert.identity(clientcert.parse(secret).chain[0])
+    return {
+        "subject": found.subject,
+        "issuer": found.issuer,
+        "sans": ", ".join(found.sans) or "(none)",
+        "expires": found.not_after.isoformat(timespec="seconds"),
+    }
 
 
 def _policy_file(path: str | None) -> str | None:
@@ -251,6 +297,11 @@ def _scheme_columns(c: CredentialEntry) -> dict[str, Any]:
         }
     if c.scheme in MINTED:
         return {"token_url": _token_endpoint(c), "scope": c.options.get("scope")}
+    if c.scheme == "mtls":
+        return {
+            "subject": c.options.get("cert_subject"),
+            "expires": c.options.get("cert_not_after"),
+        }
     return {}
 
 
@@ -274,7 +325,7 @@ def cmd_credential_list(args: argparse.Namespace, settings: Settings) -> int:
     rows = [_credential_row(c, key) for c in found]
     columns = ["name", "scheme", "header", "param", "hosts"]
     extras = ("region", "service", "access_key_id", "assume_role", "placeholder", "positions")
-    for extra in (*extras, "token_url", "scope"):
+    for extra in (*extras, "token_url", "scope", "subject", "expires"):
         if any(extra in row for row in rows):
             columns.append(extra)
     if any(row["secret_ref"] for row in rows):
@@ -300,6 +351,10 @@ def cmd_credential_rotate(args: argparse.Namespace, settings: Settings) -> int:
         ref = store.rotate_credential(args.name, None, args.secret_ref)
         emit(settings, {"name": args.name, "secret_ref": ref}, [f"{args.name} is held at {ref}"])
         return 0
-    fp = store.rotate_credential(args.name, read_secret())
+    if args.pkcs12:
+        found = [c for c in store.list_credentials() if c.name == args.name]
+        if not found or found[0].scheme != "mtls" or args.secret_ref is not None:
+            raise InvalidInput("--pkcs12 goes with an mtls credential, and not with --secret-ref")
+    fp = store.rotate_credential(args.name, _secret_of(args, "mtls"))
     emit(settings, {"name": args.name, "fingerprint": fp}, [f"rotated {args.name} ({fp})"])
     return 0

@@ -30,6 +30,8 @@ class Reason(enum.StrEnum):
     UPSTREAM_UNRESOLVABLE = "upstream-unresolvable"
     UPSTREAM_TLS_ERROR = "upstream-tls-error"
     UPSTREAM_TIMEOUT = "upstream-timeout"
+    # The upstream refused the client certificate (scheme mtls), or wanted one and got none.
+    UPSTREAM_TLS_CLIENT_CERT_REFUSED = "upstream-tls-client-cert-refused"
     # The corporate proxy of `run --upstream-proxy` refused or failed the CONNECT.
     UPSTREAM_PROXY_REFUSED = "upstream-proxy-refused"
     UPSTREAM_PROXY_AUTH = "upstream-proxy-auth"
@@ -43,6 +45,8 @@ class Reason(enum.StrEnum):
     SIGNING_UNSUPPORTED = "signing-unsupported"
     CREDENTIALS_IN_RESPONSE = "credentials-in-response"
     CREDENTIALS_UNAVAILABLE = "credentials-unavailable"
+    # An mtls credential whose certificate has expired (or is not valid yet): never presented.
+    CLIENT_CERT_EXPIRED = "client-cert-expired"
     # Requests held for an owner's approval (grant add --approval).
     APPROVAL_DENIED = "approval-denied"
     APPROVAL_TIMEOUT = "approval-timeout"
@@ -79,6 +83,8 @@ STATUS = {
     Reason.SIGNING_UNSUPPORTED: 400,
     Reason.CREDENTIALS_IN_RESPONSE: 502,
     Reason.CREDENTIALS_UNAVAILABLE: 502,
+    Reason.UPSTREAM_TLS_CLIENT_CERT_REFUSED: 502,
+    Reason.CLIENT_CERT_EXPIRED: 502,
     Reason.TOO_MANY_HOLDS: 429,
     Reason.CLIENT_GONE: 499,  # nobody reads it: the agent closed its connection
     # 400, not 415: most undecidable bodies are malformed or ambiguous (a syntax error, a
@@ -96,5 +102,6 @@ UPSTREAM_REASONS = frozenset(
         Reason.UPSTREAM_PROXY_REFUSED,
         Reason.UPSTREAM_PROXY_AUTH,
         Reason.CREDENTIALS_UNAVAILABLE,
+        Reason.UPSTREAM_TLS_CLIENT_CERT_REFUSED,
     }
 )

@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 from addon.mitm import (
     bounds,
+    clientcerts,
     connects,
     emptydata,
     framing,
@@ -19,9 +20,10 @@ from addon.mitm import (
 # Where two patches replace the same function, the later one wraps the earlier: reuse wraps
 # connects' ConnectionHandler.open_connection, and bounds wraps what wire replaced of
 # Http1Client.read_headers, HttpStream.handle_protocol_error and Http2Server._handle_event;
+# clientcerts wraps reuse's HttpLayer.get_connection (it marks what reuse must not dial).
 # emptydata wraps what bounds replaced of HttpStream.state_stream_response_body, so an empty
 # piece is dropped before anything sees it.
-ORDER = (wire, connects, reuse, framing, hop, refusals, bounds, emptydata, websocket)
+ORDER = (wire, connects, reuse, clientcerts, framing, hop, refusals, bounds, emptydata, websocket)
 
 
 def install_all(*above: Callable[[], None]) -> None:

@@ -49,7 +49,7 @@ from mitmproxy.proxy.layers.http import HttpClient, HTTPMode
 from mitmproxy.proxy.layers.http._http1 import Http1Client
 from mitmproxy.proxy.server import ConnectionHandler, ConnectionIO
 
-from addon.mitm import once
+from addon.mitm import clientcerts, once
 from addon.mitm.bounds import timed_out_servers
 from addon.mitm.connects import RESET
 from addon.mitm.via import ProxyFailed, Route
@@ -257,9 +257,11 @@ class Reuse:
     # -- used by the patches ---------------------------------------------------------
 
     def eligible(self, client: connection.Client, event: Any) -> bool:
-        """An HTTPS request of an HTTP/1 client, straight to the upstream."""
+        """An HTTPS request of an HTTP/1 client, straight to the upstream, presenting no client
+        certificate (addon/mitm/clientcerts.py: such a connection is never parked)."""
         return (
             self.usable
+            and not clientcerts.wants(event)
             and self.pool.idle > 0
             and event.tls
             and event.via is None
@@ -503,7 +505,9 @@ async def _serve(handler: Any, server: Any, key: Key | None, active: Reuse, tls:
             data = await reader.read(65535)
             if not data:
                 break
-        except OSError:
+        except OSError as e:
+            if isinstance(e, ssl.SSLError):  # an alert: a client certificate wanted?
+                clientcerts.alerted(server, str(e))
             break
         except asyncio.CancelledError as e:
             cancelled = e

@@ -86,6 +86,17 @@ class Failure:
 
 _P, _U, _T = Reason.UPSTREAM_PROTOCOL_ERROR, Reason.UPSTREAM_UNREACHABLE, Reason.UPSTREAM_TLS_ERROR
 _B, _N = Reason.BAD_REQUEST, Reason.UPSTREAM_UNRESOLVABLE
+_C = Reason.UPSTREAM_TLS_CLIENT_CERT_REFUSED
+CLIENT_CERT_ALERTS = (
+    "certificate required",
+    "bad certificate",
+    "unknown ca",
+    "certificate expired",
+    "certificate revoked",
+    "certificate unknown",
+    "unsupported certificate",
+    "access denied",
+)
 Rule = tuple[str, Reason | None, str]  # (lower-case text, reason, error class)
 
 # Messages that quote the peer's bytes, matched by their fixed start only: the quoted part
@@ -130,6 +141,8 @@ UPSTREAM_WORDS: tuple[Rule, ...] = (
     ("timed out", Reason.UPSTREAM_TIMEOUT, "timeout"),
     ("timeout", Reason.UPSTREAM_TIMEOUT, "timeout"),
     ("certificate verify failed", _T, "tls-verify-failed"),
+    # Alerts the upstream sent about the client's certificate (OpenSSL's words for them).
+    *((f"alert {a}", _C, "client-cert-refused") for a in CLIENT_CERT_ALERTS),
     ("tls", _T, "tls-handshake-failed"),
     ("ssl", _T, "tls-handshake-failed"),
     ("alert", _T, "tls-handshake-failed"),
@@ -180,6 +193,7 @@ DETAILS = {
     _U.value: "the upstream could not be reached",
     _N.value: "the host does not resolve",
     _T.value: "the upstream's TLS certificate or handshake failed verification",
+    _C.value: "the upstream refused the client certificate, or wanted one",
     Reason.UPSTREAM_TIMEOUT.value: "the upstream did not answer in time",
     Reason.INTERNAL_ERROR.value: "internal error",
     _B.value: "the request could not be parsed",

@@ -95,6 +95,13 @@ class Metrics:
             ["state"],
             registry=self.registry,
         )
+        # mtls credentials: seconds until each certificate expires (addon/proxy/certexpiry.py).
+        self.client_cert_expiry = Gauge(
+            "credproxy_client_cert_expires_in_seconds",
+            "Seconds until each mtls credential's certificate expires (negative: expired)",
+            ["credential"],
+            registry=self.registry,
+        )
         self.holds = Counter(
             "credproxy_holds",
             "Requests held for approval, by outcome: approved, denied, timeout, gone",

@@ -58,6 +58,8 @@ TITLES = {
     Reason.SIGNING_UNSUPPORTED: "Request cannot be signed",
     Reason.CREDENTIALS_IN_RESPONSE: "Upstream answer carried credentials",
     Reason.CREDENTIALS_UNAVAILABLE: "Credentials unavailable",
+    Reason.UPSTREAM_TLS_CLIENT_CERT_REFUSED: "Upstream refused the client certificate",
+    Reason.CLIENT_CERT_EXPIRED: "Client certificate expired",
     Reason.APPROVAL_DENIED: "Denied by an owner",
     Reason.APPROVAL_TIMEOUT: "No owner's decision in time",
     Reason.TOO_MANY_HOLDS: "Too many requests held for approval",

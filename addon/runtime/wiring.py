@@ -13,6 +13,7 @@ from functools import partial
 
 from addon.core.guard import DestinationGuard
 from addon.core.hosts import ResolveMap
+from addon.mitm.clientcerts import ClientCerts
 from addon.mitm.reuse import Reuse
 from addon.mitm.via import Route, UpstreamProxy
 from addon.observe import audit
@@ -21,6 +22,7 @@ from addon.proxy.access import AccessEndpoint, AccessRequests
 from addon.proxy.approval import Holds, HoldSettings
 from addon.proxy.auth import Auth
 from addon.proxy.bodygate import BodyGate
+from addon.proxy.certexpiry import CertExpiry
 from addon.proxy.chain import Chain, Lifecycle
 from addon.proxy.corporate import ProxyCredential
 from addon.proxy.dns import DEFAULT_TTL
@@ -107,11 +109,14 @@ def build_chain(
     return Chain(
         [
             Lifecycle(live),  # configure, running, done: the options and the policy poller
+            CertExpiry(live, metrics),  # running, done: mtls certificates near their expiry
             Auth(live, clients, trail),  # http_connect, requestheaders: who, and the tunnel
             Pinning(clients),  # tls_clienthello, tls_start_client, server_connect
             # running, configure, responseheaders, done: parked upstream connections
             # every upstream connection, when there is a corporate proxy (addon/mitm/via.py)
             Reuse(clients, upstream_idle, limits.connect_timeout, route),
+            # tls_start_server (after mitmproxy's tlsconfig): an mtls grant's certificate
+            ClientCerts(),
             Gate(access, trail, limiter),  # requestheaders: the principal's rate, the verdict
             # requestheaders: hold a body that decides the grant; request: decide, then forward
             BodyGate(forward, trail),

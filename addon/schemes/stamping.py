@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from addon.core.reasons import Reason
 from addon.schemes.minted import MintedStamp, RefreshStamp
+from addon.schemes.mtls import MtlsStamp
 from addon.schemes.path import PathStamp
 from addon.schemes.sigv4 import SigV4Stamp
 from addon.schemes.stamp import Refused, Stamp, Stamping
@@ -28,6 +29,7 @@ KINDS: dict[str, type[Stamp]] = {
     "google-service-account": MintedStamp,
     "github-app": MintedStamp,
     "oauth2-refresh": RefreshStamp,
+    "mtls": MtlsStamp,
 }
 
 

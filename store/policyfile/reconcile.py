@@ -320,7 +320,10 @@ def _used_up(g: GrantSpec, row: Grant) -> bool:
 
 
 # What credentials.options holds that comes from the secret, not from the file.
-HINT_KEYS = frozenset({"access_key_id", "client_email", "token_uri", "app_id"})
+HINT_KEYS = frozenset(
+    {"access_key_id", "client_email", "token_uri", "app_id"}
+    | {"cert_subject", "cert_issuer", "cert_sans", "cert_not_after"}  # mtls
+)
 # Settings kept under another name than the file's (and the CLI's) key.
 FILE_KEYS = {"positions": "position"}
 

@@ -16,7 +16,7 @@ from typing import Any
 from store.crypto import Secret
 from store.errors import InvalidInput
 from store.records import REQUEST_STATES, utcnow
-from store.rules import aws, mintspec
+from store.rules import aws, clientcert, mintspec
 from store.rules.bodyrules import BodyRule
 from store.rules.grammar import (
     HostPattern,
@@ -29,7 +29,7 @@ from store.rules.grammar import (
     validate_path_pattern,
 )
 
-SCHEMES = ("bearer", "header", "basic", "query", "sigv4", "path", *mintspec.MINTED)
+SCHEMES = ("bearer", "header", "basic", "query", "sigv4", "path", *mintspec.MINTED, "mtls")
 MAX_REQUEST_PATH = 2048
 MAX_REQUEST_TEXT = 1000
 
@@ -390,7 +390,10 @@ def aws_keys(value: Secret) -> dict[str, str]:
 
 
 def scheme_secret(scheme: str, value: Secret, options: Mapping[str, Any]) -> Secret:
-    """`secret()`, after a scheme's own checks; a sigv4 secret comes back as compact JSON."""
+    """`secret()`, after a scheme's own checks; a sigv4 secret comes back as compact JSON, an
+    mtls one as its chain and key in PEM (lines, which `secret()` would refuse)."""
+    if scheme == "mtls":
+        return clientcert.secret(value)
     if scheme == "sigv4":
         value = Secret(json.dumps(aws_keys(value), separators=(",", ":")).encode())
     elif scheme in mintspec.MINTED:
@@ -419,6 +422,9 @@ def secret_hint(scheme: str, value: Secret) -> dict[str, str]:
         return {"access_key_id": "…" + json.loads(value.reveal())["access_key_id"][-4:]}
     if scheme in mintspec.MINTED:
         return mintspec.hint(scheme, json.loads(value.reveal()))
+    if scheme == "mtls":
+        cert = clientcert.parse(value)
+        return clientcert.identity(cert.chain[0]).hint()
     return {}
 
 

@@ -100,7 +100,19 @@ UPSTREAM = [
         id="a server without TLS is a TLS error",
     ),
     pytest.param(
-        "tlsv1 alert unknown ca", T, "tls-handshake-failed", id="a TLS alert is a TLS error"
+        "sslv3 alert handshake failure", T, "tls-handshake-failed", id="a TLS alert is a TLS error"
+    ),
+    pytest.param(
+        "TLS Error: [('SSL routines', '', 'tlsv1 alert unknown ca')]",
+        Reason.UPSTREAM_TLS_CLIENT_CERT_REFUSED,
+        "client-cert-refused",
+        id="the upstream not knowing the client certificate's CA refuses it",
+    ),
+    pytest.param(
+        "tlsv13 alert certificate required",
+        Reason.UPSTREAM_TLS_CLIENT_CERT_REFUSED,
+        "client-cert-refused",
+        id="an upstream wanting a client certificate refuses its absence",
     ),
     pytest.param(
         "[Errno 111] Connect call failed ('127.0.0.1', 1)",

@@ -19,9 +19,11 @@ from tests.fakes import StaticLive, make_policy
 
 ORDER = [
     "Lifecycle",
+    "CertExpiry",
     "Auth",
     "Pinning",
     "Reuse",
+    "ClientCerts",
     "Gate",
     "BodyGate",
     "Forward",

@@ -542,3 +542,25 @@ def test_secret_refs_that_are_refused(
     assert any(message in p for p in raised.value.problems), raised.value.problems
     assert "ghp_PASTED" not in "".join(raised.value.problems)
     assert store.list_credentials() == []
+
+
+def test_an_mtls_credential_from_a_secret_file_round_trips_without_its_hints(
+    store: Store, key: MasterKey, policy_file: Callable[[str], Path], tmp_path: Path
+) -> None:
+    """What `credential list` shows of the certificate is no setting of the file's."""
+    import trustme
+
+    pem = tmp_path / "client.pem"
+    pem.write_bytes(trustme.CA().issue_cert("c.test").private_key_and_cert_chain_pem.bytes())
+    text = POLICY.replace('scheme = "bearer"', 'scheme = "mtls"').replace(
+        'secret_env = "GITHUB_TOKEN"', f'secret_file = "{pem}"'
+    )
+    _apply(store, key, policy_file(text))
+    (listed,) = store.list_credentials()
+    assert listed.scheme == "mtls"
+    assert listed.options["cert_not_after"] == "3000-01-01T00:00:00+00:00"
+    exported = reconcile.export(store.db)
+    assert "cert_" not in exported
+    again = tmp_path / "exported.toml"
+    again.write_text(exported)
+    assert reconcile.plan(store.db, key, load(again), prune=True).empty
