@@ -14,18 +14,21 @@ from store.db import delta, schema
 from store.db.engine import Database
 from store.records import (
     AccessRequestEntry,
+    BudgetEntry,
     CredentialEntry,
     Delta,
     GrantEntry,
     PrincipalEntry,
     Snapshot,
     TokenEntry,
+    Usage,
 )
 from store.rules.bodyrules import BodyRule
 from store.rules.validation import NO_LIMITS, Limits
 from store.tables import (
     access_requests,
     approvals,
+    budgets,
     credentials,
     grants,
     keys,
@@ -194,6 +197,24 @@ class Store:
 
     def use_grant(self, grant_id: int) -> bool:
         return grants.use(self.db, grant_id)
+
+    # -- token budgets ---------------------------------------------------------------
+
+    def budget_used(self, grant_id: int, windows: Sequence[str]) -> dict[str, Usage]:
+        return budgets.used(self.db, grant_id, windows)
+
+    def charge_budget(
+        self,
+        grant_id: int,
+        windows: Sequence[str],
+        input_tokens: int,
+        output_tokens: int,
+        estimated: bool,
+    ) -> None:
+        budgets.charge(self.db, grant_id, windows, input_tokens, output_tokens, estimated)
+
+    def list_budgets(self, principal: str | None = None) -> list[BudgetEntry]:
+        return budgets.listing(self.db, principal)
 
     # -- access requests -------------------------------------------------------------
 

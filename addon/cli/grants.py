@@ -62,6 +62,14 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         help=f"how long a request waits for approval: 90s, 2m (default "
         f"{validation.DEFAULT_HOLD}s, at most {validation.MAX_HOLD}s)",
     )
+    p.add_argument(
+        "--budget",
+        action="append",
+        default=[],
+        metavar="KIND=TOKENS/WINDOW",
+        help="a token budget across replicas, repeatable: KIND input, output or total; WINDOW "
+        "hour, day or month (UTC), e.g. total=200000/day (see credproxy usage)",
+    )
     bodyflags.add_flags(p)
     p.set_defaults(func=cmd_grant_add)
     p = grant.add_parser("list", parents=[common], help="grants in every state")
@@ -78,7 +86,7 @@ def cmd_grant_add(args: argparse.Namespace, settings: Settings) -> int:
             check_registered_method(method)
     expires = parse_expiry(args.expires) if args.expires else None
     limits = validation.limits(
-        args.rate, args.burst, args.max_uses, args.once, args.approval, args.hold
+        args.rate, args.burst, args.max_uses, args.once, args.approval, args.hold, args.budget
     )
     body = bodyflags.rule_from(args)
     grant_id = settings.quick().add_grant(
@@ -131,6 +139,7 @@ def _grant_row(g: GrantEntry) -> dict[str, Any]:
         "approval": g.approval,
         "hold": g.hold,
         "body": g.body,
+        "budget": g.budget,
     }
 
 
@@ -156,6 +165,8 @@ def cmd_grant_list(args: argparse.Namespace, settings: Settings) -> int:
     columns = ["id", "principal", "credential", "hosts", "methods", "paths", "once", "expires_at"]
     if any(g.body for g in grants):  # the column only where some grant decides bodies
         columns.insert(columns.index("paths") + 1, "body")
+    if any(g.budget for g in grants):
+        columns.insert(columns.index("once"), "budget")
     emit(settings, rows, table(shown, columns + ["encoded_slash", "state", "purpose"]))
     return 0
 

@@ -117,6 +117,11 @@ class Trail:
             line[audit.TOKEN_FP] = rec.token_fp
         if rec.body is not None:
             line[audit.BODY] = rec.body
+        if rec.input_tokens is not None:
+            line[audit.MODEL] = rec.model
+            line[audit.INPUT_TOKENS] = rec.input_tokens
+            line[audit.OUTPUT_TOKENS] = rec.output_tokens
+            line[audit.TOKENS_ESTIMATED] = rec.tokens_estimated
         audit.emit(audit.REQUEST_EVENT, line)
         self.metrics.observe(line)
         self.alerts.observe(rec.principal, decision, line.get(audit.REASON))

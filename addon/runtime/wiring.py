@@ -21,6 +21,7 @@ from addon.proxy.access import AccessEndpoint, AccessRequests
 from addon.proxy.approval import Holds, HoldSettings
 from addon.proxy.auth import Auth
 from addon.proxy.bodygate import BodyGate
+from addon.proxy.budgets import Budgets
 from addon.proxy.chain import Chain, Lifecycle
 from addon.proxy.corporate import ProxyCredential
 from addon.proxy.dns import DEFAULT_TTL
@@ -76,6 +77,7 @@ def build_chain(
     signing = Signing(trail) if max_signed_body is None else Signing(trail, max_signed_body)
     limits = limits or LimitSettings()
     holds = Holds(live, metrics, HoldSettings(limits.max_holds, limits.max_held))
+    budgets = Budgets(live)
     forward = Forward(
         live,
         resolve,
@@ -87,6 +89,7 @@ def build_chain(
         limiter=limiter,
         signing=signing,
         holds=holds,
+        budgets=budgets,
     )
     deadlines = Limits(limits, clients, trail)
     holds.on_hold = deadlines.hold
@@ -121,6 +124,7 @@ def build_chain(
             AccessEndpoint(access, trail),  # request: credproxy.internal
             signing,  # request: sign a held body (sigv4) once it is whole
             Responses(),  # responseheaders, response, websocket_message: redaction
+            budgets,  # responseheaders, response, error: read the usage, charge the budget
             trail,  # response, error: the audit line
             holds,  # done: the poller of held requests' decisions
             # caps and deadlines, last: it sees what the others did

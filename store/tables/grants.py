@@ -13,7 +13,7 @@ from store.db.engine import Database, bump, changed, covered, rowcount
 from store.db.models import Credential, Grant, Principal, utcnow
 from store.errors import NotFound
 from store.records import GrantEntry, grant_state
-from store.rules import bodyrules, validation
+from store.rules import bodyrules, budgets, validation
 from store.rules.bodyrules import BodyRule
 from store.tables import credentials, principals
 
@@ -114,6 +114,7 @@ def listing(db: Database, principal: str | None = None) -> list[GrantEntry]:
                 approval=g.approval,
                 hold=g.hold,
                 body=bodyrules.describe(g.body),
+                budget=budgets.describe(g.budget),
             )
             for g, p_name, c_name in session.execute(query).all()
         ]

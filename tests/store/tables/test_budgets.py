@@ -1,0 +1,124 @@
+"""Token budgets in the store: the grant's limits, charges summed exactly across writers."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from store.crypto import MasterKey
+from store.errors import InvalidInput
+from store.policyfile import reconcile
+from store.policyfile.parse import load
+from store.repository import Store
+from store.rules import budgets, validation
+from tests.fakes import POLICY
+from tests.stores import SECRET
+
+
+def _budgeted(store: Store, *specs: str) -> int:
+    store.add_principal("agent")
+    store.add_credential("llm", "bearer", ["api.openai.com"], SECRET)
+    limits = validation.limits(None, None, budget=specs)
+    return store.add_grant("agent", ["POST"], credential="llm", limits=limits)
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        pytest.param("total=0/day", id="zero tokens"),
+        pytest.param("total=100/week", id="a window that is none of hour, day, month"),
+        pytest.param("prompt=100/day", id="a kind that is none of input, output, total"),
+        pytest.param("total=100", id="no window"),
+        pytest.param("total=1e5/day", id="not a whole number"),
+        pytest.param("total=99999999999999999/day", id="above the largest budget"),
+    ],
+)
+def test_a_bad_budget_is_refused_in_one_line(spec: str) -> None:
+    with pytest.raises(InvalidInput, match="budget"):
+        budgets.parse([spec])
+
+
+def test_a_kind_twice_in_one_window_is_refused() -> None:
+    with pytest.raises(InvalidInput, match="twice"):
+        budgets.parse(["total=5/day", "total=6/day"])
+
+
+@pytest.mark.parametrize(
+    ("window", "now", "key", "end"),
+    [
+        pytest.param("hour", "2026-12-07T14:59:59", "hour:2026-12-07T14", "2026-12-07T15:00:00"),
+        pytest.param("day", "2026-12-31T23:00:00", "day:2026-12-31", "2027-01-01T00:00:00"),
+        pytest.param("month", "2026-12-07T10:00:00", "month:2026-12", "2027-01-01T00:00:00"),
+        pytest.param("month", "2027-01-31T10:00:00", "month:2027-01", "2027-02-01T00:00:00"),
+    ],
+)
+def test_windows_are_utc_hours_days_and_months(window: str, now: str, key: str, end: str) -> None:
+    at = datetime.fromisoformat(now).replace(tzinfo=UTC)
+    assert budgets.window_key(window, at) == key
+    assert budgets.window_end(window, at) == datetime.fromisoformat(end).replace(tzinfo=UTC)
+
+
+def test_a_grants_budget_reaches_the_proxys_snapshot_and_the_listing(store: Store) -> None:
+    grant_id = _budgeted(store, "output=500/hour", "total=2000/day")
+    (grant,) = store.snapshot().grants
+    assert grant.budget is not None
+    assert [str(limit) for limit in grant.budget.limits] == ["output=500/hour", "total=2000/day"]
+    (entry,) = store.list_grants()
+    assert entry.budget == "output=500/hour, total=2000/day"
+    now = datetime.now(UTC)
+    store.charge_budget(grant_id, [budgets.window_key("day", now)], 300, 100, False)
+    listed = {(e.kind, e.window): e for e in store.list_budgets()}
+    assert listed["total", "day"].used == 400
+    assert listed["total", "day"].remaining == 1600
+    assert listed["total", "day"].requests == 1
+    assert listed["output", "hour"].used == 0  # charged to the day's window only
+
+
+def test_charges_from_many_writers_sum_exactly(
+    store: Store, open_store: Callable[[MasterKey | None], Store], key: MasterKey
+) -> None:
+    grant_id = _budgeted(store, "total=1000000/day")
+    other = open_store(key)  # another replica's connection pool
+    windows = ["day:2026-12-07", "hour:2026-12-07T14"]
+    barrier = threading.Barrier(8)
+
+    def charge(s: Store) -> None:
+        barrier.wait()
+        for _ in range(10):
+            s.charge_budget(grant_id, windows, 3, 5, estimated=False)
+
+    threads = [threading.Thread(target=charge, args=(s,)) for s in [store, other] * 4]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    used = store.budget_used(grant_id, windows)
+    assert {w: (u.input_tokens, u.output_tokens, u.requests) for w, u in used.items()} == {
+        w: (240, 400, 80) for w in windows
+    }
+
+
+def test_a_budget_round_trips_through_a_policy_file(
+    store: Store, key: MasterKey, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GITHUB_TOKEN", "ghp_policy_secret_1")
+    path = tmp_path / "policy.toml"
+    path.write_text(POLICY + 'budget = ["total=200000/day", "output=5000/hour"]\n')
+    reconcile.apply(store.db, key, load(path))
+    (grant,) = store.list_grants()
+    assert grant.budget == "output=5000/hour, total=200000/day"
+    exported = tmp_path / "exported.toml"
+    exported.write_text(reconcile.export(store.db))
+    assert 'budget = ["output=5000/hour", "total=200000/day"]' in exported.read_text()
+    assert reconcile.plan(store.db, key, load(exported), prune=True).empty
+
+
+def test_a_bad_budget_in_a_policy_file_names_its_line(tmp_path: Path) -> None:
+    path = tmp_path / "policy.toml"
+    path.write_text(POLICY + 'budget = ["total=lots/day"]\n')
+    (problem,) = load(path).problems
+    assert "budget" in problem and ":" in problem
