@@ -52,16 +52,19 @@ def estimate(size: int) -> int:
     return math.ceil(size / BYTES_PER_TOKEN)
 
 
-def charge(reading: Reading, request_bytes: int, answer_bytes: int) -> Charge:
+def charge(
+    reading: Reading, request_bytes: int, answer_bytes: int, complete: bool = True
+) -> Charge:
     """What one answer costs: the counts it reported, and for each it left out, the bytes
-    of its side (the request's body for input, the answer's for output) by BYTES_PER_TOKEN."""
-    estimated = reading.input_tokens is None or reading.output_tokens is None
-    return Charge(
-        reading.model,
-        estimate(request_bytes) if reading.input_tokens is None else reading.input_tokens,
-        estimate(answer_bytes) if reading.output_tokens is None else reading.output_tokens,
-        estimated,
-    )
+    of its side (the request's body for input, the answer's for output) by BYTES_PER_TOKEN.
+    An answer cut short is charged at least the estimate of the output that did pass: a
+    stream's early count (Anthropic's message_start) says nothing of what followed."""
+    given = estimate(request_bytes) if reading.input_tokens is None else reading.input_tokens
+    taken = estimate(answer_bytes) if reading.output_tokens is None else reading.output_tokens
+    if not complete:
+        taken = max(taken, estimate(answer_bytes))
+    estimated = not complete or reading.input_tokens is None or reading.output_tokens is None
+    return Charge(reading.model, given, taken, estimated)
 
 
 class _Text:

@@ -126,16 +126,16 @@ class Budgets:
         if meter is None or rec is None:
             return None
         try:
-            return self._charge(meter, rec)
+            return self._charge(meter, rec, complete=False)
         except Exception as e:  # noqa: BLE001 - the audit line after this one is still written
             self._log.error("hook.failed", hook="error", error_type=type(e).__name__)
             return None
 
-    def _charge(self, meter: Meter, rec: Record) -> Awaitable[None]:
+    def _charge(self, meter: Meter, rec: Record, complete: bool = True) -> Awaitable[None]:
         reader = meter.reader
         reading = reader.finish() if reader is not None else Reading()
         answered = reader.size if reader is not None else rec.bytes_in
-        cost = charge(reading, rec.bytes_out, answered)
+        cost = charge(reading, rec.bytes_out, answered, complete and rec.failure is None)
         rec.model = cost.model
         rec.input_tokens, rec.output_tokens = cost.input_tokens, cost.output_tokens
         rec.tokens_estimated = cost.estimated
