@@ -28,6 +28,7 @@ ORDER = [
     "AccessEndpoint",
     "Signing",
     "Responses",
+    "Budgets",
     "Trail",
     "Holds",
     "Limits",
