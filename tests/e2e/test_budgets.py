@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import shutil
 import subprocess
 import threading
 import time
@@ -21,6 +23,7 @@ from store.crypto import Secret
 from store.rules import budgets, validation
 from tests.e2e.conftest import CREDPROXY, Proxy, start_proxy, stop_proxy
 from tests.e2e.fakemodels import COMPLETION, INPUT, OUTPUT, FakeModels
+from tests.e2e.relay import pg_database
 
 pytestmark = pytest.mark.e2e
 
@@ -272,3 +275,68 @@ def test_concurrent_requests_overshoot_by_at_most_one_answer_each(
     assert 600 <= spent <= 600 + 8 * (INPUT + OUTPUT)
     assert statuses.count(200) * (INPUT + OUTPUT) == spent
     assert 429 in statuses
+
+
+@pytest.fixture(scope="module")
+def replicas(
+    tmp_path_factory: pytest.TempPathFactory,
+    models: FakeModels,
+    upstream_ca: trustme.CA,
+    initialised_home: Path,
+) -> Iterator[list[Proxy]]:
+    """Two proxies on one PostgreSQL store."""
+    with pg_database("credproxy_budget_", required_in_ci=True) as url:
+        shared = tmp_path_factory.mktemp("budget-shared")
+        shutil.copy2(initialised_home / "credproxy.key", shared / "credproxy.key")
+        env = {
+            **os.environ,
+            "CREDPROXY_DB": url,
+            "CREDPROXY_KEY_FILE": str(shared / "credproxy.key"),
+        }
+        subprocess.run([*CREDPROXY, "init"], env=env, cwd=shared, check=True, capture_output=True)
+        resolve = [
+            f"{n}=127.0.0.1:{models.port}" for n in ("api.openai.test", "api.anthropic.test")
+        ]
+        extra = ["--key-file", str(shared / "credproxy.key")]
+        running = [
+            start_proxy(
+                tmp_path_factory.mktemp(f"budget-{label}"),
+                upstream_ca,
+                resolve,
+                extra=extra,
+                template=initialised_home,
+                db=url,
+            )
+            for label in ("a", "b")
+        ]
+        yield running
+        for proxy in running:
+            stop_proxy(proxy)
+
+
+def test_two_replicas_on_one_store_overshoot_by_at_most_one_answer_per_request_in_flight(
+    replicas: list[Proxy], names: Callable[[str], str]
+) -> None:
+    a, b = replicas
+    agent, token, grant_id = _agent(a, names, "total=1200/day")
+    b.wait_reload()
+    clients = 6  # per replica
+    barrier = threading.Barrier(2 * clients)
+    statuses: dict[int, list[int]] = {a.port: [], b.port: []}
+
+    def agent_loop(proxy: Proxy) -> None:
+        with proxy.client(agent, token) as client:
+            barrier.wait()
+            for _ in range(5):
+                statuses[proxy.port].append(client.post(OPENAI, json=_chat("gpt-test")).status_code)
+
+    threads = [threading.Thread(target=agent_loop, args=(p,)) for p in [a, b] * clients]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    spent = sum(_used(a, grant_id))
+    served = statuses[a.port].count(200) + statuses[b.port].count(200)
+    assert served * (INPUT + OUTPUT) == spent  # every answer charged once, by either replica
+    assert 1200 <= spent <= 1200 + 2 * clients * (INPUT + OUTPUT)
+    assert 429 in statuses[a.port] and 429 in statuses[b.port]
