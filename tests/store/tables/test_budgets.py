@@ -8,8 +8,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from sqlalchemy import update
+from sqlalchemy.orm import Session
 
 from store.crypto import MasterKey
+from store.db.models import Grant
 from store.errors import InvalidInput
 from store.policyfile import reconcile
 from store.policyfile.parse import load
@@ -122,3 +125,10 @@ def test_a_bad_budget_in_a_policy_file_names_its_line(tmp_path: Path) -> None:
     path.write_text(POLICY + 'budget = ["total=lots/day"]\n')
     (problem,) = load(path).problems
     assert "budget" in problem and ":" in problem
+
+
+def test_a_grant_whose_budget_cannot_be_read_is_never_served_without_it(store: Store) -> None:
+    grant_id = _budgeted(store, "total=10/day")
+    with Session(store.engine) as session, session.begin():
+        session.execute(update(Grant).where(Grant.id == grant_id).values(budget='["lots"]'))
+    assert store.snapshot().grants == ()
