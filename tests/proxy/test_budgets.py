@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from mitmproxy import http
 from mitmproxy.test import taddons
+from structlog.testing import capture_logs
 
 from addon.core.hosts import ResolveMap
 from addon.core.usage import Charge
@@ -144,3 +145,29 @@ async def test_an_exception_in_the_budget_hook_kills_the_answer(
         monkeypatch.setattr("addon.proxy.budgets.UsageReader", None)
         chain.responseheaders(flow)
     assert flow.error is not None and flow.error.msg == "Connection killed."
+
+
+async def test_a_charge_the_store_does_not_take_is_logged_with_its_counts() -> None:
+    class DownAtCharge(BudgetLive):
+        async def charge_budget(self, grant_id: int, windows: list[str], charge: Charge) -> None:
+            raise StoreUnavailable("down")
+
+    chain = _chain(DownAtCharge("total=100/day"))
+    lines: list[dict[str, Any]] = []
+    with taddons.context(chain.entry), capture_logs() as logs:
+        flow = await _post(chain)
+        body = json.dumps(USAGE).encode()
+        flow.response = http.Response.make(200, body, {"content-length": str(len(body))})
+        chain.responseheaders(flow)
+        chain.trail.write = lambda rec, decision, **f: lines.append({"rec": rec, **f})
+        waiting = chain.response(flow)
+        if waiting is not None:
+            await waiting
+    assert [
+        (e["grant_id"], e["input_tokens"], e["output_tokens"])
+        for e in logs
+        if e["event"] == "budget.charge_failed"
+    ] == [(1, 11, 7)]
+    (line,) = lines
+    assert (line["rec"].input_tokens, line["rec"].output_tokens) == (11, 7)
+    assert flow.error is None
