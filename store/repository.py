@@ -23,6 +23,7 @@ from store.records import (
     TokenEntry,
     Usage,
 )
+from store.rules import budgets as rules_budgets
 from store.rules.bodyrules import BodyRule
 from store.rules.validation import NO_LIMITS, Limits
 from store.tables import (
@@ -212,6 +213,15 @@ class Store:
         estimated: bool,
     ) -> None:
         budgets.charge(self.db, grant_id, windows, input_tokens, output_tokens, estimated)
+
+    def set_grant_budget(self, grant_id: int, specs: Sequence[str]) -> str | None:
+        """Replace the grant's budgets with `specs` (none: no budget); their description.
+
+        Raises: InvalidInput, NotFound.
+        """
+        text = rules_budgets.canonical(specs)
+        grants.set_budget(self.db, grant_id, text)
+        return rules_budgets.describe(text)
 
     def list_budgets(self, principal: str | None = None) -> list[BudgetEntry]:
         return budgets.listing(self.db, principal)

@@ -9,6 +9,7 @@ from addon.cli import bodyflags
 from addon.cli.output import emit, table, yes
 from addon.cli.parsing import group, identifier, rate_flags
 from addon.core.argtypes import count
+from store.errors import InvalidInput
 from store.records import GrantEntry
 from store.rules import validation
 from store.rules.grammar import check_registered_method, parse_expiry
@@ -75,6 +76,19 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     p = grant.add_parser("list", parents=[common], help="grants in every state")
     p.add_argument("--principal", help="only this principal's")
     p.set_defaults(func=cmd_grant_list)
+    p = grant.add_parser(
+        "budget", parents=[common], help="replace a grant's token budgets (usage is kept)"
+    )
+    p.add_argument("id", type=identifier, help="the grant's id")
+    p.add_argument(
+        "--budget",
+        action="append",
+        default=[],
+        metavar="KIND=TOKENS/WINDOW",
+        help="the grant's budgets from now on, repeatable, as for grant add",
+    )
+    p.add_argument("--clear", action="store_true", help="remove the grant's budgets")
+    p.set_defaults(func=cmd_grant_budget)
     p = grant.add_parser("revoke", parents=[common], help="revoke one grant")
     p.add_argument("id", type=identifier, help="the grant's id")
     p.set_defaults(func=cmd_grant_revoke)
@@ -168,6 +182,15 @@ def cmd_grant_list(args: argparse.Namespace, settings: Settings) -> int:
     if any(g.budget for g in grants):
         columns.insert(columns.index("once"), "budget")
     emit(settings, rows, table(shown, columns + ["encoded_slash", "state", "purpose"]))
+    return 0
+
+
+def cmd_grant_budget(args: argparse.Namespace, settings: Settings) -> int:
+    if bool(args.budget) == args.clear:
+        raise InvalidInput("give {budget} (repeatable) or --clear", budget="--budget")
+    described = settings.store().set_grant_budget(args.id, args.budget)
+    said = f"grant {args.id} budget: {described}" if described else f"grant {args.id}: no budget"
+    emit(settings, {"id": args.id, "budget": described}, [said])
     return 0
 
 

@@ -134,6 +134,17 @@ def revoke(db: Database, grant_id: int) -> bool:
         return True
 
 
+def set_budget(db: Database, grant_id: int, budget: str | None) -> None:
+    """Replace a live grant's token budgets (canonical JSON, or None for none); what was
+    already charged in each window still counts against the new ones."""
+    with db.change() as session:
+        grant = session.get(Grant, grant_id)
+        if grant is None or grant.revoked_at is not None:
+            raise NotFound(f"no live grant with id {grant_id}")
+        changed(session, GRANT, grant_id)
+        grant.budget = budget
+
+
 def consume_once(db: Database, grant_id: int) -> bool:
     """Use a once-grant: True for exactly one caller, across every replica. Only the winner
     moves the change counter: the callers that lost a race changed nothing, and each replica

@@ -369,6 +369,9 @@ BAD_INPUT = {
     "a token budget without a window": Bad(
         (*GRANT, "--budget", "total=1000"), ("invalid --budget 'total=1000'",)
     ),
+    "a grant's budget neither given nor cleared": Bad(
+        ("grant", "budget", "1"), ("give --budget (repeatable) or --clear",)
+    ),
     "a token budget twice for one window": Bad(
         (*GRANT, "--budget", "total=5/day", "--budget", "total=9/day"), ("--budget", "twice")
     ),
@@ -424,6 +427,12 @@ def test_grant_add_budget_is_listed_and_usage_shows_what_remains(session: Sessio
         (grant_id, "total/day", 0, 200000),
     ]
     assert table.splitlines()[0].split()[:4] == ["grant", "principal", "state", "budget"]
+    (raised,) = cli.ok(
+        Call(("grant", "budget", str(grant_id), "--budget", "total=400000/day", "--json"))
+    )
+    (usage,) = cli.ok(Call(("usage", "--json")))
+    assert json.loads(raised) == {"id": grant_id, "budget": "total=400000/day"}
+    assert [(u["budget"], u["limit"]) for u in json.loads(usage)] == [("total/day", 400000)]
 
 
 @pytest.fixture(scope="module")

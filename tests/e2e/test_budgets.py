@@ -118,6 +118,13 @@ def test_a_spent_daily_budget_answers_429_until_midnight_and_nothing_goes_up(
         ("gpt-test", INPUT, OUTPUT)
     ] * 3
     assert not any(r["tokens_estimated"] for r in lines)
+    # The owner raises it: the usage stays, the new budget counts from it.
+    proxy.store.set_grant_budget(grant_id, ["total=400/day"])
+    proxy.wait_reload()
+    with proxy.client(agent, token) as client:
+        assert client.post(OPENAI, json=_chat("gpt-test")).status_code == 200
+        assert client.post(OPENAI, json=_chat("gpt-test")).status_code == 429
+    assert _used(proxy, grant_id) == (4 * INPUT, 4 * OUTPUT)
 
 
 def test_an_openai_stream_stays_streamed_and_is_charged_from_its_usage_chunk(

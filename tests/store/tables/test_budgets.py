@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 
 from store.crypto import MasterKey
 from store.db.models import Grant
-from store.errors import InvalidInput
+from store.errors import InvalidInput, NotFound
 from store.policyfile import reconcile
 from store.policyfile.parse import load
 from store.repository import Store
@@ -132,3 +132,21 @@ def test_a_grant_whose_budget_cannot_be_read_is_never_served_without_it(store: S
     with Session(store.engine) as session, session.begin():
         session.execute(update(Grant).where(Grant.id == grant_id).values(budget='["lots"]'))
     assert store.snapshot().grants == ()
+
+
+def test_a_budget_replaced_keeps_what_was_charged_and_reaches_the_proxy(store: Store) -> None:
+    grant_id = _budgeted(store, "total=100/day")
+    now = datetime.now(UTC)
+    store.charge_budget(grant_id, [budgets.window_key("day", now)], 90, 10, False)
+    counter = store.change_counter()
+    assert store.set_grant_budget(grant_id, ["total=300/day"]) == "total=300/day"
+    assert store.change_counter() > counter
+    (grant,) = store.snapshot().grants
+    assert grant.budget == budgets.parse(["total=300/day"])
+    (entry,) = store.list_budgets()
+    assert (entry.limit, entry.used, entry.remaining) == (300, 100, 200)
+    assert store.set_grant_budget(grant_id, []) is None
+    assert store.snapshot().grants[0].budget is None
+    store.revoke_grant(grant_id)
+    with pytest.raises(NotFound):
+        store.set_grant_budget(grant_id, ["total=1/day"])
