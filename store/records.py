@@ -239,8 +239,11 @@ class Usage:
     output_tokens: int = 0
     requests: int = 0
     estimated: int = 0  # of the requests, those charged by the estimate
+    spend_micros: int = 0  # micro-US dollars, by the proxy's price table
 
     def of(self, kind: str) -> int:
+        if kind == "spend":
+            return self.spend_micros
         if kind == "input":
             return self.input_tokens
         if kind == "output":

@@ -211,8 +211,11 @@ class Store:
         input_tokens: int,
         output_tokens: int,
         estimated: bool,
+        spend_micros: int = 0,
     ) -> None:
-        budgets.charge(self.db, grant_id, windows, input_tokens, output_tokens, estimated)
+        budgets.charge(
+            self.db, grant_id, windows, input_tokens, output_tokens, estimated, spend_micros
+        )
 
     def set_grant_budget(self, grant_id: int, specs: Sequence[str]) -> str | None:
         """Replace the grant's budgets with `specs` (none: no budget); their description.

@@ -69,7 +69,8 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         default=[],
         metavar="KIND=TOKENS/WINDOW",
         help="a token budget across replicas, repeatable: KIND input, output or total; WINDOW "
-        "hour, day or month (UTC), e.g. total=200000/day (see credproxy usage)",
+        "hour, day or month (UTC), e.g. total=200000/day; or spend=DOLLARS/WINDOW, charged by "
+        "run --prices (see credproxy usage)",
     )
     bodyflags.add_flags(p)
     p.set_defaults(func=cmd_grant_add)

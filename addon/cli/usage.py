@@ -7,6 +7,7 @@ from typing import Any
 
 from addon.cli.output import emit, table
 from store.records import BudgetEntry
+from store.rules.budgets import MICROS
 from store.settings import Settings
 
 COMMAND = "usage"
@@ -21,14 +22,17 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
 
 
 def _row(e: BudgetEntry) -> dict[str, Any]:
+    def amount(n: int) -> int | float:
+        return n / MICROS if e.kind == "spend" else n  # US dollars
+
     return {
         "grant": e.grant_id,
         "principal": e.principal,
         "state": e.state,
         "budget": f"{e.kind}/{e.window}",
-        "limit": e.limit,
-        "used": e.used,
-        "remaining": e.remaining,
+        "limit": amount(e.limit),
+        "used": amount(e.used),
+        "remaining": amount(e.remaining),
         "resets_at": e.resets_at.isoformat().replace("+00:00", "Z"),
         "requests": e.requests,
         "estimated": e.estimated,

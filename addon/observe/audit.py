@@ -49,6 +49,7 @@ MODEL = "model"
 INPUT_TOKENS = "input_tokens"  # noqa: S105 - a field name
 OUTPUT_TOKENS = "output_tokens"  # noqa: S105 - a field name
 TOKENS_ESTIMATED = "tokens_estimated"  # noqa: S105 - a field name
+COST_USD = "cost_usd"  # by the operator's price table (`run --prices`)
 BODY = "body"  # what a grant's body rule decided: {"graphql"|"mcp"|"jsonrpc": [...]}
 
 REQUEST_EVENT = "request"

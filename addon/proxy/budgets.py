@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 from mitmproxy import http
 
 from addon.core.policy import Rule
+from addon.core.prices import Prices
 from addon.core.reasons import Reason
 from addon.core.usage import Charge, Reading, UsageReader, charge
 from addon.observe import audit
@@ -45,8 +46,9 @@ Stream = Callable[[bytes], Iterable[bytes] | bytes]
 
 
 class Budgets:
-    def __init__(self, live: LivePolicy) -> None:
+    def __init__(self, live: LivePolicy, prices: Prices | None = None) -> None:
         self.live = live
+        self.prices = prices  # `run --prices`: what spend limits are charged by
         self._log = audit.logger()
 
     async def check(self, rule: Rule) -> None:
@@ -56,6 +58,11 @@ class Budgets:
         """
         budget = rule.budget
         assert budget is not None
+        if self.prices is None and any(limit.kind == "spend" for limit in budget.limits):
+            raise Denied(
+                Reason.BUDGET_EXHAUSTED,
+                "this grant has a spend limit, and this proxy no price table (run --prices)",
+            )
         now = datetime.now(UTC)
         keys = {w: budgets.window_key(w, now) for w in budget.windows()}
         if not self.live.store_up:
@@ -139,12 +146,16 @@ class Budgets:
         rec.model = cost.model
         rec.input_tokens, rec.output_tokens = cost.input_tokens, cost.output_tokens
         rec.tokens_estimated = cost.estimated
+        spend = 0
+        if self.prices is not None:
+            spend = self.prices.of(cost.model).micros(cost.input_tokens, cost.output_tokens)
+            rec.cost_micros = spend
         windows = [budgets.window_key(w, datetime.now(UTC)) for w in meter.budget.windows()]
-        return self._store(meter.grant_id, windows, cost)
+        return self._store(meter.grant_id, windows, cost, spend)
 
-    async def _store(self, grant_id: int, windows: list[str], cost: Charge) -> None:
+    async def _store(self, grant_id: int, windows: list[str], cost: Charge, spend: int) -> None:
         try:
-            await self.live.charge_budget(grant_id, windows, cost)
+            await self.live.charge_budget(grant_id, windows, cost, spend)
         except CredproxyError as e:
             # The answer went; what it cost is in its audit line. Logged to be reconciled.
             self._log.error(

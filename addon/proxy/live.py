@@ -139,7 +139,9 @@ class LivePolicy:
             self._down(e)
             raise
 
-    async def charge_budget(self, grant_id: int, windows: list[str], charge: Charge) -> None:
+    async def charge_budget(
+        self, grant_id: int, windows: list[str], charge: Charge, spend_micros: int = 0
+    ) -> None:
         """Raises StoreUnavailable when the store did not take it."""
         try:
             await self.call(
@@ -149,6 +151,7 @@ class LivePolicy:
                 charge.input_tokens,
                 charge.output_tokens,
                 charge.estimated,
+                spend_micros,
             )
         except CredproxyError as e:
             self._down(e)

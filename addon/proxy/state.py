@@ -63,6 +63,7 @@ class Record:
     input_tokens: int | None = None
     output_tokens: int | None = None
     tokens_estimated: bool = False
+    cost_micros: int | None = None  # by the price table (`run --prices`), in micro-US dollars
 
 
 def record(flow: http.HTTPFlow) -> Record | None:

@@ -122,6 +122,8 @@ class Trail:
             line[audit.INPUT_TOKENS] = rec.input_tokens
             line[audit.OUTPUT_TOKENS] = rec.output_tokens
             line[audit.TOKENS_ESTIMATED] = rec.tokens_estimated
+            if rec.cost_micros is not None:
+                line[audit.COST_USD] = rec.cost_micros / 1_000_000
         audit.emit(audit.REQUEST_EVENT, line)
         self.metrics.observe(line)
         self.alerts.observe(rec.principal, decision, line.get(audit.REASON))

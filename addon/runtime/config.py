@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING
 
 from addon.core.guard import DestinationGuard
 from addon.core.hosts import ResolveMap
+from addon.core.prices import MAX_FILE as MAX_PRICE_FILE
+from addon.core.prices import PriceError, Prices
 from addon.mitm.via import UpstreamProxy
 from addon.observe.otlp import OtlpSettings
 from addon.proxy.dns import DEFAULT_TTL
@@ -51,6 +53,7 @@ class RunConfig:
     audit_format: str = "json"  # or "ocsf": addon/observe/ocsf.py
     otlp: OtlpSettings | None = None  # addon/observe/otlp.py: the audit's OTLP export
     worker: Role | None = None  # set in a worker process of `--workers N`
+    prices: Prices | None = None  # addon/core/prices.py: for grants' spend limits
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, settings: Settings) -> RunConfig:
@@ -66,6 +69,7 @@ class RunConfig:
             raise InvalidInput(str(e)) from e
         admin = parse_listen(args.admin, "--admin") if args.admin else None
         upstream_proxy = parse_upstream_proxy(args)
+        prices = read_prices(args.prices) if args.prices else None
         return cls(
             settings,
             host,
@@ -89,7 +93,21 @@ class RunConfig:
             otlp=OtlpSettings.parse(args.otlp_endpoint, args.otlp_queue)
             if args.otlp_endpoint
             else None,
+            prices=prices,
         )
+
+
+def read_prices(path: str) -> Prices:
+    """--prices FILE, read and checked once; InvalidInput in one line."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_PRICE_FILE + 1)
+    except OSError as e:
+        raise InvalidInput(f"--prices: cannot read {path}: {e.strerror}") from e
+    try:
+        return Prices.parse(data, f"--prices {path}")
+    except PriceError as e:
+        raise InvalidInput(str(e)) from e
 
 
 def parse_upstream_proxy(args: argparse.Namespace) -> UpstreamProxy | None:

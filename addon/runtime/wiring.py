@@ -13,6 +13,7 @@ from functools import partial
 
 from addon.core.guard import DestinationGuard
 from addon.core.hosts import ResolveMap
+from addon.core.prices import Prices
 from addon.mitm.reuse import Reuse
 from addon.mitm.via import Route, UpstreamProxy
 from addon.observe import audit
@@ -54,6 +55,7 @@ def build_chain(
     shared_rates: bool = False,
     upstream_idle: float = 4.0,
     upstream_proxy: UpstreamProxy | None = None,
+    prices: Prices | None = None,
 ) -> Chain:
     """credproxy's addons, in the order they run for each hook.
 
@@ -77,7 +79,7 @@ def build_chain(
     signing = Signing(trail) if max_signed_body is None else Signing(trail, max_signed_body)
     limits = limits or LimitSettings()
     holds = Holds(live, metrics, HoldSettings(limits.max_holds, limits.max_held))
-    budgets = Budgets(live)
+    budgets = Budgets(live, prices)
     forward = Forward(
         live,
         resolve,

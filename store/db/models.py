@@ -202,6 +202,8 @@ class BudgetUsage(Base):
     requests: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
     # Answers that carried no usage, charged by the estimate (addon/core/usage.py).
     estimated: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+    # Micro-US dollars by the proxy's price table (`run --prices`), for spend limits.
+    spend_micros: Mapped[int] = mapped_column(BigInteger, default=0, server_default=text("0"))
 
 
 class AccessRequest(Base):

@@ -15,21 +15,30 @@ from datetime import UTC, datetime, timedelta
 
 from store.errors import InvalidInput
 
-KINDS = ("input", "output", "total")
+KINDS = ("input", "output", "total", "spend")
 WINDOWS = ("hour", "day", "month")
 MAX_TOKENS = 10**15
-MAX_LIMITS = len(KINDS) * len(WINDOWS)
+MICROS = 10**6  # a spend limit is kept in micro-US dollars
+MAX_SPEND = 10**9  # US dollars per limit
 _SPEC = re.compile(r"(input|output|total)=([0-9]{1,16})/(hour|day|month)")
+_SPEND = re.compile(r"spend=([0-9]{1,10})(?:\.([0-9]{1,6}))?/(hour|day|month)")
 
 
 @dataclass(frozen=True, order=True)
 class TokenLimit:
-    kind: str  # input, output or total
-    tokens: int
+    kind: str  # input, output, total, or spend
+    tokens: int  # micro-US dollars for spend
     window: str  # hour, day or month
 
     def __str__(self) -> str:
-        return f"{self.kind}={self.tokens}/{self.window}"
+        amount = usd(self.tokens) if self.kind == "spend" else str(self.tokens)
+        return f"{self.kind}={amount}/{self.window}"
+
+
+def usd(micros: int) -> str:
+    """Micro-US dollars as the operator writes dollars: 2.5, 0.000125, 10."""
+    whole, part = divmod(micros, MICROS)
+    return f"{whole}.{part:06d}".rstrip("0").rstrip(".")
 
 
 @dataclass(frozen=True)
@@ -53,20 +62,10 @@ def parse(specs: Sequence[str]) -> Budget | None:
     """
     found: dict[tuple[str, str], TokenLimit] = {}
     for spec in specs:
-        m = _SPEC.fullmatch(spec) if isinstance(spec, str) else None
-        if m is None:
-            raise InvalidInput(
-                f"invalid {{budget}} {str(spec)[:60]!r}: KIND=TOKENS/WINDOW, KIND input, output "
-                "or total, WINDOW hour, day or month (e.g. total=200000/day)",
-                budget="budget",
-            )
-        tokens = int(m.group(2))
-        if not 1 <= tokens <= MAX_TOKENS:
-            raise InvalidInput(f"invalid {{budget}} {spec!r}: 1 to {MAX_TOKENS}", budget="budget")
-        limit = TokenLimit(m.group(1), tokens, m.group(3))
+        limit = _limit(spec)
         if (limit.kind, limit.window) in found:
             raise InvalidInput(
-                f"{{budget}} names {limit.kind} tokens per {limit.window} twice", budget="budget"
+                f"{{budget}} names {limit.kind} per {limit.window} twice", budget="budget"
             )
         found[(limit.kind, limit.window)] = limit
     if not found:
@@ -74,6 +73,30 @@ def parse(specs: Sequence[str]) -> Budget | None:
     order = {w: i for i, w in enumerate(WINDOWS)}
     kinds = {k: i for i, k in enumerate(KINDS)}
     return Budget(tuple(sorted(found.values(), key=lambda x: (order[x.window], kinds[x.kind]))))
+
+
+def _limit(spec: object) -> TokenLimit:
+    text = spec if isinstance(spec, str) else ""
+    m = _SPEC.fullmatch(text)
+    if m is not None:
+        tokens = int(m.group(2))
+        if not 1 <= tokens <= MAX_TOKENS:
+            raise InvalidInput(f"invalid {{budget}} {text!r}: 1 to {MAX_TOKENS}", budget="budget")
+        return TokenLimit(m.group(1), tokens, m.group(3))
+    m = _SPEND.fullmatch(text)
+    if m is not None:
+        micros = int(m.group(1)) * MICROS + int((m.group(2) or "").ljust(6, "0"))
+        if not 1 <= micros <= MAX_SPEND * MICROS:
+            raise InvalidInput(
+                f"invalid {{budget}} {text!r}: 0.000001 to {MAX_SPEND} US dollars",
+                budget="budget",
+            )
+        return TokenLimit("spend", micros, m.group(3))
+    raise InvalidInput(
+        f"invalid {{budget}} {str(spec)[:60]!r}: KIND=TOKENS/WINDOW, KIND input, output or "
+        "total, WINDOW hour, day or month (e.g. total=200000/day), or spend=DOLLARS/WINDOW",
+        budget="budget",
+    )
 
 
 def from_json(text: str) -> Budget | None:

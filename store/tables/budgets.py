@@ -29,9 +29,10 @@ def used(db: Database, grant_id: int, windows: Sequence[str]) -> dict[str, Usage
                 BudgetUsage.output_tokens,
                 BudgetUsage.requests,
                 BudgetUsage.estimated,
+                BudgetUsage.spend_micros,
             ).where(BudgetUsage.grant_id == grant_id, BudgetUsage.window.in_(list(windows)))
         ).all()
-    found = {w: Usage(i, o, r, e) for w, i, o, r, e in rows}
+    found = {w: Usage(i, o, r, e, s) for w, i, o, r, e, s in rows}
     return {w: found.get(w, Usage()) for w in windows}
 
 
@@ -42,6 +43,7 @@ def charge(
     input_tokens: int,
     output_tokens: int,
     estimated: bool,
+    spend_micros: int = 0,
 ) -> None:
     """Add one answer's tokens to each window's row, atomically on both backends."""
     with db.session() as session, session.begin():
@@ -54,6 +56,7 @@ def charge(
                 output_tokens=output_tokens,
                 requests=1,
                 estimated=int(estimated),
+                spend_micros=spend_micros,
             )
             excluded = statement.excluded
             session.execute(
@@ -64,6 +67,7 @@ def charge(
                         "output_tokens": BudgetUsage.output_tokens + excluded.output_tokens,
                         "requests": BudgetUsage.requests + excluded.requests,
                         "estimated": BudgetUsage.estimated + excluded.estimated,
+                        "spend_micros": BudgetUsage.spend_micros + excluded.spend_micros,
                     },
                 )
             )
@@ -101,7 +105,9 @@ def listing(
             }
             for limit in budget.limits:
                 row = rows.get(keys[limit.window])
-                usage = Usage() if row is None else Usage(row.input_tokens, row.output_tokens)
+                usage = Usage()
+                if row is not None:
+                    usage = Usage(row.input_tokens, row.output_tokens, 0, 0, row.spend_micros)
                 spent = usage.of(limit.kind)
                 entries.append(
                     BudgetEntry(

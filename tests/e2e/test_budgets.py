@@ -347,3 +347,85 @@ def test_two_replicas_on_one_store_overshoot_by_at_most_one_answer_per_request_i
     assert served * (INPUT + OUTPUT) == spent  # every answer charged once, by either replica
     assert 1200 <= spent <= 1200 + 2 * clients * (INPUT + OUTPUT)
     assert 429 in statuses[a.port] and 429 in statuses[b.port]
+
+
+PRICES = b"""
+[models."gpt-test"]
+input = 2.50
+output = 10.00
+
+[models."cheap"]
+input = 0.10
+output = 0.40
+"""
+
+
+@pytest.fixture(scope="module")
+def priced(
+    tmp_path_factory: pytest.TempPathFactory,
+    models: FakeModels,
+    upstream_ca: trustme.CA,
+    initialised_home: Path,
+) -> Iterator[Proxy]:
+    home = tmp_path_factory.mktemp("priced")
+    (home / "prices.toml").write_bytes(PRICES)
+    resolve = [f"{n}=127.0.0.1:{models.port}" for n in ("api.openai.test", "api.anthropic.test")]
+    extra = ["--prices", str(home / "prices.toml")]
+    running = start_proxy(home, upstream_ca, resolve, extra=extra, template=initialised_home)
+    yield running
+    stop_proxy(running)
+
+
+def test_a_spend_limit_is_charged_by_the_price_table_and_refuses_once_spent(
+    priced: Proxy, names: Callable[[str], str]
+) -> None:
+    agent, token, grant_id = _agent(priced, names, "spend=0.001/day")
+    with priced.client(agent, token) as client:
+        statuses = [client.post(OPENAI, json=_chat("gpt-test")).status_code for _ in range(4)]
+    # 100 input tokens at $2.50/M and 20 output at $10/M: $0.00045 an answer.
+    assert statuses == [200, 200, 200, 429]
+    lines = _calls(priced, agent)
+    assert [r["cost_usd"] for r in lines] == [0.00045] * 3
+    key = budgets.window_key("day", datetime.now(UTC))
+    assert priced.store.budget_used(grant_id, [key])[key].spend_micros == 3 * 450
+    shown = subprocess.run(
+        [*CREDPROXY, "usage", "--principal", agent, "--json"],
+        env=priced.env,
+        cwd=priced.home,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    (row,) = json.loads(shown.stdout)
+    assert (row["budget"], row["limit"], row["used"], row["remaining"]) == (
+        "spend/day",
+        0.001,
+        0.00135,
+        0,
+    )
+
+
+def test_a_model_the_table_does_not_name_costs_its_highest_prices(
+    priced: Proxy, names: Callable[[str], str]
+) -> None:
+    agent, token, _ = _agent(priced, names, "spend=1/day")
+    with priced.client(agent, token) as client:
+        assert client.post(OPENAI, json=_chat("unlisted-model")).status_code == 200
+        assert client.post(OPENAI, json=_chat("cheap")).status_code == 200
+    unlisted, cheap = _calls(priced, agent)
+    assert unlisted["cost_usd"] == 0.00045  # gpt-test's prices, the table's highest
+    assert cheap["cost_usd"] == 0.000018  # 100 * 0.10 + 20 * 0.40 micro-dollars
+
+
+def test_a_spend_limit_on_a_proxy_without_a_price_table_refuses(
+    proxy: Proxy, models: FakeModels, names: Callable[[str], str]
+) -> None:
+    agent, token, _ = _agent(proxy, names, "spend=5/day")
+    sent = len(models.received)
+    with proxy.client(agent, token) as client:
+        refused = client.post(OPENAI, json=_chat("gpt-test"))
+    assert (
+        refused.status_code == 429 and refused.headers["x-credproxy-reason"] == "budget-exhausted"
+    )
+    assert "no price table" in refused.json()["detail"]
+    assert len(models.received) == sent

@@ -36,7 +36,9 @@ class BudgetLive(StaticLive):
             raise StoreUnavailable("down")
         return {w: Usage(self.used, 0) for w in windows}
 
-    async def charge_budget(self, grant_id: int, windows: list[str], charge: Charge) -> None:
+    async def charge_budget(
+        self, grant_id: int, windows: list[str], charge: Charge, spend: int = 0
+    ) -> None:
         self.charges.append(charge)
 
 
@@ -149,7 +151,9 @@ async def test_an_exception_in_the_budget_hook_kills_the_answer(
 
 async def test_a_charge_the_store_does_not_take_is_logged_with_its_counts() -> None:
     class DownAtCharge(BudgetLive):
-        async def charge_budget(self, grant_id: int, windows: list[str], charge: Charge) -> None:
+        async def charge_budget(
+            self, grant_id: int, windows: list[str], charge: Charge, spend: int = 0
+        ) -> None:
             raise StoreUnavailable("down")
 
     chain = _chain(DownAtCharge("total=100/day"))

@@ -24,6 +24,7 @@ def upgrade() -> None:
         sa.Column("output_tokens", sa.BigInteger, nullable=False, server_default="0"),
         sa.Column("requests", sa.Integer, nullable=False, server_default="0"),
         sa.Column("estimated", sa.Integer, nullable=False, server_default="0"),
+        sa.Column("spend_micros", sa.BigInteger, nullable=False, server_default="0"),
     )
 
 

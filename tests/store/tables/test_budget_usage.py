@@ -150,3 +150,40 @@ def test_a_budget_replaced_keeps_what_was_charged_and_reaches_the_proxy(store: S
     store.revoke_grant(grant_id)
     with pytest.raises(NotFound):
         store.set_grant_budget(grant_id, ["total=1/day"])
+
+
+@pytest.mark.parametrize(
+    ("spec", "micros", "shown"),
+    [
+        pytest.param("spend=5/day", 5_000_000, "spend=5/day", id="whole dollars"),
+        pytest.param("spend=2.50/hour", 2_500_000, "spend=2.5/hour", id="cents"),
+        pytest.param("spend=0.000125/month", 125, "spend=0.000125/month", id="micro-dollars"),
+    ],
+)
+def test_a_spend_limit_is_kept_in_micro_dollars(spec: str, micros: int, shown: str) -> None:
+    budget = budgets.parse([spec])
+    assert budget is not None
+    (limit,) = budget.limits
+    assert (limit.kind, limit.tokens, str(limit)) == ("spend", micros, shown)
+
+
+@pytest.mark.parametrize(
+    "spec", ["spend=0/day", "spend=1.0000001/day", "spend=-1/day", "spend=1e3/day"]
+)
+def test_a_bad_spend_limit_is_refused(spec: str) -> None:
+    with pytest.raises(InvalidInput, match="budget"):
+        budgets.parse([spec])
+
+
+def test_spend_is_charged_and_listed_beside_tokens(store: Store) -> None:
+    grant_id = _budgeted(store, "spend=0.01/day", "total=1000/day")
+    key = budgets.window_key("day", datetime.now(UTC))
+    store.charge_budget(grant_id, [key], 100, 20, False, spend_micros=450)
+    store.charge_budget(grant_id, [key], 100, 20, False, spend_micros=450)
+    assert store.budget_used(grant_id, [key])[key].of("spend") == 900
+    listed = {e.kind: e for e in store.list_budgets()}
+    assert (listed["spend"].limit, listed["spend"].used, listed["spend"].remaining) == (
+        10_000,
+        900,
+        9_100,
+    )
