@@ -13,6 +13,7 @@ from typing import Any
 
 from store.crypto import Secret
 from store.rules.bodyrules import BodyRule
+from store.rules.budgets import Budget
 from store.rules.grammar import HostPattern, Rate
 
 # An expired grant stays in the snapshot this long, so that it answers grant-expired rather
@@ -84,6 +85,7 @@ class GrantRecord:
     approval: str | None = None  # each or first
     hold: int | None = None  # seconds
     body: BodyRule | None = None  # what the body may ask; None: the body is not decided
+    budget: Budget | None = None  # token budgets, checked and charged in the store
 
 
 @dataclass(frozen=True)
@@ -229,6 +231,44 @@ class GrantEntry:
     approval: str | None = None
     hold: int | None = None
     body: str | None = None  # BodyRule.describe()
+    budget: str | None = None  # Budget.describe()
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Tokens charged in one window of a grant's budget."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    requests: int = 0
+    estimated: int = 0  # of the requests, those charged by the estimate
+    spend_micros: int = 0  # micro-US dollars, by the proxy's price table
+
+    def of(self, kind: str) -> int:
+        if kind == "spend":
+            return self.spend_micros
+        if kind == "input":
+            return self.input_tokens
+        if kind == "output":
+            return self.output_tokens
+        return self.input_tokens + self.output_tokens
+
+
+@dataclass(frozen=True)
+class BudgetEntry:
+    """One limit of a grant's budget as `credproxy usage` shows it."""
+
+    grant_id: int
+    principal: str
+    state: str
+    kind: str
+    window: str
+    limit: int
+    used: int
+    remaining: int
+    resets_at: datetime
+    requests: int
+    estimated: int
 
 
 @dataclass(frozen=True)

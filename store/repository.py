@@ -14,18 +14,22 @@ from store.db import delta, schema
 from store.db.engine import Database
 from store.records import (
     AccessRequestEntry,
+    BudgetEntry,
     CredentialEntry,
     Delta,
     GrantEntry,
     PrincipalEntry,
     Snapshot,
     TokenEntry,
+    Usage,
 )
+from store.rules import budgets as rules_budgets
 from store.rules.bodyrules import BodyRule
 from store.rules.validation import NO_LIMITS, Limits
 from store.tables import (
     access_requests,
     approvals,
+    budgets,
     credentials,
     grants,
     keys,
@@ -194,6 +198,36 @@ class Store:
 
     def use_grant(self, grant_id: int) -> bool:
         return grants.use(self.db, grant_id)
+
+    # -- token budgets ---------------------------------------------------------------
+
+    def budget_used(self, grant_id: int, windows: Sequence[str]) -> dict[str, Usage]:
+        return budgets.used(self.db, grant_id, windows)
+
+    def charge_budget(
+        self,
+        grant_id: int,
+        windows: Sequence[str],
+        input_tokens: int,
+        output_tokens: int,
+        estimated: bool,
+        spend_micros: int = 0,
+    ) -> None:
+        budgets.charge(
+            self.db, grant_id, windows, input_tokens, output_tokens, estimated, spend_micros
+        )
+
+    def set_grant_budget(self, grant_id: int, specs: Sequence[str]) -> str | None:
+        """Replace the grant's budgets with `specs` (none: no budget); their description.
+
+        Raises: InvalidInput, NotFound.
+        """
+        text = rules_budgets.canonical(specs)
+        grants.set_budget(self.db, grant_id, text)
+        return rules_budgets.describe(text)
+
+    def list_budgets(self, principal: str | None = None) -> list[BudgetEntry]:
+        return budgets.listing(self.db, principal)
 
     # -- access requests -------------------------------------------------------------
 

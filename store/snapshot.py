@@ -34,7 +34,7 @@ from store.records import (
     SessionToken,
     Snapshot,
 )
-from store.rules import bodyrules, secretref
+from store.rules import bodyrules, budgets, secretref
 from store.rules.bodyrules import BodyRule
 from store.rules.grammar import parse_host, parse_rate
 from store.tables import keys
@@ -123,6 +123,7 @@ def grants(now: datetime) -> Query:
         Grant.approval,
         Grant.hold,
         Grant.body,
+        Grant.budget,
     ).where(
         Grant.revoked_at.is_(None),
         (Grant.expires_at.is_(None)) | (Grant.expires_at > now - TOMBSTONE_RETENTION),
@@ -184,6 +185,7 @@ class Compiler:
         self.options_of = _decoded(lambda options: options or {})
         self.rate_of = cache(parse_rate)
         self.body_of = cache(_body_rule)
+        self.budget_of = cache(budgets.from_json)
 
     def credentials(
         self, rows: Iterable[Any]
@@ -225,7 +227,7 @@ class Compiler:
     ) -> GrantRecord | None:
         """The grant as the proxy holds it, or None when it has no place in the snapshot."""
         gid, pid, cred_id, hosts, methods, paths, once, ws, expires, consumed, slash = row[:11]
-        rate, burst, max_uses, approval, hold, body = row[11:]
+        rate, burst, max_uses, approval, hold, body, budget_text = row[11:]
         # A spent once- or use-counted grant stays, as a tombstone (grant-consumed).
         if pid not in names or (consumed and not once and max_uses is None):
             return None
@@ -239,6 +241,11 @@ class Compiler:
             rule = self.body_of(body)
             if rule is None:
                 return None  # a body rule that cannot be read: no grant, never one without it
+        budget = None
+        if budget_text is not None:
+            budget = self.budget_of(budget_text)
+            if budget is None:
+                return None  # a budget that cannot be read: no grant, never one without it
         grant_hosts = self.hosts_of(hosts)
         if not grant_hosts and cred is not None:
             grant_hosts = cred.hosts
@@ -260,6 +267,7 @@ class Compiler:
             approval=approval,
             hold=hold,
             body=rule,
+            budget=budget,
         )
 
 

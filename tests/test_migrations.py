@@ -22,6 +22,7 @@ TABLES = {
     "access_requests",
     "principal_tokens",
     "rate_buckets",
+    "budget_usage",
     "change_log",
 }
 CREATED = datetime(2024, 1, 2, 3, 4, 5, tzinfo=UTC)

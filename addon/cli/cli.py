@@ -16,7 +16,16 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from addon.cli import accessrequests, credentials, grants, init, keys, principals, report
+from addon.cli import (
+    accessrequests,
+    credentials,
+    grants,
+    init,
+    keys,
+    principals,
+    report,
+    usage,
+)
 from addon.cli.parsing import Handler, Parser, Version, common, global_options
 from store.db import lite
 from store.errors import CredproxyError, InvalidInput, StoreUnavailable
@@ -41,6 +50,7 @@ FLAGS = {
     "max_uses": "--max-uses",
     "approval": "--approval",
     "hold": "--hold",
+    "budget": "--budget",
     "region": "--region",
     "service": "--service",
     "placeholder": "--placeholder",
@@ -55,7 +65,7 @@ FLAGS = {
 
 # The commands whose modules are light; the others come from modules heavy to import
 # (mitmproxy, cryptography's x509, the policy-file reader), which these commands never load.
-LIGHT = (init, principals, credentials, grants, accessrequests, keys)
+LIGHT = (init, principals, credentials, grants, accessrequests, keys, usage)
 _OWN = frozenset(module.COMMAND for module in LIGHT)
 # Options before the command that take a value, so that the value is not read as the command.
 _VALUED = ("--db", "--key-file", "--certs")

@@ -9,6 +9,7 @@ from addon.cli import bodyflags
 from addon.cli.output import emit, table, yes
 from addon.cli.parsing import group, identifier, rate_flags
 from addon.core.argtypes import count
+from store.errors import InvalidInput
 from store.records import GrantEntry
 from store.rules import validation
 from store.rules.grammar import check_registered_method, parse_expiry
@@ -62,11 +63,33 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         help=f"how long a request waits for approval: 90s, 2m (default "
         f"{validation.DEFAULT_HOLD}s, at most {validation.MAX_HOLD}s)",
     )
+    p.add_argument(
+        "--budget",
+        action="append",
+        default=[],
+        metavar="KIND=TOKENS/WINDOW",
+        help="a token budget across replicas, repeatable: KIND input, output or total; WINDOW "
+        "hour, day or month (UTC), e.g. total=200000/day; or spend=DOLLARS/WINDOW, charged by "
+        "run --prices (see credproxy usage)",
+    )
     bodyflags.add_flags(p)
     p.set_defaults(func=cmd_grant_add)
     p = grant.add_parser("list", parents=[common], help="grants in every state")
     p.add_argument("--principal", help="only this principal's")
     p.set_defaults(func=cmd_grant_list)
+    p = grant.add_parser(
+        "budget", parents=[common], help="replace a grant's token budgets (usage is kept)"
+    )
+    p.add_argument("id", type=identifier, help="the grant's id")
+    p.add_argument(
+        "--budget",
+        action="append",
+        default=[],
+        metavar="KIND=TOKENS/WINDOW",
+        help="the grant's budgets from now on, repeatable, as for grant add",
+    )
+    p.add_argument("--clear", action="store_true", help="remove the grant's budgets")
+    p.set_defaults(func=cmd_grant_budget)
     p = grant.add_parser("revoke", parents=[common], help="revoke one grant")
     p.add_argument("id", type=identifier, help="the grant's id")
     p.set_defaults(func=cmd_grant_revoke)
@@ -78,7 +101,7 @@ def cmd_grant_add(args: argparse.Namespace, settings: Settings) -> int:
             check_registered_method(method)
     expires = parse_expiry(args.expires) if args.expires else None
     limits = validation.limits(
-        args.rate, args.burst, args.max_uses, args.once, args.approval, args.hold
+        args.rate, args.burst, args.max_uses, args.once, args.approval, args.hold, args.budget
     )
     body = bodyflags.rule_from(args)
     grant_id = settings.quick().add_grant(
@@ -131,6 +154,7 @@ def _grant_row(g: GrantEntry) -> dict[str, Any]:
         "approval": g.approval,
         "hold": g.hold,
         "body": g.body,
+        "budget": g.budget,
     }
 
 
@@ -156,7 +180,18 @@ def cmd_grant_list(args: argparse.Namespace, settings: Settings) -> int:
     columns = ["id", "principal", "credential", "hosts", "methods", "paths", "once", "expires_at"]
     if any(g.body for g in grants):  # the column only where some grant decides bodies
         columns.insert(columns.index("paths") + 1, "body")
+    if any(g.budget for g in grants):
+        columns.insert(columns.index("once"), "budget")
     emit(settings, rows, table(shown, columns + ["encoded_slash", "state", "purpose"]))
+    return 0
+
+
+def cmd_grant_budget(args: argparse.Namespace, settings: Settings) -> int:
+    if bool(args.budget) == args.clear:
+        raise InvalidInput("give {budget} (repeatable) or --clear", budget="--budget")
+    described = settings.store().set_grant_budget(args.id, args.budget)
+    said = f"grant {args.id} budget: {described}" if described else f"grant {args.id}: no budget"
+    emit(settings, {"id": args.id, "budget": described}, [said])
     return 0
 
 

@@ -28,6 +28,7 @@ from store.records import (
     Snapshot,
 )
 from store.rules.bodyrules import BodyRule
+from store.rules.budgets import Budget
 from store.rules.grammar import HostPattern, Rate, path_matches
 from store.rules.mintspec import MINTED, token_version
 
@@ -63,6 +64,7 @@ class Rule:
     approval: str | None = None  # each or first: requests wait for an owner
     hold: int = 0  # seconds they wait
     body: BodyRule | None = None  # what the body may ask: decided once the body is in
+    budget: Budget | None = None  # token budgets: checked before forwarding, charged after
 
     def allows_host(self, host: str, port: int, scheme: str) -> bool:
         default = DEFAULT_PORTS.get(scheme, 443)
@@ -524,6 +526,7 @@ def _rule(grant: GrantRecord, credential: CredentialRecord | None) -> Rule:
         approval=grant.approval,
         hold=grant.hold or 0,
         body=grant.body,
+        budget=grant.budget,
     )
 
 

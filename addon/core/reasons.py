@@ -24,6 +24,7 @@ class Reason(enum.StrEnum):
     INTERNAL_ERROR = "internal-error"
     BODY_TOO_LARGE = "body-too-large"
     RATE_LIMITED = "rate-limited"
+    BUDGET_EXHAUSTED = "budget-exhausted"  # a grant's token budget is spent for its window
     # Upstream failures: the grant allowed the request, the upstream did not answer usably.
     UPSTREAM_PROTOCOL_ERROR = "upstream-protocol-error"
     UPSTREAM_UNREACHABLE = "upstream-unreachable"
@@ -66,6 +67,7 @@ STATUS = {
     Reason.INTERNAL_ERROR: 500,
     Reason.BODY_TOO_LARGE: 413,
     Reason.RATE_LIMITED: 429,
+    Reason.BUDGET_EXHAUSTED: 429,
     Reason.UPSTREAM_PROTOCOL_ERROR: 502,
     Reason.UPSTREAM_UNREACHABLE: 502,
     Reason.UPSTREAM_UNRESOLVABLE: 502,

@@ -43,6 +43,13 @@ DNS_MS = "dns_ms"
 APPROVAL = "approval"
 TOKEN_MS = "token_ms"  # noqa: S105 - a field name
 TOKEN_FP = "token_fp"  # noqa: S105 - a field name
+# A model call on a grant with a budget: the model and token counts its answer reported (or,
+# with tokens_estimated, what the estimate charged); never prompts or completions.
+MODEL = "model"
+INPUT_TOKENS = "input_tokens"  # noqa: S105 - a field name
+OUTPUT_TOKENS = "output_tokens"  # noqa: S105 - a field name
+TOKENS_ESTIMATED = "tokens_estimated"  # noqa: S105 - a field name
+COST_USD = "cost_usd"  # by the operator's price table (`run --prices`)
 BODY = "body"  # what a grant's body rule decided: {"graphql"|"mcp"|"jsonrpc": [...]}
 
 REQUEST_EVENT = "request"

@@ -24,6 +24,10 @@ FAILURE_REASONS = frozenset({"internal-error", "store-unavailable", "audit-unava
 
 
 HOLD_BUCKETS = (1, 2, 5, 10, 30, 60, 120, 300, 600)
+# Distinct (principal, model) label pairs of credproxy_model_tokens: an upstream names its
+# models, so their number is bounded here.
+MAX_MODEL_SERIES = 1000
+OTHER_MODEL = "other"
 DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 
@@ -42,6 +46,10 @@ class Metrics:
         self._durations = [0] * (len(DURATION_BUCKETS) + 1)  # the last one: above every bound
         self._duration_sum = 0.0
         self._redactions = 0
+        # (principal, model, kind) -> tokens charged to budgets; models as the answers name
+        # them, at most MAX_MODEL_SERIES distinct pairs, the rest counted under OTHER_MODEL.
+        self._tokens: dict[tuple[str, str, str], int] = defaultdict(int)
+        self._model_pairs: set[tuple[str, str]] = set()
         self.dns: Any = None  # addon.dns.Stats, set by the forwarder
         self.connections: Any = None  # addon.admission.Admission, set by the limits addon
         self.registry.register(self)  # collect() below
@@ -134,6 +142,18 @@ class Metrics:
         redactions = line.get("redactions")
         if redactions:
             self._redactions += redactions
+        if audit.INPUT_TOKENS in line:
+            self._count_tokens(principal or "", line.get(audit.MODEL) or "", line)
+
+    def _count_tokens(self, principal: str, model: str, line: dict[str, Any]) -> None:
+        pair = (principal, model)
+        if pair not in self._model_pairs:
+            if len(self._model_pairs) >= MAX_MODEL_SERIES:
+                pair = (principal, OTHER_MODEL)
+            else:
+                self._model_pairs.add(pair)
+        self._tokens[(*pair, "input")] += line[audit.INPUT_TOKENS]
+        self._tokens[(*pair, "output")] += line[audit.OUTPUT_TOKENS]
 
     def collect(self) -> Iterator[Metric]:
         """The registry's scrape-time view of the per-request counters."""
@@ -183,7 +203,15 @@ class Metrics:
             "Audit records waiting for the OTLP collector (--otlp-queue bounds it)",
             value=otlp.waiting(),
         )
-        families = [requests, by_principal, duration, redactions, failures]
+        tokens = CounterMetricFamily(
+            "credproxy_model_tokens",
+            "Tokens charged to grants' budgets, by principal, model (as answers name it) and "
+            "kind (input, output)",
+            labels=["principal", "model", "kind"],
+        )
+        for series, n in list(self._tokens.items()):
+            tokens.add_metric(series, n)
+        families = [requests, by_principal, duration, redactions, failures, tokens]
         families += [export_dropped, export_queue]
         if self.dns is not None:
             dns = self.dns

@@ -55,6 +55,7 @@ TITLES = {
     Reason.NOT_FOUND: "Not found",
     Reason.TOO_MANY_ACCESS_REQUESTS: "Too many pending access requests",
     Reason.RATE_LIMITED: "Rate limited",
+    Reason.BUDGET_EXHAUSTED: "Token budget spent",
     Reason.SIGNING_UNSUPPORTED: "Request cannot be signed",
     Reason.CREDENTIALS_IN_RESPONSE: "Upstream answer carried credentials",
     Reason.CREDENTIALS_UNAVAILABLE: "Credentials unavailable",

@@ -23,6 +23,7 @@ from addon.mitm import hop, wire
 from addon.observe import audit
 from addon.observe.metrics import Metrics
 from addon.proxy.approval import Holds, gone
+from addon.proxy.budgets import Budgets
 from addon.proxy.dns import DEFAULT_TTL, FORBIDDEN, LookupFailed, Resolver
 from addon.proxy.failclosed import Denied, deny_on_error, kill_on_error
 from addon.proxy.live import LivePolicy
@@ -51,8 +52,10 @@ class Forward:
         limiter: Limiter | None = None,
         signing: Signing | None = None,
         holds: Holds | None = None,
+        budgets: Budgets | None = None,
     ) -> None:
         self.holds = holds
+        self.budgets = budgets or Budgets(live)
         self.limiter = limiter or Limiter()
         self.live = live
         self.resolve = resolve
@@ -98,7 +101,8 @@ class Forward:
                 raise _refusal(e, rec, v.rule) from e
         # AWS keys, a minted token, an owner's approval, or the store's rate buckets
         waits = renewal is not None or v.rule.approval is not None or self.limiter.shared
-        if address is None or v.rule.once or v.rule.max_uses is not None or waits:
+        counted = v.rule.once or v.rule.max_uses is not None or v.rule.budget is not None
+        if address is None or counted or waits:
             return self._vet_then_forward(flow, step, rec, address, stamping, renewal)
         self._forward(flow, step, rec, address, stamping)
         return None
@@ -156,8 +160,14 @@ class Forward:
         if self.holds is not None and flow in self.holds.waited and gone(flow):
             # Approved, then its client left while the proxy dialled or minted: never sent.
             raise Denied(Reason.CLIENT_GONE, "the client left while its request was held")
+        if v.rule.budget is not None:
+            await self.budgets.check(v.rule)  # before a use is spent on it
+            # Usage is read from plain text; set before a scheme signs the headers.
+            flow.request.headers["accept-encoding"] = "identity"
         await self._consume(v.rule)
         self._forward(flow, step, rec, address, stamping)
+        if v.rule.budget is not None:
+            self.budgets.watch(flow, v.rule)
 
     def _forward(
         self,

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 from addon.core.policy import Policy
 from addon.core.responsive import responsive
+from addon.core.usage import Charge
 from addon.observe import audit
 from addon.proxy import sources
 from addon.proxy.sources import Sources, SourceSettings
@@ -25,6 +26,7 @@ from addon.schemes.mint import TOKENS
 from addon.schemes.stamping import redacted
 from store.crypto import MasterKey, Secret
 from store.errors import CredproxyError, StoreUnavailable
+from store.records import Usage
 from store.repository import Store
 
 T = TypeVar("T")
@@ -126,6 +128,32 @@ class LivePolicy:
         """Raises StoreUnavailable when the store cannot say."""
         try:
             return await self.call(self.store.use_grant, grant_id)
+        except CredproxyError as e:
+            self._down(e)
+            raise
+
+    async def budget_used(self, grant_id: int, windows: list[str]) -> dict[str, Usage]:
+        """Raises StoreUnavailable when the store cannot say."""
+        try:
+            return await self.call(self.store.budget_used, grant_id, windows)
+        except CredproxyError as e:
+            self._down(e)
+            raise
+
+    async def charge_budget(
+        self, grant_id: int, windows: list[str], charge: Charge, spend_micros: int = 0
+    ) -> None:
+        """Raises StoreUnavailable when the store did not take it."""
+        try:
+            await self.call(
+                self.store.charge_budget,
+                grant_id,
+                windows,
+                charge.input_tokens,
+                charge.output_tokens,
+                charge.estimated,
+                spend_micros,
+            )
         except CredproxyError as e:
             self._down(e)
             raise

@@ -58,6 +58,12 @@ class Record:
     approval: int | None = None  # the held request (its approval) that let it through
     # What a grant's body rule decided: operations, tools or methods, never their arguments.
     body: dict[str, Any] | None = None
+    # A model call charged to a grant's budget (addon/proxy/budgets.py): None otherwise.
+    model: str | None = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    tokens_estimated: bool = False
+    cost_micros: int | None = None  # by the price table (`run --prices`), in micro-US dollars
 
 
 def record(flow: http.HTTPFlow) -> Record | None:

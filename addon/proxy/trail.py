@@ -119,6 +119,13 @@ class Trail:
             line[audit.TOKEN_FP] = rec.token_fp
         if rec.body is not None:
             line[audit.BODY] = rec.body
+        if rec.input_tokens is not None:
+            line[audit.MODEL] = rec.model
+            line[audit.INPUT_TOKENS] = rec.input_tokens
+            line[audit.OUTPUT_TOKENS] = rec.output_tokens
+            line[audit.TOKENS_ESTIMATED] = rec.tokens_estimated
+            if rec.cost_micros is not None:
+                line[audit.COST_USD] = rec.cost_micros / 1_000_000
         if self.recent is not None:
             self.recent.add(line)  # before emit, which takes the line over
         audit.emit(audit.REQUEST_EVENT, line)

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 
 from addon.core.guard import DestinationGuard
 from addon.core.hosts import ResolveMap
+from addon.core.prices import MAX_FILE as MAX_PRICE_FILE
+from addon.core.prices import PriceError, Prices
 from addon.mitm.via import UpstreamProxy
 from addon.observe.otlp import OtlpSettings
 from addon.proxy.dns import DEFAULT_TTL
@@ -55,6 +57,7 @@ class RunConfig:
     worker: Role | None = None  # set in a worker process of `--workers N`
     console: tuple[str, int] | None = None  # addon/runtime/console.py: the approvers' console
     operators: Operators | None = None  # who may sign in to it
+    prices: Prices | None = None  # addon/core/prices.py: for grants' spend limits
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, settings: Settings) -> RunConfig:
@@ -71,6 +74,7 @@ class RunConfig:
         admin = parse_listen(args.admin, "--admin") if args.admin else None
         upstream_proxy = parse_upstream_proxy(args)
         console, operators = parse_console(args)
+        prices = read_prices(args.prices) if args.prices else None
         return cls(
             settings,
             host,
@@ -94,7 +98,21 @@ class RunConfig:
             otlp=OtlpSettings.configured(args.otlp_endpoint, args.otlp_queue, os.environ),
             console=console,
             operators=operators,
+            prices=prices,
         )
+
+
+def read_prices(path: str) -> Prices:
+    """--prices FILE, read and checked once; InvalidInput in one line."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_PRICE_FILE + 1)
+    except OSError as e:
+        raise InvalidInput(f"--prices: cannot read {path}: {e.strerror}") from e
+    try:
+        return Prices.parse(data, f"--prices {path}")
+    except PriceError as e:
+        raise InvalidInput(str(e)) from e
 
 
 def parse_console(args: argparse.Namespace) -> tuple[tuple[str, int] | None, Operators | None]:

@@ -100,6 +100,12 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         "(default: $CREDPROXY_NOTIFY; prefer it for a URL that holds a token)",
     )
     p.add_argument(
+        "--prices",
+        metavar="FILE",
+        help="the price table (TOML, US dollars per million tokens per model) that grants' "
+        "spend limits are charged by; see docs/budgets.md",
+    )
+    p.add_argument(
         "--shared-rates",
         action="store_true",
         help="keep --rate buckets in the store: exact across replicas, one store call a request",

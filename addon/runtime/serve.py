@@ -130,6 +130,7 @@ async def _serve(
         config.shared_rates,
         config.upstream_idle,
         config.upstream_proxy,
+        config.prices,
     )
     master.addons.add(chain)
     reuse.activate(chain.part(reuse.Reuse))

@@ -13,6 +13,7 @@ from functools import partial
 
 from addon.core.guard import DestinationGuard
 from addon.core.hosts import ResolveMap
+from addon.core.prices import Prices
 from addon.mitm.clientcerts import ClientCerts
 from addon.mitm.reuse import Reuse
 from addon.mitm.via import Route, UpstreamProxy
@@ -22,6 +23,7 @@ from addon.proxy.access import AccessEndpoint, AccessRequests
 from addon.proxy.approval import Holds, HoldSettings
 from addon.proxy.auth import Auth
 from addon.proxy.bodygate import BodyGate
+from addon.proxy.budgets import Budgets
 from addon.proxy.certexpiry import CertExpiry
 from addon.proxy.chain import Chain, Lifecycle
 from addon.proxy.corporate import ProxyCredential
@@ -55,6 +57,7 @@ def build_chain(
     shared_rates: bool = False,
     upstream_idle: float = 4.0,
     upstream_proxy: UpstreamProxy | None = None,
+    prices: Prices | None = None,
 ) -> Chain:
     """credproxy's addons, in the order they run for each hook.
 
@@ -78,6 +81,7 @@ def build_chain(
     signing = Signing(trail) if max_signed_body is None else Signing(trail, max_signed_body)
     limits = limits or LimitSettings()
     holds = Holds(live, metrics, HoldSettings(limits.max_holds, limits.max_held))
+    budgets = Budgets(live, prices)
     forward = Forward(
         live,
         resolve,
@@ -89,6 +93,7 @@ def build_chain(
         limiter=limiter,
         signing=signing,
         holds=holds,
+        budgets=budgets,
     )
     deadlines = Limits(limits, clients, trail)
     holds.on_hold = deadlines.hold
@@ -126,6 +131,7 @@ def build_chain(
             AccessEndpoint(access, trail),  # request: credproxy.internal
             signing,  # request: sign a held body (sigv4) once it is whole
             Responses(),  # responseheaders, response, websocket_message: redaction
+            budgets,  # responseheaders, response, error: read the usage, charge the budget
             trail,  # response, error: the audit line
             holds,  # done: the poller of held requests' decisions
             # caps and deadlines, last: it sees what the others did

@@ -28,7 +28,7 @@ from store.crypto import MasterKey, hash_token, new_token
 from store.db import changelog, revisions
 from store.errors import Conflict, MasterKeyError, NotFound, StoreUnavailable
 from store.records import GrantEntry, grant_state, utcnow
-from store.rules import bodyrules, validation
+from store.rules import bodyrules, budgets, validation
 from store.rules.bodyrules import BodyRule
 from store.rules.grammar import validate_name
 
@@ -36,7 +36,7 @@ _PREFIX = "sqlite:///"
 _LIST_GRANTS = (
     "SELECT g.id, p.name, c.name, g.hosts, g.methods, g.paths, g.once, g.websocket, "
     "g.expires_at, g.purpose, g.created_at, g.revoked_at, g.consumed_at, g.encoded_slash, "
-    "g.key, g.rate, g.burst, g.max_uses, g.uses, g.approval, g.hold, g.body "
+    "g.key, g.rate, g.burst, g.max_uses, g.uses, g.approval, g.hold, g.body, g.budget "
     "FROM grants g JOIN principals p ON g.principal_id = p.id "
     "LEFT OUTER JOIN credentials c ON g.credential_id = c.id"
 )
@@ -285,6 +285,7 @@ class Store:
                 approval=r[19],
                 hold=r[20],
                 body=bodyrules.describe(r[21]),
+                budget=budgets.describe(r[22]),
             )
             for r in rows
         ]

@@ -7,6 +7,7 @@ from typing import Any
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Boolean,
     DateTime,
     Dialect,
@@ -166,6 +167,8 @@ class Grant(Base):
     hold: Mapped[int | None] = mapped_column(Integer)
     # What the request's body may ask (store.rules.bodyrules, canonical JSON); NULL: anything.
     body: Mapped[str | None] = mapped_column(Text)
+    # Token budgets (store.rules.budgets, canonical JSON); NULL: none. Usage: BudgetUsage.
+    budget: Mapped[str | None] = mapped_column(Text)
 
     __table_args__ = (
         Index(
@@ -185,6 +188,22 @@ class RateBucket(Base):
     key: Mapped[str] = mapped_column(String(160), primary_key=True)
     tokens: Mapped[float] = mapped_column(Float)
     at: Mapped[float] = mapped_column(Float)  # Unix time of the last take
+
+
+class BudgetUsage(Base):
+    """The tokens charged to a grant's budget in one window (`day:2026-12-07`), by every
+    replica: each answer adds to the row in one statement."""
+
+    __tablename__ = "budget_usage"
+    grant_id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    window: Mapped[str] = mapped_column(String(24), primary_key=True)
+    input_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default=text("0"))
+    output_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default=text("0"))
+    requests: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+    # Answers that carried no usage, charged by the estimate (addon/core/usage.py).
+    estimated: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+    # Micro-US dollars by the proxy's price table (`run --prices`), for spend limits.
+    spend_micros: Mapped[int] = mapped_column(BigInteger, default=0, server_default=text("0"))
 
 
 class AccessRequest(Base):

@@ -21,7 +21,7 @@ from typing import Any
 
 from store.crypto import Secret
 from store.errors import CredproxyError, InvalidInput
-from store.rules import bodyrules, mintspec, secretref, validation
+from store.rules import bodyrules, budgets, mintspec, secretref, validation
 from store.rules.bodyrules import BodyRule
 from store.rules.grammar import (
     check_registered_method,
@@ -87,6 +87,7 @@ GRANT_KEYS = frozenset(
         "max_uses",
         "approval",
         "hold",
+        "budget",
     }
 )
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
@@ -456,6 +457,11 @@ def _limits(t: _Table, *, uses: bool = False) -> validation.Limits:
     if hold is not None and (isinstance(hold, bool) or not isinstance(hold, int | str)):
         t.problem("hold", 'hold must be seconds or a duration, e.g. hold = "2m"')
         hold = None
+    budget: tuple[str, ...] = ()
+    if uses and "budget" in t.values:
+        with t.checking("budget"):
+            budgets.parse(t.texts("budget"))
+            budget = t.texts("budget")
     with t.checking("approval" if approval is not None else "rate"):
         return validation.limits(
             rate,
@@ -464,6 +470,7 @@ def _limits(t: _Table, *, uses: bool = False) -> validation.Limits:
             bool(t.values.get("once")),
             approval,
             str(hold) if hold is not None else None,
+            budget,
         )
     return validation.NO_LIMITS
 

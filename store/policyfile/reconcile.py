@@ -28,7 +28,7 @@ from store.db.models import AccessRequest, Credential, Grant, Principal, utcnow
 from store.errors import Conflict, InvalidInput
 from store.policyfile.parse import KEYS, CredentialSpec, GrantSpec, PolicyFile, raise_problems
 from store.records import APPROVED, HOLD
-from store.rules import bodyrules, secretref, validation
+from store.rules import bodyrules, budgets, secretref, validation
 from store.rules.grammar import REGISTERED_METHODS
 from store.tables import credentials, keys, principals
 
@@ -302,6 +302,7 @@ class _Planner:
             "approval": row.approval,
             "hold": row.hold,
             "body": row.body,
+            "budget": row.budget,
         }
         fields = {k: (have[k], v) for k, v in wanted.items() if have[k] != v}
         if "expires" in fields and g.expires_at is not None and g.expires_at <= now:
@@ -352,6 +353,7 @@ def _grant_fields(g: GrantSpec) -> dict[str, Any]:
         "approval": g.limits.approval,
         "hold": g.limits.hold,
         "body": None if g.body is None else g.body.to_json(),
+        "budget": g.limits.budget,
     }
 
 
@@ -634,6 +636,7 @@ class GrantView:
     hold: int | None
     body: Any
     created_at: datetime
+    budget: Any = None  # the stored JSON of its token budget (store/rules/budgets.py)
 
 
 def _view(key: str, g: Grant, principal: str, credential: str | None) -> GrantView:
@@ -657,6 +660,7 @@ def _view(key: str, g: Grant, principal: str, credential: str | None) -> GrantVi
         hold=g.hold,
         body=g.body,
         created_at=g.created_at,
+        budget=g.budget,
     )
 
 
@@ -708,6 +712,9 @@ def grant_table(g: GrantView) -> list[str]:
             lines.append(f"{limit} = {_toml(getattr(g, limit))}")
     if g.hold is not None:
         lines.append(f'hold = "{g.hold}s"')
+    budget = budgets.from_json(g.budget) if g.budget is not None else None
+    if budget is not None:
+        lines.append(f"budget = {_toml([str(limit) for limit in budget.limits])}")
     body = bodyrules.describe_for_file(g.body)
     if body is not None:
         lines.append(body)

@@ -16,7 +16,7 @@ from typing import Any
 from store.crypto import Secret
 from store.errors import InvalidInput
 from store.records import REQUEST_STATES, utcnow
-from store.rules import aws, clientcert, mintspec
+from store.rules import aws, budgets, clientcert, mintspec
 from store.rules.bodyrules import BodyRule
 from store.rules.grammar import (
     HostPattern,
@@ -137,6 +137,7 @@ class Limits:
     max_uses: int | None = None
     approval: str | None = None  # each or first: requests wait for an owner's decision
     hold: int | None = None  # seconds a request waits for it (with approval)
+    budget: str | None = None  # token budgets, canonical JSON (store.rules.budgets)
 
 
 NO_LIMITS = Limits()
@@ -152,6 +153,7 @@ def limits(
     once: bool = False,
     approval: str | None = None,
     hold: str | None = None,
+    budget: Sequence[str] = (),
 ) -> Limits:
     if rate is not None:
         parse_rate(rate)
@@ -178,7 +180,7 @@ def limits(
         held = hold_seconds(hold) if hold is not None else DEFAULT_HOLD
     elif hold is not None:
         raise InvalidInput("{hold} goes with {approval}", hold="a hold", approval="an approval")
-    return Limits(rate, burst, max_uses, approval, held)
+    return Limits(rate, burst, max_uses, approval, held, budgets.canonical(budget))
 
 
 def hold_seconds(text: str) -> int:
@@ -257,6 +259,7 @@ def grant_columns(
         "approval": limits.approval,
         "hold": limits.hold,
         "body": None if body is None else body.to_json(),
+        "budget": limits.budget,
     }
 
 

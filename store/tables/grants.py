@@ -13,7 +13,7 @@ from store.db.engine import Database, bump, changed, covered, rowcount
 from store.db.models import Credential, Grant, Principal, utcnow
 from store.errors import NotFound
 from store.records import GrantEntry, grant_state
-from store.rules import bodyrules, validation
+from store.rules import bodyrules, budgets, validation
 from store.rules.bodyrules import BodyRule
 from store.tables import credentials, principals
 
@@ -114,6 +114,7 @@ def listing(db: Database, principal: str | None = None) -> list[GrantEntry]:
                 approval=g.approval,
                 hold=g.hold,
                 body=bodyrules.describe(g.body),
+                budget=budgets.describe(g.budget),
             )
             for g, p_name, c_name in session.execute(query).all()
         ]
@@ -131,6 +132,17 @@ def revoke(db: Database, grant_id: int) -> bool:
             return False
         grant.revoked_at = utcnow()
         return True
+
+
+def set_budget(db: Database, grant_id: int, budget: str | None) -> None:
+    """Replace a live grant's token budgets (canonical JSON, or None for none); what was
+    already charged in each window still counts against the new ones."""
+    with db.change() as session:
+        grant = session.get(Grant, grant_id)
+        if grant is None or grant.revoked_at is not None:
+            raise NotFound(f"no live grant with id {grant_id}")
+        changed(session, GRANT, grant_id)
+        grant.budget = budget
 
 
 def consume_once(db: Database, grant_id: int) -> bool:

@@ -366,6 +366,15 @@ BAD_INPUT = {
         ("already exists",),
     ),
     "expiry in the past": Bad((*GRANT, "--expires", "2000-01-01T00:00:00Z"), ("past",)),
+    "a token budget without a window": Bad(
+        (*GRANT, "--budget", "total=1000"), ("invalid --budget 'total=1000'",)
+    ),
+    "a grant's budget neither given nor cleared": Bad(
+        ("grant", "budget", "1"), ("give --budget (repeatable) or --clear",)
+    ),
+    "a token budget twice for one window": Bad(
+        (*GRANT, "--budget", "total=5/day", "--budget", "total=9/day"), ("--budget", "twice")
+    ),
     "wrong master key": Bad(
         ("principal", "add", "eve"),
         ("CREDPROXY_MASTER_KEY", "is not the key"),
@@ -396,6 +405,34 @@ class Outcomes:
     results: dict[str, subprocess.CompletedProcess[str]]
     before: tuple[Any, ...]
     after: tuple[Any, ...]
+
+
+def test_grant_add_budget_is_listed_and_usage_shows_what_remains(session: Session) -> None:
+    root = session.cli.root.parent / "budget"
+    root.mkdir()
+    cli = Cli(root)
+    for name in ("credproxy.db", "credproxy.key"):
+        shutil.copy2(session.cli.root / name, root / name)
+    (added,) = cli.ok(
+        Call((*GRANT, "--budget", "total=200000/day", "--budget", "output=5000/hour", "--json"))
+    )
+    grant_id = json.loads(added)["id"]
+    (listed, usage, table) = cli.ok(
+        Call(("grant", "list", "--json")), Call(("usage", "--json")), Call(("usage",))
+    )
+    (row,) = [g for g in json.loads(listed) if g["id"] == grant_id]
+    assert row["budget"] == "output=5000/hour, total=200000/day"
+    assert [(u["grant"], u["budget"], u["used"], u["remaining"]) for u in json.loads(usage)] == [
+        (grant_id, "output/hour", 0, 5000),
+        (grant_id, "total/day", 0, 200000),
+    ]
+    assert table.splitlines()[0].split()[:4] == ["grant", "principal", "state", "budget"]
+    (raised,) = cli.ok(
+        Call(("grant", "budget", str(grant_id), "--budget", "total=400000/day", "--json"))
+    )
+    (usage,) = cli.ok(Call(("usage", "--json")))
+    assert json.loads(raised) == {"id": grant_id, "budget": "total=400000/day"}
+    assert [(u["budget"], u["limit"]) for u in json.loads(usage)] == [("total/day", 400000)]
 
 
 @pytest.fixture(scope="module")

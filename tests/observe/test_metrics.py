@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-from addon.observe.metrics import DURATION_BUCKETS, Metrics, StreakAlerts
+from addon.observe.metrics import DURATION_BUCKETS, MAX_MODEL_SERIES, Metrics, StreakAlerts
 
 
 def samples(text: bytes, prefix: str) -> list[str]:
@@ -57,6 +57,38 @@ def test_requests_are_counted_by_decision_reason_and_principal() -> None:
         'credproxy_principal_requests_total{decision="deny",principal="b"} 1.0',
     ]
     assert samples(text, "credproxy_redactions_total") == ["credproxy_redactions_total 2.0"]
+
+
+def _call(principal: str, model: str, tokens_in: int, tokens_out: int) -> dict[str, object]:
+    return {
+        "decision": "allow",
+        "principal": principal,
+        "duration_ms": 1.0,
+        "model": model,
+        "input_tokens": tokens_in,
+        "output_tokens": tokens_out,
+    }
+
+
+def test_model_tokens_are_counted_by_principal_model_and_kind() -> None:
+    metrics = Metrics(lambda: 0.0, lambda: True)
+    for line in [_call("a", "gpt-4o", 10, 2), _call("a", "gpt-4o", 5, 1), _call("b", "m", 7, 3)]:
+        metrics.observe(line)
+    assert samples(metrics.render(), "credproxy_model_tokens_total") == [
+        'credproxy_model_tokens_total{kind="input",model="gpt-4o",principal="a"} 15.0',
+        'credproxy_model_tokens_total{kind="output",model="gpt-4o",principal="a"} 3.0',
+        'credproxy_model_tokens_total{kind="input",model="m",principal="b"} 7.0',
+        'credproxy_model_tokens_total{kind="output",model="m",principal="b"} 3.0',
+    ]
+
+
+def test_models_an_upstream_names_are_bounded_as_labels() -> None:
+    metrics = Metrics(lambda: 0.0, lambda: True)
+    for n in range(MAX_MODEL_SERIES + 50):
+        metrics.observe(_call("a", f"model-{n}", 1, 1))
+    found = samples(metrics.render(), "credproxy_model_tokens_total")
+    assert len(found) == 2 * (MAX_MODEL_SERIES + 1)
+    assert 'credproxy_model_tokens_total{kind="input",model="other",principal="a"} 50.0' in found
 
 
 def test_challenges_and_upstream_failures_are_counted_apart_from_denials() -> None:

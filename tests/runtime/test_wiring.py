@@ -30,6 +30,7 @@ ORDER = [
     "AccessEndpoint",
     "Signing",
     "Responses",
+    "Budgets",
     "Trail",
     "Holds",
     "Limits",

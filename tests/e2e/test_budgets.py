@@ -1,0 +1,431 @@
+"""Token budgets end to end: a real proxy, a local TLS provider that answers like OpenAI and
+Anthropic (JSON and SSE), httpx as the agent."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import trustme
+
+from store.crypto import Secret
+from store.rules import budgets, validation
+from tests.e2e.conftest import CREDPROXY, Proxy, start_proxy, stop_proxy
+from tests.e2e.fakemodels import COMPLETION, INPUT, OUTPUT, FakeModels
+from tests.e2e.relay import pg_database
+
+pytestmark = pytest.mark.e2e
+
+OPENAI = "https://api.openai.test/v1/chat/completions"
+ANTHROPIC = "https://api.anthropic.test/v1/messages"
+PROMPT = "a prompt that must never reach the audit stream"
+
+
+@pytest.fixture(scope="module")
+def models(upstream_ca: trustme.CA) -> Iterator[FakeModels]:
+    with FakeModels(upstream_ca) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def proxy(
+    tmp_path_factory: pytest.TempPathFactory,
+    models: FakeModels,
+    upstream_ca: trustme.CA,
+    initialised_home: Path,
+) -> Iterator[Proxy]:
+    resolve = [f"{n}=127.0.0.1:{models.port}" for n in ("api.openai.test", "api.anthropic.test")]
+    running = start_proxy(
+        tmp_path_factory.mktemp("budgets"), upstream_ca, resolve, template=initialised_home
+    )
+    yield running
+    stop_proxy(running)
+
+
+def _agent(proxy: Proxy, names: Callable[[str], str], *budget: str) -> tuple[str, str, int]:
+    agent, cred = names("agent"), names("llm")
+    token = proxy.store.add_principal(agent)
+    proxy.store.add_credential(
+        cred, "bearer", ["api.openai.test", "api.anthropic.test"], Secret(b"sk-budget-e2e")
+    )
+    limits = validation.limits(None, None, budget=budget)
+    grant_id = proxy.store.add_grant(
+        agent, ["POST"], credential=cred, paths=["/v1/*"], limits=limits
+    )
+    proxy.wait_reload()
+    return agent, token, grant_id
+
+
+def _chat(model: str, stream: bool = False, usage: bool = True) -> dict[str, Any]:
+    body: dict[str, Any] = {"model": model, "messages": [{"role": "user", "content": PROMPT}]}
+    if stream:
+        body["stream"] = True
+        if usage:
+            body["stream_options"] = {"include_usage": True}
+    return body
+
+
+def _message(model: str, stream: bool = False) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model": model,
+        "max_tokens": 256,
+        "messages": [{"role": "user", "content": PROMPT}],
+    }
+    return body | ({"stream": True} if stream else {})
+
+
+def _calls(proxy: Proxy, agent: str) -> list[dict[str, Any]]:
+    return [r for r in proxy.requests(agent) if "input_tokens" in r]
+
+
+def _used(proxy: Proxy, grant_id: int, window: str = "day") -> tuple[int, int]:
+    key = budgets.window_key(window, datetime.now(UTC))
+    usage = proxy.store.budget_used(grant_id, [key])[key]
+    return usage.input_tokens, usage.output_tokens
+
+
+def test_a_spent_daily_budget_answers_429_until_midnight_and_nothing_goes_up(
+    proxy: Proxy, models: FakeModels, names: Callable[[str], str]
+) -> None:
+    agent, token, grant_id = _agent(proxy, names, "total=250/day")
+    sent = len(models.received)
+    with proxy.client(agent, token) as client:
+        statuses = [client.post(OPENAI, json=_chat("gpt-test")) for _ in range(4)]
+    # 120 tokens an answer: checked before each, so the third (at 240) still goes.
+    assert [r.status_code for r in statuses] == [200, 200, 200, 429]
+    refused = statuses[-1]
+    assert refused.headers["x-credproxy-reason"] == "budget-exhausted"
+    now = datetime.now(UTC)
+    to_midnight = (budgets.window_end("day", now) - now).total_seconds()
+    assert abs(int(refused.headers["retry-after"]) - math.ceil(to_midnight)) <= 5
+    problem = refused.json()
+    assert problem["reason"] == "budget-exhausted" and "total=250/day" in problem["detail"]
+    assert len(models.received) - sent == 3
+    assert _used(proxy, grant_id) == (3 * INPUT, 3 * OUTPUT)
+    lines = _calls(proxy, agent)
+    assert [(r["model"], r["input_tokens"], r["output_tokens"]) for r in lines] == [
+        ("gpt-test", INPUT, OUTPUT)
+    ] * 3
+    assert not any(r["tokens_estimated"] for r in lines)
+    # The owner raises it: the usage stays, the new budget counts from it.
+    proxy.store.set_grant_budget(grant_id, ["total=400/day"])
+    proxy.wait_reload()
+    with proxy.client(agent, token) as client:
+        assert client.post(OPENAI, json=_chat("gpt-test")).status_code == 200
+        assert client.post(OPENAI, json=_chat("gpt-test")).status_code == 429
+    assert _used(proxy, grant_id) == (4 * INPUT, 4 * OUTPUT)
+
+
+def test_an_openai_stream_stays_streamed_and_is_charged_from_its_usage_chunk(
+    proxy: Proxy, models: FakeModels, names: Callable[[str], str]
+) -> None:
+    agent, token, grant_id = _agent(proxy, names, "total=100000/day")
+    models.gate.clear()
+    got: list[str] = []
+    with proxy.client(agent, token, timeout=15) as client:
+        with client.stream("POST", OPENAI, json=_chat("gated", stream=True)) as answer:
+            assert answer.headers["content-type"] == "text/event-stream"
+            lines = answer.iter_lines()
+            for line in lines:
+                if line.startswith("data: {"):
+                    got.append(line)
+                    break
+            # The provider holds the rest until the agent has read its first event.
+            models.gate.set()
+            got += [line for line in lines if line.startswith("data:")]
+    text = "".join(
+        json.loads(g[6:])["choices"][0]["delta"].get("content", "")
+        for g in got
+        if g.startswith("data: {") and json.loads(g[6:])["choices"]
+    )
+    assert text == COMPLETION
+    assert got[-1] == "data: [DONE]"
+    (line,) = _calls(proxy, agent)
+    assert (line["model"], line["input_tokens"], line["output_tokens"]) == ("gated", INPUT, OUTPUT)
+    assert line["tokens_estimated"] is False
+    assert _used(proxy, grant_id) == (INPUT, OUTPUT)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["JSON", "SSE"])
+def test_anthropic_messages_are_charged_input_with_cache_and_the_last_output_count(
+    proxy: Proxy, names: Callable[[str], str], stream: bool
+) -> None:
+    agent, token, grant_id = _agent(proxy, names, "input=1000/hour", "output=1000/hour")
+    with proxy.client(agent, token) as client:
+        answer = client.post(ANTHROPIC, json=_message("claude-test", stream))
+    assert answer.status_code == 200
+    if stream:
+        assert "event: message_delta" in answer.text
+    (line,) = _calls(proxy, agent)
+    assert (line["model"], line["input_tokens"], line["output_tokens"]) == (
+        "claude-test",
+        INPUT,
+        OUTPUT,
+    )
+    assert _used(proxy, grant_id, "hour") == (INPUT, OUTPUT)
+
+
+@pytest.mark.parametrize(
+    ("url", "body"),
+    [
+        pytest.param(OPENAI, _chat("no-usage"), id="OpenAI JSON without usage"),
+        pytest.param(OPENAI, _chat("gpt-test", stream=True, usage=False), id="stream, no usage"),
+        pytest.param(ANTHROPIC, _message("no-usage", stream=True), id="Anthropic stream, none"),
+    ],
+)
+def test_an_answer_without_usage_is_charged_the_byte_estimate_and_audited_as_estimated(
+    proxy: Proxy, names: Callable[[str], str], url: str, body: dict[str, Any]
+) -> None:
+    agent, token, grant_id = _agent(proxy, names, "total=100000/day")
+    with proxy.client(agent, token) as client:
+        answer = client.post(url, json=body)
+    assert answer.status_code == 200
+    (line,) = _calls(proxy, agent)
+    assert line["tokens_estimated"] is True
+    assert line["input_tokens"] == math.ceil(line["bytes_out"] / 4)
+    assert line["output_tokens"] == math.ceil(len(answer.content) / 4)
+    assert _used(proxy, grant_id) == (line["input_tokens"], line["output_tokens"])
+
+
+def test_a_cut_stream_is_charged_what_it_reported_and_the_estimate_for_the_rest(
+    proxy: Proxy, names: Callable[[str], str]
+) -> None:
+    agent, token, grant_id = _agent(proxy, names, "total=100000/day")
+    with proxy.client(agent, token) as client, pytest.raises(httpx.HTTPError):
+        client.post(ANTHROPIC, json=_message("cut", stream=True))
+    deadline = time.monotonic() + 3
+    while not _calls(proxy, agent) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    (line,) = _calls(proxy, agent)
+    assert line["decision"] == "error"
+    # message_start said the input (and one output token): the output is what passed, by bytes.
+    assert line["input_tokens"] == INPUT and line["tokens_estimated"] is True
+    assert line["output_tokens"] == math.ceil(line["bytes_in"] / 4) > 1
+    assert _used(proxy, grant_id) == (INPUT, line["output_tokens"])
+
+
+def test_the_audit_stream_carries_counts_never_prompts_or_completions(
+    proxy: Proxy, names: Callable[[str], str]
+) -> None:
+    agent, token, _ = _agent(proxy, names, "total=100000/day")
+    with proxy.client(agent, token) as client:
+        client.post(OPENAI, json=_chat("gpt-test"))
+        client.post(ANTHROPIC, json=_message("claude-test", stream=True))
+    assert len(_calls(proxy, agent)) == 2
+    out = proxy.output()
+    assert PROMPT not in out
+    assert "Budgets" not in out and "answers." not in out
+
+
+def test_credproxy_usage_shows_each_budget_and_what_remains(
+    proxy: Proxy, names: Callable[[str], str]
+) -> None:
+    agent, token, grant_id = _agent(proxy, names, "output=50/hour", "total=1000/day")
+    with proxy.client(agent, token) as client:
+        assert client.post(OPENAI, json=_chat("gpt-test")).status_code == 200
+    shown = subprocess.run(
+        [*CREDPROXY, "usage", "--principal", agent, "--json"],
+        env=proxy.env,
+        cwd=proxy.home,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    rows = {r["budget"]: r for r in json.loads(shown.stdout)}
+    assert rows["output/hour"]["used"] == OUTPUT and rows["output/hour"]["remaining"] == 30
+    assert rows["total/day"]["used"] == INPUT + OUTPUT
+    assert rows["total/day"]["remaining"] == 1000 - INPUT - OUTPUT
+    assert {r["grant"] for r in rows.values()} == {grant_id}
+    table = subprocess.run(
+        [*CREDPROXY, "usage", "--principal", agent],
+        env=proxy.env,
+        cwd=proxy.home,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    assert table[0].split()[:4] == ["grant", "principal", "state", "budget"]
+    assert len(table) == 3
+
+
+def test_concurrent_requests_overshoot_by_at_most_one_answer_each(
+    proxy: Proxy, models: FakeModels, names: Callable[[str], str]
+) -> None:
+    agent, token, grant_id = _agent(proxy, names, "total=600/day")
+    barrier = threading.Barrier(8)
+    statuses: list[int] = []
+
+    def agent_loop() -> None:
+        with proxy.client(agent, token) as client:
+            barrier.wait()
+            for _ in range(4):
+                statuses.append(client.post(OPENAI, json=_chat("gpt-test")).status_code)
+
+    threads = [threading.Thread(target=agent_loop) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    spent = sum(_used(proxy, grant_id))
+    # Checked against what was charged before: at most the 8 in flight pass the last check.
+    assert 600 <= spent <= 600 + 8 * (INPUT + OUTPUT)
+    assert statuses.count(200) * (INPUT + OUTPUT) == spent
+    assert 429 in statuses
+
+
+@pytest.fixture(scope="module")
+def replicas(
+    tmp_path_factory: pytest.TempPathFactory,
+    models: FakeModels,
+    upstream_ca: trustme.CA,
+    initialised_home: Path,
+) -> Iterator[list[Proxy]]:
+    """Two proxies on one PostgreSQL store."""
+    with pg_database("credproxy_budget_", required_in_ci=True) as url:
+        shared = tmp_path_factory.mktemp("budget-shared")
+        shutil.copy2(initialised_home / "credproxy.key", shared / "credproxy.key")
+        env = {
+            **os.environ,
+            "CREDPROXY_DB": url,
+            "CREDPROXY_KEY_FILE": str(shared / "credproxy.key"),
+        }
+        subprocess.run([*CREDPROXY, "init"], env=env, cwd=shared, check=True, capture_output=True)
+        resolve = [
+            f"{n}=127.0.0.1:{models.port}" for n in ("api.openai.test", "api.anthropic.test")
+        ]
+        extra = ["--key-file", str(shared / "credproxy.key")]
+        running = [
+            start_proxy(
+                tmp_path_factory.mktemp(f"budget-{label}"),
+                upstream_ca,
+                resolve,
+                extra=extra,
+                template=initialised_home,
+                db=url,
+            )
+            for label in ("a", "b")
+        ]
+        yield running
+        for proxy in running:
+            stop_proxy(proxy)
+
+
+def test_two_replicas_on_one_store_overshoot_by_at_most_one_answer_per_request_in_flight(
+    replicas: list[Proxy], names: Callable[[str], str]
+) -> None:
+    a, b = replicas
+    agent, token, grant_id = _agent(a, names, "total=1200/day")
+    b.wait_reload()
+    clients = 6  # per replica
+    barrier = threading.Barrier(2 * clients)
+    statuses: dict[int, list[int]] = {a.port: [], b.port: []}
+
+    def agent_loop(proxy: Proxy) -> None:
+        with proxy.client(agent, token) as client:
+            barrier.wait()
+            for _ in range(5):
+                statuses[proxy.port].append(client.post(OPENAI, json=_chat("gpt-test")).status_code)
+
+    threads = [threading.Thread(target=agent_loop, args=(p,)) for p in [a, b] * clients]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    spent = sum(_used(a, grant_id))
+    served = statuses[a.port].count(200) + statuses[b.port].count(200)
+    assert served * (INPUT + OUTPUT) == spent  # every answer charged once, by either replica
+    assert 1200 <= spent <= 1200 + 2 * clients * (INPUT + OUTPUT)
+    assert 429 in statuses[a.port] and 429 in statuses[b.port]
+
+
+PRICES = b"""
+[models."gpt-test"]
+input = 2.50
+output = 10.00
+
+[models."cheap"]
+input = 0.10
+output = 0.40
+"""
+
+
+@pytest.fixture(scope="module")
+def priced(
+    tmp_path_factory: pytest.TempPathFactory,
+    models: FakeModels,
+    upstream_ca: trustme.CA,
+    initialised_home: Path,
+) -> Iterator[Proxy]:
+    home = tmp_path_factory.mktemp("priced")
+    (home / "prices.toml").write_bytes(PRICES)
+    resolve = [f"{n}=127.0.0.1:{models.port}" for n in ("api.openai.test", "api.anthropic.test")]
+    extra = ["--prices", str(home / "prices.toml")]
+    running = start_proxy(home, upstream_ca, resolve, extra=extra, template=initialised_home)
+    yield running
+    stop_proxy(running)
+
+
+def test_a_spend_limit_is_charged_by_the_price_table_and_refuses_once_spent(
+    priced: Proxy, names: Callable[[str], str]
+) -> None:
+    agent, token, grant_id = _agent(priced, names, "spend=0.001/day")
+    with priced.client(agent, token) as client:
+        statuses = [client.post(OPENAI, json=_chat("gpt-test")).status_code for _ in range(4)]
+    # 100 input tokens at $2.50/M and 20 output at $10/M: $0.00045 an answer.
+    assert statuses == [200, 200, 200, 429]
+    lines = _calls(priced, agent)
+    assert [r["cost_usd"] for r in lines] == [0.00045] * 3
+    key = budgets.window_key("day", datetime.now(UTC))
+    assert priced.store.budget_used(grant_id, [key])[key].spend_micros == 3 * 450
+    shown = subprocess.run(
+        [*CREDPROXY, "usage", "--principal", agent, "--json"],
+        env=priced.env,
+        cwd=priced.home,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    (row,) = json.loads(shown.stdout)
+    assert (row["budget"], row["limit"], row["used"], row["remaining"]) == (
+        "spend/day",
+        0.001,
+        0.00135,
+        0,
+    )
+
+
+def test_a_model_the_table_does_not_name_costs_its_highest_prices(
+    priced: Proxy, names: Callable[[str], str]
+) -> None:
+    agent, token, _ = _agent(priced, names, "spend=1/day")
+    with priced.client(agent, token) as client:
+        assert client.post(OPENAI, json=_chat("unlisted-model")).status_code == 200
+        assert client.post(OPENAI, json=_chat("cheap")).status_code == 200
+    unlisted, cheap = _calls(priced, agent)
+    assert unlisted["cost_usd"] == 0.00045  # gpt-test's prices, the table's highest
+    assert cheap["cost_usd"] == 0.000018  # 100 * 0.10 + 20 * 0.40 micro-dollars
+
+
+def test_a_spend_limit_on_a_proxy_without_a_price_table_refuses(
+    proxy: Proxy, models: FakeModels, names: Callable[[str], str]
+) -> None:
+    agent, token, _ = _agent(proxy, names, "spend=5/day")
+    sent = len(models.received)
+    with proxy.client(agent, token) as client:
+        refused = client.post(OPENAI, json=_chat("gpt-test"))
+    assert (
+        refused.status_code == 429 and refused.headers["x-credproxy-reason"] == "budget-exhausted"
+    )
+    assert "no price table" in refused.json()["detail"]
+    assert len(models.received) == sent
