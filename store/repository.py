@@ -14,6 +14,7 @@ from store.db import delta, schema
 from store.db.engine import Database
 from store.records import (
     AccessRequestEntry,
+    ConsoleTokenEntry,
     CredentialEntry,
     Delta,
     GrantEntry,
@@ -26,6 +27,7 @@ from store.rules.validation import NO_LIMITS, Limits
 from store.tables import (
     access_requests,
     approvals,
+    console_tokens,
     credentials,
     grants,
     keys,
@@ -86,6 +88,23 @@ class Store:
 
     def rotate_key(self, new_key: MasterKey) -> int:
         return keys.rotate(self.db, keys.need(self.key), new_key)
+
+    # -- the approvers' console's operators ------------------------------------------
+
+    def add_console_token(self, operator: str, expires_at: datetime) -> str:
+        return console_tokens.add(self.db, operator, expires_at)
+
+    def list_console_tokens(self) -> list[ConsoleTokenEntry]:
+        return console_tokens.listing(self.db)
+
+    def revoke_console_tokens(self, operator: str) -> int:
+        return console_tokens.revoke(self.db, operator)
+
+    def console_operator(self, token: str) -> tuple[str, int] | None:
+        return console_tokens.operator_of(self.db, token)
+
+    def console_token_live(self, token_id: int) -> bool:
+        return console_tokens.is_live(self.db, token_id)
 
     # -- principals, credentials, grants ---------------------------------------------
 
