@@ -100,6 +100,9 @@ class Store:
     def revoke_console_tokens(self, operator: str) -> int:
         return console_tokens.revoke(self.db, operator)
 
+    def live_console_tokens(self) -> int:
+        return console_tokens.live_count(self.db)
+
     def console_operator(self, token: str) -> tuple[str, int] | None:
         return console_tokens.operator_of(self.db, token)
 

@@ -264,8 +264,7 @@ async def _start_console(
     if config.console is None:
         return None, []
     if config.operators is None:
-        listed = await live.call(live.store.list_console_tokens)
-        if not any(t.state == "active" for t in listed):
+        if not await live.call(live.store.live_console_tokens):
             live.close()
             raise InvalidInput(
                 "--console: no live console token; run credproxy console token add NAME "

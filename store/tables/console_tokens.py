@@ -10,6 +10,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from sqlalchemy import ColumnElement, func, select, update
+from sqlalchemy.orm import Session
 
 from store.crypto import hash_token, new_token, token_matches
 from store.db.engine import Database, rowcount
@@ -35,8 +36,7 @@ def add(db: Database, operator: str, expires_at: datetime) -> str:
         raise InvalidInput("a console token's {expires} must be in the future", expires="expiry")
     token = new_token()
     with db.session() as session, session.begin():
-        live = session.execute(select(func.count(ConsoleToken.id)).where(*_live(now))).scalar_one()
-        if live >= MAX_ACTIVE:
+        if _count_live(session, now) >= MAX_ACTIVE:
             raise InvalidInput(f"{MAX_ACTIVE} console tokens are live already: revoke one first")
         session.add(
             ConsoleToken(
@@ -47,6 +47,16 @@ def add(db: Database, operator: str, expires_at: datetime) -> str:
             )
         )
     return token
+
+
+def _count_live(session: Session, now: datetime) -> int:
+    return session.execute(select(func.count(ConsoleToken.id)).where(*_live(now))).scalar_one()
+
+
+def live_count(db: Database) -> int:
+    """How many tokens are live (`run --console` alone needs one)."""
+    with db.session() as session:
+        return _count_live(session, utcnow())
 
 
 def listing(db: Database) -> list[ConsoleTokenEntry]:

@@ -29,6 +29,7 @@ def test_a_console_token_is_kept_only_as_its_hash_and_opens_as_its_operator(stor
     assert store.console_operator(token) == ("alice", row.id)
     assert store.console_token_live(row.id)
     assert store.change_counter() == counter  # the proxy has nothing to reload
+    assert store.live_console_tokens() == 1
     (entry,) = store.list_console_tokens()
     assert (entry.operator, entry.state) == ("alice", "active")
     assert token not in repr(entry)
@@ -51,6 +52,7 @@ def test_an_expired_token_opens_nothing(store: Store) -> None:
     assert store.console_operator(token) is None
     assert not store.console_token_live(row.id)
     assert [t.state for t in store.list_console_tokens()] == ["expired"]
+    assert store.live_console_tokens() == 0
 
 
 def test_revoking_an_operator_revokes_each_of_its_live_tokens_only(store: Store) -> None:
