@@ -188,6 +188,18 @@ class TokenEntry:
 
 
 @dataclass(frozen=True)
+class ConsoleTokenEntry:
+    """An approvers' console token as listed: whose, its times and state, never the token."""
+
+    id: int
+    operator: str
+    created_at: datetime
+    expires_at: datetime
+    revoked_at: datetime | None
+    state: str  # active, expired or revoked
+
+
+@dataclass(frozen=True)
 class CredentialEntry:
     """A live credential as listed: its sealed secret stays in the store."""
 

@@ -15,6 +15,7 @@ from store.db.engine import Database
 from store.records import (
     AccessRequestEntry,
     BudgetEntry,
+    ConsoleTokenEntry,
     CredentialEntry,
     Delta,
     GrantEntry,
@@ -30,6 +31,7 @@ from store.tables import (
     access_requests,
     approvals,
     budgets,
+    console_tokens,
     credentials,
     grants,
     keys,
@@ -90,6 +92,26 @@ class Store:
 
     def rotate_key(self, new_key: MasterKey) -> int:
         return keys.rotate(self.db, keys.need(self.key), new_key)
+
+    # -- the approvers' console's operators ------------------------------------------
+
+    def add_console_token(self, operator: str, expires_at: datetime) -> str:
+        return console_tokens.add(self.db, operator, expires_at)
+
+    def list_console_tokens(self) -> list[ConsoleTokenEntry]:
+        return console_tokens.listing(self.db)
+
+    def revoke_console_tokens(self, operator: str) -> int:
+        return console_tokens.revoke(self.db, operator)
+
+    def live_console_tokens(self) -> int:
+        return console_tokens.live_count(self.db)
+
+    def console_operator(self, token: str) -> tuple[str, int] | None:
+        return console_tokens.operator_of(self.db, token)
+
+    def console_token_live(self, token_id: int) -> bool:
+        return console_tokens.is_live(self.db, token_id)
 
     # -- principals, credentials, grants ---------------------------------------------
 

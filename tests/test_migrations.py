@@ -21,6 +21,7 @@ TABLES = {
     "grants",
     "access_requests",
     "principal_tokens",
+    "console_tokens",
     "rate_buckets",
     "budget_usage",
     "change_log",

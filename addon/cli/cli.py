@@ -1,10 +1,10 @@
 """The operator's CLI, `credproxy`: parse once, call one function, print one line or exit 2.
 
 Each command's module (init.py, principals.py, credentials.py, grants.py, accessrequests.py,
-keys.py, policycmd.py, suggestcmd.py, demo.py; launcher's launch.py and runtime's runner.py) has one
-`register(sub, common)` that adds its parsers and sets their `func`; this module builds the
-parser from them, runs the one handler, and turns every error into one line on stderr and exit
-status 2.
+keys.py, consoletokens.py, policycmd.py, suggestcmd.py, demo.py; launcher's launch.py and
+runtime's runner.py) has one `register(sub, common)` that adds its parsers and sets their
+`func`; this module builds the parser from them, runs the one handler, and turns every error
+into one line on stderr and exit status 2.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 from addon.cli import (
     accessrequests,
+    consoletokens,
     credentials,
     grants,
     init,
@@ -65,7 +66,7 @@ FLAGS = {
 
 # The commands whose modules are light; the others come from modules heavy to import
 # (mitmproxy, cryptography's x509, the policy-file reader), which these commands never load.
-LIGHT = (init, principals, credentials, grants, accessrequests, keys, usage)
+LIGHT = (init, principals, credentials, grants, accessrequests, keys, usage, consoletokens)
 _OWN = frozenset(module.COMMAND for module in LIGHT)
 # Options before the command that take a value, so that the value is not read as the command.
 _VALUED = ("--db", "--key-file", "--certs")

@@ -121,12 +121,11 @@ def parse_console(args: argparse.Namespace) -> tuple[tuple[str, int] | None, Ope
         if args.console_token_file:
             raise InvalidInput("--console-token-file needs --console")
         return None, None
-    if not args.console_token_file:
-        raise InvalidInput("--console needs --console-token-file (NAME:TOKEN lines)")
     if args.workers > 1:
         raise InvalidInput("--console serves one process: it cannot go with --workers")
     console = parse_listen(args.console, "--console")
-    return console, Operators.read(args.console_token_file)
+    # Without a file, only the store's tokens (`credproxy console token add`) sign in.
+    return console, Operators.read(args.console_token_file) if args.console_token_file else None
 
 
 def parse_upstream_proxy(args: argparse.Namespace) -> UpstreamProxy | None:

@@ -4,7 +4,9 @@ own that the destination guard keeps out of the proxy's reach.
 
 A small HTTP/1.1 responder like the admin listener's: one request per connection, heads and
 bodies bounded, every answer with a strict Content-Security-Policy. Sign-in is by an
-operator token (`consoleauth.py`); every change is a POST from the console's own origin
+operator token: one the CLI issued (`console token add`, looked up in the store, whose
+session ends at its next request once the token is revoked or expired) or one of
+`--console-token-file` (`consoleauth.py`); every change is a POST from the console's own origin
 carrying the session's CSRF token, and is audited with the operator's name.
 """
 
@@ -106,7 +108,7 @@ class Console:
         self,
         host: str,
         port: int,
-        operators: Operators,
+        operators: Operators | None,
         live: LivePolicy,
         recent: Recent,
         sessions: Sessions | None = None,
@@ -146,6 +148,8 @@ class Console:
                 response = await self._route(request)
             except BadRequest as e:
                 response = Response(e.status, page.message("Bad request", str(e)))
+            except CredproxyError:  # the store, asked who is signed in: nobody, for now
+                response = Response(503, page.message("Store unavailable", "try again"))
             except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError):
                 response = Response(400, page.message("Bad request", "incomplete or too large"))
             except Exception as e:  # noqa: BLE001 - fail closed: an answer that changed nothing
@@ -213,12 +217,12 @@ class Console:
         if path == "/console.css":
             return Response(200, page.STYLE, "text/css; charset=utf-8")
         if method == "GET" and path == "/grants":
-            session = self.sessions.find(request.cookie)
+            session = await self._signed_in(request)
             if session is None:
                 return Response(200, page.login())
             return await self._grants(session)
         if method == "GET" and path in ("/", "/panel"):
-            session = self.sessions.find(request.cookie)
+            session = await self._signed_in(request)
             if session is None:
                 if path == "/panel":
                     return Response(401, "", "text/plain")
@@ -237,8 +241,8 @@ class Console:
             self.log.warning("console.refused", why="cross-origin", path=path)
             return Response(403, page.message("Refused", "a change must come from this console"))
         if path == "/login":
-            return self._sign_in(request)
-        session = self.sessions.find(request.cookie)
+            return await self._sign_in(request)
+        session = await self._signed_in(request)
         if session is None:
             return Response(401, page.login("Sign in first."))
         if not csrf_ok(session, request.form.get("csrf", "")):
@@ -258,13 +262,34 @@ class Console:
             return Response(404, page.message("Not here", "no such page"))
         return await self._decide(session, int(decided.group(1)), request.form)
 
-    def _sign_in(self, request: Request) -> Response:
-        operator = self.operators.operator(request.form.get("token", ""))
+    async def _signed_in(self, request: Request) -> Session | None:
+        """The request's session; one opened with a store token only while that token is
+        live (asked at every request, so a revocation signs it out at its next)."""
+        session = self.sessions.find(request.cookie)
+        if session is None or session.token_id is None:
+            return session
+        if await self.live.call(self.live.store.console_token_live, session.token_id):
+            return session
+        self.sessions.close(request.cookie)
+        self.log.info("console.signed_out", operator=session.operator, why="token-ended")
+        return None
+
+    async def _sign_in(self, request: Request) -> Response:
+        token = request.form.get("token", "")
+        found = None if self.operators is None else self.operators.operator(token)
+        operator, token_id, via = found, None, "file"
+        if operator is None and token:
+            try:
+                stored = await self.live.call(self.live.store.console_operator, token)
+            except CredproxyError:
+                return Response(503, page.login("The store did not answer; try again."))
+            if stored is not None:
+                (operator, token_id), via = stored, "store"
         if operator is None:
             self.log.warning("console.sign_in_refused")
             return Response(401, page.login("That token opens nothing."))
-        cookie, _ = self.sessions.open(operator)
-        self.log.info("console.signed_in", operator=operator, sessions=len(self.sessions))
+        cookie, _ = self.sessions.open(operator, token_id)
+        self.log.info("console.signed_in", operator=operator, via=via, sessions=len(self.sessions))
         return _redirect([("set-cookie", f"{COOKIE}={cookie}; Path=/; HttpOnly; SameSite=Strict")])
 
     async def _panel(self, session: Session, query: dict[str, str]) -> str:

@@ -1,5 +1,6 @@
-"""Who may use the approvers' console: operator tokens (read once, from a file or stdin,
-kept as digests), sessions, and the same-origin and CSRF checks every change passes."""
+"""Who may use the approvers' console: operator tokens from a file or stdin (read once,
+kept as digests; the store's own are store/tables/console_tokens.py), sessions, and the
+same-origin and CSRF checks every change passes."""
 
 from __future__ import annotations
 
@@ -88,6 +89,7 @@ class Session:
     operator: str
     csrf: str
     expires: float
+    token_id: int | None = None  # the store's console token it was opened with, if any
 
 
 class Sessions:
@@ -98,12 +100,13 @@ class Sessions:
         self.lifetime = lifetime
         self._by_digest: OrderedDict[bytes, Session] = OrderedDict()
 
-    def open(self, operator: str) -> tuple[str, Session]:
+    def open(self, operator: str, token_id: int | None = None) -> tuple[str, Session]:
         """A new session: its cookie value (returned once, kept only as a digest)."""
         while len(self._by_digest) >= self.limit:
             self._by_digest.popitem(last=False)
         cookie = secrets.token_urlsafe(32)
-        session = Session(operator, secrets.token_urlsafe(32), time.monotonic() + self.lifetime)
+        expires = time.monotonic() + self.lifetime
+        session = Session(operator, secrets.token_urlsafe(32), expires, token_id)
         self._by_digest[_digest(cookie)] = session
         return cookie, session
 

@@ -52,12 +52,13 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         "--console",
         metavar="HOST:PORT",
         help="serve the approvers' console here (default: off); never through the proxy; "
-        "needs --console-token-file",
+        "operators sign in with tokens from `credproxy console token add` "
+        "(or --console-token-file)",
     )
     p.add_argument(
         "--console-token-file",
         metavar="FILE",
-        help="the console's operators, NAME:TOKEN lines; - reads them from stdin",
+        help="further console operators, NAME:TOKEN lines; - reads them from stdin",
     )
     p.add_argument(
         "--alert-streak",

@@ -262,8 +262,15 @@ async def _start_console(
     config: RunConfig, live: LivePolicy, trail: Trail
 ) -> tuple[Console | None, list[tuple[str, int]]]:
     """The --console listener, and its address for the guard."""
-    if config.console is None or config.operators is None:
+    if config.console is None:
         return None, []
+    if config.operators is None:
+        if not await live.call(live.store.live_console_tokens):
+            live.close()
+            raise InvalidInput(
+                "--console: no live console token; run credproxy console token add NAME "
+                "(or give --console-token-file)"
+            )
     trail.recent = Recent()
     host, port = config.console
     console = Console(host, port, config.operators, live, trail.recent)

@@ -104,6 +104,18 @@ class PrincipalToken(Base):
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
 
+class ConsoleToken(Base):
+    """A token of an approvers' console operator (`credproxy console token add`), hashed."""
+
+    __tablename__ = "console_tokens"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    operator: Mapped[str] = mapped_column(String(63), index=True)
+    token_hash: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    expires_at: Mapped[datetime] = mapped_column(UTCDateTime)
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
+
 class Credential(Base):
     __tablename__ = "credentials"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)

@@ -10,6 +10,7 @@ from structlog.testing import capture_logs
 from addon.observe.recent import Recent
 from addon.runtime.console import MAX_CONNECTIONS, Console
 from addon.runtime.consoleauth import Operators, Sessions
+from store.errors import StoreUnavailable
 
 TOKEN = "t" * 32  # noqa: S105 - a test's own
 
@@ -105,3 +106,28 @@ def test_connections_past_the_cap_are_closed_unanswered() -> None:
     over, answered = asyncio.run(run())
     assert over == b""
     assert answered.startswith(b"HTTP/1.1 200 ")
+
+
+class _StoreDownLive:
+    store = _AnyStore()
+
+    async def call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        raise StoreUnavailable("the store did not answer within 5 s")
+
+
+def test_a_session_of_a_store_token_is_refused_while_the_store_is_down() -> None:
+    async def run() -> list[bytes]:
+        sessions = Sessions()
+        cookie, _ = sessions.open("alice", token_id=1)
+        console = Console("127.0.0.1", 0, None, _StoreDownLive(), Recent(), sessions)  # type: ignore[arg-type]
+        _, port = await console.start()
+        head = f"Host: x\r\nCookie: credproxy_console={cookie}\r\n\r\n".encode()
+        try:
+            return [await _ask(port, b"GET %s HTTP/1.1\r\n" % path + head) for path in paths]
+        finally:
+            await console.close()
+
+    paths = (b"/panel", b"/", b"/grants")
+    for reply in asyncio.run(run()):
+        assert reply.startswith(b"HTTP/1.1 503 ")
+        assert b"alice" not in reply

@@ -75,10 +75,13 @@ def test_the_console_is_off_by_default() -> None:
     assert parse_console(_args()) == (None, None)
 
 
+def test_the_console_alone_signs_in_with_the_stores_tokens_only() -> None:
+    assert parse_console(_args(console="127.0.0.1:0")) == (("127.0.0.1", 0), None)
+
+
 @pytest.mark.parametrize(
     ("given", "said"),
     [
-        pytest.param({"console": "127.0.0.1:0"}, "needs --console-token-file", id="no tokens"),
         pytest.param({"console_token_file": "x"}, "needs --console", id="tokens alone"),
         pytest.param(
             {"console": "127.0.0.1:0", "console_token_file": "x", "workers": 2},
