@@ -1,7 +1,7 @@
 """The operator's CLI, `credproxy`: parse once, call one function, print one line or exit 2.
 
 Each command's module (init.py, principals.py, credentials.py, grants.py, accessrequests.py,
-keys.py, consoletokens.py, policycmd.py, suggestcmd.py, demo.py; launcher's launch.py and
+keys.py, usage.py, consoletokens.py, policycmd.py, suggestcmd.py, demo.py; launcher's launch.py and
 runtime's runner.py) has one `register(sub, common)` that adds its parsers and sets their
 `func`; this module builds the parser from them, runs the one handler, and turns every error
 into one line on stderr and exit status 2.
