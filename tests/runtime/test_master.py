@@ -12,6 +12,24 @@ from mitmproxy import exceptions
 from addon.proxy.chain import REQUIRED_OPTIONS, Lifecycle
 from addon.runtime.master import build
 
+
+@pytest.fixture(autouse=True)
+def _ctx_restored() -> Any:
+    """A Master binds itself into mitmproxy's ctx and stays there: later modules' tests (an
+    HTTP/2 hold asks ctx.master for its connection, tests/proxy/test_approval.py) would see
+    this module's idle master, whose connections are gone."""
+    from mitmproxy import ctx
+
+    saved = {name: getattr(ctx, name, None) for name in ("master", "options", "log")}
+    yield
+    for name, value in saved.items():
+        if value is None:
+            if hasattr(ctx, name):
+                delattr(ctx, name)
+        else:
+            setattr(ctx, name, value)
+
+
 SERVING = ["Core", "Block", "DisableH2C", "Proxyserver", "NextLayer", "TlsConfig", "ErrorCheck"]
 
 
