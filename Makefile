@@ -43,7 +43,7 @@ docs: $(STAMP) ## serve the documentation on http://127.0.0.1:8000
 test: lint docs-build ## lint, docs-build, every test but the slow: about 25 min on 2 cores (PYTEST_ARGS=)
 	$(BIN)/pytest $(PYTEST_ARGS)
 
-bench: $(STAMP) ## the benchmark (ARGS= for its flags); its tables, JSON and figure
+bench: $(STAMP) ## the benchmark (ARGS= for its flags)
 	$(BIN)/python -m pip install -q -e '.[bench]'
 	$(BIN)/python -m bench $(ARGS)
 

@@ -13,7 +13,7 @@ from addon.cli.parsing import group
 from store.crypto import MasterKey, Secret
 from store.errors import CredproxyError, InvalidInput
 from store.records import NO_SECRET, CredentialEntry, CredentialRecord
-from store.rules import aws, clientcert, secretref, validation
+from store.rules import aws, secretref, validation
 from store.rules.grammar import validate_name
 from store.rules.mintspec import GITHUB_API, MINTED, OPTION_NAMES
 from store.rules.validation import SCHEMES
@@ -143,6 +143,9 @@ def read_pkcs12() -> Secret:
     raw = sys.stdin.buffer.read(MAX_SECRET + 1)
     if len(raw) > MAX_SECRET:
         raise InvalidInput("the secret is longer than 64 KiB")
+    # On first use: clientcert brings cryptography.x509, which the other commands never need.
+    from store.rules import clientcert
+
     return clientcert.from_pkcs12(Secret(raw))
 
 
@@ -215,6 +218,8 @@ def cmd_credential_add(args: argparse.Namespace, settings: Settings) -> int:
 
 def _certificate(secret: Secret) -> dict[str, str]:
     """What `credential add` shows of a client certificate: never anything of its key."""
+    from store.rules import clientcert  # on first use, as in read_pkcs12
+
     found = clientcert.identity(clientcert.parse(secret).chain[0])
     return {
         "subject": found.subject,

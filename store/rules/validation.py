@@ -16,7 +16,7 @@ from typing import Any
 from store.crypto import Secret
 from store.errors import InvalidInput
 from store.records import REQUEST_STATES, utcnow
-from store.rules import aws, budgets, clientcert, mintspec
+from store.rules import aws, budgets, mintspec
 from store.rules.bodyrules import BodyRule
 from store.rules.grammar import (
     HostPattern,
@@ -396,6 +396,10 @@ def scheme_secret(scheme: str, value: Secret, options: Mapping[str, Any]) -> Sec
     """`secret()`, after a scheme's own checks; a sigv4 secret comes back as compact JSON, an
     mtls one as its chain and key in PEM (lines, which `secret()` would refuse)."""
     if scheme == "mtls":
+        # On first use: clientcert brings cryptography.x509, which the store's light commands
+        # (principal add, grant add/list) never need (tests/test_cli_imports.py).
+        from store.rules import clientcert
+
         return clientcert.secret(value)
     if scheme == "sigv4":
         value = Secret(json.dumps(aws_keys(value), separators=(",", ":")).encode())
@@ -426,6 +430,8 @@ def secret_hint(scheme: str, value: Secret) -> dict[str, str]:
     if scheme in mintspec.MINTED:
         return mintspec.hint(scheme, json.loads(value.reveal()))
     if scheme == "mtls":
+        from store.rules import clientcert  # on first use, as in scheme_secret
+
         cert = clientcert.parse(value)
         return clientcert.identity(cert.chain[0]).hint()
     return {}
