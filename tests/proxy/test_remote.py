@@ -9,6 +9,7 @@ stand-in speaking the documented KV v2 HTTP API (GET /v1/MOUNT/data/PATH, `data.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import threading
 import time
@@ -131,11 +132,15 @@ ROLE_ID, SECRET_ID = "role-id-1234", "secret-id-5678"
 
 
 class _KV2(BaseHTTPRequestHandler):
-    """GET /v1/MOUNT/data/PATH of a KV v2 engine mounted at `secret`, and the documented
-    logins: POST /v1/auth/kubernetes/login {role, jwt} and /v1/auth/approle/login {role_id,
-    secret_id}, answering `auth.client_token` and `auth.lease_duration` (400 when refused)."""
+    """A stand-in for Vault (no Vault or OpenBao binary can be installed here), kept to its
+    documented HTTP API: GET /v1/MOUNT/data/PATH of a KV v2 engine mounted at `secret` (the
+    latest version, or `?version=N`), POST of a new version there (`{"data": {...}}`, as
+    `vault kv put` and hvac write it), and the documented logins: POST
+    /v1/auth/kubernetes/login {role, jwt} and /v1/auth/approle/login {role_id, secret_id},
+    answering `auth.client_token` and `auth.lease_duration` (400 when refused)."""
 
-    secrets: dict[str, dict[str, Any]] = {}
+    # Each path's versions, oldest first: version N is secrets[path][N - 1].
+    secrets: dict[str, list[dict[str, Any]]] = {}
     valid: set[str] = {TOKEN}
     logins: list[str] = []
     lease = 3600
@@ -145,6 +150,13 @@ class _KV2(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:  # noqa: N802 - http.server's name
         body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+        prefix = "/v1/secret/data/"
+        if self.path.startswith(prefix):
+            if self.headers.get("X-Vault-Token") not in self.valid:
+                return self._answer(403, {"errors": ["permission denied"]})
+            versions = self.secrets.setdefault(self.path[len(prefix) :], [])
+            versions.append(body["data"])
+            return self._answer(200, {"data": {"version": len(versions)}})
         if self.path == "/v1/auth/kubernetes/login":
             accepted = body == {"role": "credproxy", "jwt": JWT}
         elif self.path == "/v1/auth/approle/login":
@@ -163,12 +175,14 @@ class _KV2(BaseHTTPRequestHandler):
         if self.headers.get("X-Vault-Token") not in self.valid:
             return self._answer(403, {"errors": ["permission denied"]})
         prefix = "/v1/secret/data/"
-        path = self.path.split("?", 1)[0]
-        found = self.secrets.get(path[len(prefix) :]) if path.startswith(prefix) else None
-        if found is None:
+        path, _, query = self.path.partition("?")
+        versions = self.secrets.get(path[len(prefix) :]) if path.startswith(prefix) else None
+        asked = dict(p.split("=", 1) for p in query.split("&") if "=" in p).get("version")
+        number = int(asked) if asked and asked != "0" else len(versions or [])
+        if not versions or not 1 <= number <= len(versions):
             return self._answer(404, {"errors": []})
-        metadata = {"version": 1, "deletion_time": "", "destroyed": False}
-        return self._answer(200, {"data": {"data": found, "metadata": metadata}})
+        metadata = {"version": number, "deletion_time": "", "destroyed": False}
+        return self._answer(200, {"data": {"data": versions[number - 1], "metadata": metadata}})
 
     def _answer(self, status: int, body: dict[str, Any]) -> None:
         data = json.dumps(body).encode()
@@ -188,7 +202,7 @@ def vault(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     token_file.write_text(TOKEN + "\n")
     monkeypatch.setenv("VAULT_ADDR", f"http://127.0.0.1:{server.server_address[1]}")
     monkeypatch.setenv("VAULT_TOKEN_FILE", str(token_file))
-    _KV2.secrets = {"agents/gh": {"token": "ghp-vault"}}
+    _KV2.secrets = {"agents/gh": [{"token": "ghp-vault"}]}
     _KV2.valid, _KV2.logins, _KV2.lease = {TOKEN}, [], 3600
     yield token_file
     server.shutdown()
@@ -197,6 +211,37 @@ def vault(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 
 def test_a_vault_field_is_read_and_the_token_comes_from_its_file(vault: Path) -> None:
     assert Vault().fetch(parse("vault:secret/agents/gh#token")) == b"ghp-vault"
+
+
+def test_a_new_version_written_to_vault_is_what_the_next_fetch_reads(vault: Path) -> None:
+    """A rotation as an operator makes it: a new version written with hvac (as `vault kv put`
+    does); the reference names no version, so it reads the latest."""
+    import hvac
+
+    backend = Vault()
+    ref = parse("vault:secret/agents/gh#token")
+    assert backend.fetch(ref) == b"ghp-vault"
+    client = hvac.Client(url=os.environ["VAULT_ADDR"], token=TOKEN)
+    client.secrets.kv.v2.create_or_update_secret("agents/gh", {"token": "ghp-rotated"})
+    assert backend.fetch(ref) == b"ghp-rotated"
+
+
+def test_a_stopped_vault_is_unavailable_and_quotes_nothing(
+    vault: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    backend = Vault()
+    ref = parse("vault:secret/agents/gh#token")
+    assert backend.fetch(ref) == b"ghp-vault"
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))  # bound, never listening: refused at once
+    monkeypatch.setenv("VAULT_ADDR", f"http://127.0.0.1:{closed.getsockname()[1]}")
+    try:
+        with pytest.raises(SourceError) as raised:
+            Vault().fetch(ref)
+    finally:
+        closed.close()
+    assert raised.value.kind == UNAVAILABLE
+    assert "ghp" not in str(raised.value) and TOKEN not in str(raised.value)
 
 
 @pytest.mark.parametrize(
