@@ -32,6 +32,7 @@ import asyncio.sslproto
 import contextlib
 import inspect
 import ssl
+import threading
 import time
 import weakref
 from collections.abc import Callable, Generator
@@ -66,12 +67,15 @@ class Clients(Protocol):
     def get(self, client: connection.Client) -> Any: ...
 
 
-# What asyncio's TLS transport reads from the socket at a time. Its default, 256 KiB, is a
-# bytearray allocated (and zeroed, so resident) per connection, for the connection's life:
-# 256 KiB of every held upstream connection, where mitmproxy's own connections read 64 KiB
-# at a time into a buffer freed after each read (`bench.memory --trace`). Two TLS records
-# (16 KiB of plaintext each at most) fit: a download reads as many records per call.
-SSL_READ = 32 * 1024
+# asyncio's TLS transport reads the socket into a bytearray of SSLProtocol.max_size (256 KiB)
+# that each connection allocates (zeroed, so resident) and keeps for its life: 256 KiB of
+# every held upstream connection (`bench.memory --trace`), where mitmproxy's own connections
+# read into a buffer freed after each read. A smaller buffer costs downloads dearly (32 KiB:
+# 0.65-0.74 x streaming mitmproxy against 0.92-0.94). The buffer only carries bytes from
+# `recv_into` to `buffer_updated`, which copies them into the connection's MemoryBIO in the
+# same call of the event loop (selector_events' _read_ready__get_buffer), so one buffer per
+# thread serves every connection of that thread's loop: `_shared_read_buffer`.
+_READ_BUFFERS = threading.local()
 IDLE = 4.0  # seconds; under the 5 s keep-alive of Node's http server, the shortest common one
 PER_KEY = 64
 TOTAL = 256
@@ -345,11 +349,17 @@ def install() -> None:
     for name in ("handle_connection", "drain_writers", "max_conns", "transports"):
         if name not in inspect.getsource(ConnectionHandler):
             raise RuntimeError(f"mitmproxy changed: ConnectionHandler.{name}")
-    if not isinstance(getattr(asyncio.sslproto.SSLProtocol, "max_size", None), int):
-        raise RuntimeError("asyncio changed: SSLProtocol.max_size")
+    protocol = asyncio.sslproto.SSLProtocol
+    for needed in ("self._ssl_buffer = bytearray(self.max_size)", "self._ssl_buffer_view"):
+        if needed not in inspect.getsource(protocol.__init__):
+            raise RuntimeError("asyncio changed: SSLProtocol.__init__")
+    if "self._incoming.write(self._ssl_buffer_view[:nbytes])" not in inspect.getsource(
+        protocol.buffer_updated
+    ):
+        raise RuntimeError("asyncio changed: SSLProtocol.buffer_updated")
     # Process-wide: credproxy's own TLS connections (this dial, webhooks, token endpoints)
     # are the only asyncio TLS in the process; mitmproxy does TLS with pyOpenSSL.
-    asyncio.sslproto.SSLProtocol.max_size = SSL_READ  # type: ignore[attr-defined]
+    protocol.__init__ = _shared_read_buffer(protocol.__init__)  # type: ignore[method-assign]
     layers.HttpLayer.get_connection = _get_connection(get_connection)  # type: ignore[method-assign]
     ConnectionHandler.open_connection = _open_connection(  # type: ignore[method-assign]
         ConnectionHandler.open_connection
@@ -389,6 +399,19 @@ def _get_connection(original: Callable[..., Any]) -> Callable[..., Any]:
         yield from self.event_to_child(stack, events.Start())
 
     return get_connection
+
+
+def _shared_read_buffer(original: Callable[..., None]) -> Callable[..., None]:
+    """SSLProtocol.__init__, then the thread's one read buffer in place of its own."""
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        original(self, *args, **kwargs)
+        view = getattr(_READ_BUFFERS, "view", None)
+        if view is None or len(view) < self.max_size:
+            view = _READ_BUFFERS.view = memoryview(bytearray(self.max_size))
+        self._ssl_buffer, self._ssl_buffer_view = view.obj, view
+
+    return __init__
 
 
 def _open_connection(original: Callable[..., Any]) -> Callable[..., Any]:
