@@ -14,16 +14,18 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-import trustme
 
 from store.crypto import Secret
 from store.rules import validation
-from tests.e2e.conftest import Proxy, start_proxy, stop_proxy
+from tests.e2e.conftest import Proxy
 from tests.e2e.fakemodels import COMPLETION, INPUT, OUTPUT, FakeModels
+
+# The fake providers and the proxy in front of them, as the budgets tests start them.
+from tests.e2e.test_budgets import models, proxy  # noqa: F401, F811 - fixtures
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -86,29 +88,12 @@ def sdks(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return target
 
 
-@pytest.fixture(scope="module")
-def models(upstream_ca: trustme.CA) -> Iterator[FakeModels]:
-    with FakeModels(upstream_ca) as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def proxy(
-    tmp_path_factory: pytest.TempPathFactory,
-    models: FakeModels,
-    upstream_ca: trustme.CA,
-    initialised_home: Path,
-) -> Iterator[Proxy]:
-    resolve = [f"{n}=127.0.0.1:{models.port}" for n in ("api.openai.test", "api.anthropic.test")]
-    running = start_proxy(
-        tmp_path_factory.mktemp("sdks-proxy"), upstream_ca, resolve, template=initialised_home
-    )
-    yield running
-    stop_proxy(running)
-
-
 def test_the_sdks_stream_and_are_charged_until_the_budget_refuses_them(
-    sdks: Path, proxy: Proxy, models: FakeModels, names: Callable[[str], str], tmp_path: Path
+    sdks: Path,
+    proxy: Proxy,  # noqa: F811 - the fixture imported above
+    models: FakeModels,  # noqa: F811
+    names: Callable[[str], str],
+    tmp_path: Path,
 ) -> None:
     agent, cred = names("agent"), names("llm")
     token = proxy.store.add_principal(agent)
