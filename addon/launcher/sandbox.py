@@ -120,10 +120,19 @@ def state_paths(settings: Settings) -> set[Path]:
 def backend_files(environ: Mapping[str, str]) -> set[Path]:
     """The files credproxy logs in to secret backends with, that exist, as named and
     resolved: whoever reads Vault's token reads every secret it may read."""
-    named = [Path(environ[v]) for v in BACKEND_FILE_VARS if environ.get(v)]
+    paths = [Path(environ[v]) for v in BACKEND_FILE_VARS if environ.get(v)]
+    for default in BACKEND_DEFAULTS:
+        try:
+            paths.append(default.expanduser())
+        except RuntimeError:  # no home to expand `~` to: nothing of it to hide
+            continue
     found: set[Path] = set()
-    for path in [*named, *(p.expanduser() for p in BACKEND_DEFAULTS)]:
-        if path.exists():
+    for path in paths:
+        try:
+            present = path.exists()
+        except OSError:  # not even stat-able by this user: nor by CMD, which runs as it or less
+            continue
+        if present:
             found |= {path, _real(path)}
     return found
 

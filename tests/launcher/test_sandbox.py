@@ -175,3 +175,14 @@ def test_the_root_of_the_sandbox_takes_no_new_files(home: Path) -> None:
     finally:
         sandbox.release_fds(view.fds())
     assert done.returncode != 0 and "Read-only" in done.stderr, done.stderr
+
+
+def test_the_backends_login_files_that_exist_are_hidden_as_named_and_resolved(tmp_path):
+    from addon.launcher.sandbox import backend_files
+
+    real = tmp_path / "token"
+    real.write_text("hvs.x")
+    link = tmp_path / "link"
+    link.symlink_to(real)
+    found = backend_files({"VAULT_TOKEN_FILE": str(link), "VAULT_K8S_TOKEN_FILE": "/nonexistent"})
+    assert {link, real} <= found and Path("/nonexistent") not in found
