@@ -1,10 +1,11 @@
-"""Bedrock Runtime's Converse: the model named by the path, usage read from ConverseStream.
+"""Bedrock Runtime: the model a request names in its path, usage read from ConverseStream.
 
-Converse (`POST /model/{modelId}/converse`) answers JSON, which addon/core/usage.py reads;
-ConverseStream (`/converse-stream`) answers AWS event-stream frames, whose `metadata` event
-carries `usage`. Frames are decoded by botocore's own EventStreamBuffer, one at a time, and
-one at most MAX_FRAME bytes long is held: past that, or at a frame botocore refuses, the
-answer is no longer read and is charged the estimate.
+Converse and InvokeModel name their model only in the path (`POST /model/{modelId}/converse`).
+Converse answers JSON, which addon/core/usage.py reads; ConverseStream (`/converse-stream`)
+answers AWS event-stream frames, whose `metadata` event carries `usage`. Frames are decoded
+by botocore's own EventStreamBuffer, one at a time, and one at most MAX_FRAME bytes long is
+held: past that, or at a frame botocore refuses, the answer is no longer read and is charged
+the estimate.
 """
 
 from __future__ import annotations
@@ -22,11 +23,13 @@ MAX_FRAME = 64 * 1024  # an event larger than this is not held: the answer is es
 _PRELUDE = 12  # total length, headers length, prelude CRC
 _SMALLEST = _PRELUDE + 4  # and the message CRC
 # The modelId: a model, an inference profile or an ARN, percent-encoded as one segment.
-_CONVERSE = re.compile(r"/model/([^/]+)/converse(?:-stream)?")
+_CONVERSE = re.compile(
+    r"/model/([^/]+)/(?:converse|converse-stream|invoke|invoke-with-response-stream)"
+)
 
 
-def converse_model(path: str) -> str | None:
-    """The model a Converse or ConverseStream request names in its path, or None."""
+def bedrock_model(path: str) -> str | None:
+    """The model a Converse or InvokeModel request (streamed or not) names in its path, or None."""
     found = _CONVERSE.fullmatch(path)
     if found is None:
         return None

@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 
 from mitmproxy import http
 
-from addon.core.converse import EventStreamReader, converse_model
+from addon.core.converse import EventStreamReader, bedrock_model
 from addon.core.policy import Rule
 from addon.core.prices import Prices
 from addon.core.reasons import Reason
@@ -185,7 +185,7 @@ def _path_model(rule: Rule, host: str, path: str) -> str | None:
     scope = aws.scope_of(host, options.get("service"), options.get("region"))
     if scope is None or scope.service != "bedrock":
         return None
-    return converse_model(path)
+    return bedrock_model(path)
 
 
 def _observed(inner: Stream, meter: Meter) -> Stream:

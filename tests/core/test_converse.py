@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from addon.core.converse import MAX_FRAME, EventStreamReader, converse_model
+from addon.core.converse import MAX_FRAME, EventStreamReader, bedrock_model
 from addon.core.usage import MAX_MODEL, Reading, charge
 from tests.e2e.fakeaws import BEDROCK_INPUT, BEDROCK_OUTPUT, USAGE, event
 
@@ -49,7 +49,9 @@ def _counts(reading: Reading) -> tuple[int | None, int | None]:
             "arn:aws:bedrock:us-east-1:123456789012:application-inference-profile/a1b2c3",
             id="an ARN, its slash encoded",
         ),
-        pytest.param("/model/m/invoke", None, id="not Converse"),
+        pytest.param("/model/m.v1%3A0/invoke", "m.v1:0", id="InvokeModel names it likewise"),
+        pytest.param("/model/m/invoke-with-response-stream", "m", id="and its stream"),
+        pytest.param("/model/m/count-tokens", None, id="no model call"),
         pytest.param("/model/a/b/converse", None, id="a second segment is no model id"),
         pytest.param("/v1/model/m/converse", None, id="not at the root"),
         pytest.param("/model/%0Aevil%1B/converse", "evil", id="control characters dropped"),
@@ -57,11 +59,11 @@ def _counts(reading: Reading) -> tuple[int | None, int | None]:
     ],
 )
 def test_the_model_is_read_from_the_path(path: str, expected: str | None) -> None:
-    assert converse_model(path) == expected
+    assert bedrock_model(path) == expected
 
 
 def test_a_long_model_id_is_bounded_like_other_model_names() -> None:
-    found = converse_model("/model/" + "%41" * 10_000 + "/converse")
+    found = bedrock_model("/model/" + "%41" * 10_000 + "/converse")
     assert found == "A" * MAX_MODEL
 
 

@@ -286,6 +286,21 @@ def test_bedrock_converse_and_its_stream_charge_the_budget_from_usage_then_429(
     assert PROMPT not in proxy.output()
 
 
+def test_a_bedrock_model_named_by_an_arn_is_audited_and_charged_by_its_arn(
+    proxy: Proxy, aws: FakeAws, names: Callable[[str], str]
+) -> None:
+    arn = "arn:aws:bedrock:us-east-1:123456789012:inference-profile/us.amazon.nova-pro-v1:0"
+    agent, token, _ = _agent(proxy, names, "total=100000/day", bedrock=True)
+    _bedrock(proxy, agent, token).converse(modelId=arn, messages=MESSAGES)
+    assert aws.checked[-1].received.target.startswith("/model/arn%3Aaws%3Abedrock%3A")
+    (line,) = _calls(proxy, agent)
+    assert (line["model"], line["input_tokens"], line["tokens_estimated"]) == (
+        arn,
+        BEDROCK_INPUT,
+        False,
+    )
+
+
 @pytest.mark.parametrize(
     "model",
     [
