@@ -22,7 +22,9 @@ HEAD = 16 * 1024  # of a JSON text: where `model` is
 TAIL = 64 * 1024  # of a JSON text: where `usage` is, after the content
 BYTES_PER_TOKEN = 4  # the estimate of an answer without usage: one token per 4 bytes
 MAX_COUNT = 10**12  # a reported count above this is not believed
-MAX_MODEL = 100  # characters of a model's name kept for the audit line
+# Characters of a model's name kept for the audit line: Bedrock's inference-profile ARNs run
+# past 100.
+MAX_MODEL = 256
 _INPUT = ("prompt_tokens", "input_tokens", "inputTokens")  # OpenAI's, Anthropic's, Bedrock's
 _OUTPUT = ("completion_tokens", "output_tokens", "outputTokens")
 # Cached input, counted beside the input count (Anthropic's, then Bedrock's)

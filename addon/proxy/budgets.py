@@ -42,6 +42,9 @@ class Meter:
     budget: Budget
     reader: Reader | None = None  # None: the answer is not read (a coding left on it)
     model: str | None = None  # named by the request (Bedrock's modelId), if the answer does not
+    # The answer is a success: the model named by the request ran. Else its name is only what
+    # the agent wrote, and never a label (metrics) or a price.
+    succeeded: bool = False
 
 
 EVENT_STREAM = "application/vnd.amazon.eventstream"  # Bedrock's ConverseStream
@@ -105,6 +108,7 @@ class Budgets:
         if meter is None or response is None:
             return
         try:
+            meter.succeeded = 200 <= response.status_code < 300
             coding = response.headers.get("content-encoding", "").strip().lower()
             if coding not in ("", "identity"):
                 return  # not decoded for redaction: read nothing, charge the estimate
@@ -150,7 +154,8 @@ class Budgets:
     def _charge(self, meter: Meter, rec: Record, complete: bool = True) -> Awaitable[None]:
         reader = meter.reader
         reading = reader.finish() if reader is not None else Reading()
-        reading.model = reading.model or meter.model
+        if meter.succeeded:
+            reading.model = reading.model or meter.model
         answered = reader.size if reader is not None else rec.bytes_in
         cost = charge(reading, rec.bytes_out, answered, complete and rec.failure is None)
         rec.model = cost.model

@@ -15,7 +15,7 @@ from structlog.testing import capture_logs
 from addon.core.hosts import ResolveMap
 from addon.core.policy import Rule
 from addon.core.usage import Charge
-from addon.proxy.budgets import _path_model
+from addon.proxy.budgets import METERS, _path_model
 from store.errors import StoreUnavailable
 from store.records import Usage
 from store.rules import budgets
@@ -239,3 +239,27 @@ def test_the_path_names_the_model_only_for_bedrock(
 ) -> None:
     rule = Rule(1, credential, (), None, (), False, False, None)
     assert _path_model(rule, host, CONVERSE) == expected
+
+
+@pytest.mark.parametrize(
+    ("status", "expected"),
+    [
+        pytest.param(200, "named-by-path", id="a success: the model named by the path ran"),
+        pytest.param(400, None, id="an error: the path's name is only the agent's"),
+    ],
+)
+async def test_the_path_names_the_model_only_of_a_successful_answer(
+    status: int, expected: str | None
+) -> None:
+    live = BudgetLive("total=100/day")
+    chain = _chain(live)
+    with taddons.context(chain.entry):
+        flow = await _post(chain)
+        METERS[flow].model = "named-by-path"
+        body = b'{"message": "no such model"}'
+        flow.response = http.Response.make(status, body, {"content-length": str(len(body))})
+        chain.responseheaders(flow)
+        waiting = chain.response(flow)
+        if waiting is not None:
+            await waiting
+    assert [c.model for c in live.charges] == [expected]
