@@ -3,10 +3,12 @@
 Reads what the providers report themselves: OpenAI-compatible chat/completions and responses
 (`usage.prompt_tokens` / `completion_tokens`, `input_tokens` / `output_tokens`; in a stream,
 the chunk that carries `usage`, e.g. with `stream_options.include_usage`, or the
-`response.completed` event) and Anthropic messages (`usage.input_tokens`, its cache fields,
-`output_tokens`; in a stream, `message_start` and the cumulative `message_delta`). The answer
-itself is never held: a JSON body keeps its first HEAD and last TAIL bytes, an SSE stream one
-line of at most the same. What the answer does not say is estimated from bytes (`estimate`).
+`response.completed` event), Anthropic messages (`usage.input_tokens`, its cache fields,
+`output_tokens`; in a stream, `message_start` and the cumulative `message_delta`) and Bedrock's
+Converse JSON (`usage.inputTokens`, its cache fields, `outputTokens`; its event stream is read
+by addon/core/converse.py). The answer itself is never held: a JSON body keeps its first HEAD
+and last TAIL bytes, an SSE stream one line of at most the same. What the answer does not say
+is estimated from bytes (`estimate`).
 """
 
 from __future__ import annotations
@@ -14,13 +16,24 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
+from typing import Protocol
 
 HEAD = 16 * 1024  # of a JSON text: where `model` is
 TAIL = 64 * 1024  # of a JSON text: where `usage` is, after the content
 BYTES_PER_TOKEN = 4  # the estimate of an answer without usage: one token per 4 bytes
 MAX_COUNT = 10**12  # a reported count above this is not believed
-MAX_MODEL = 100  # characters of a model's name kept for the audit line
-_CACHE_FIELDS = ("cache_creation_input_tokens", "cache_read_input_tokens")  # Anthropic's
+# Characters of a model's name kept for the audit line: Bedrock's inference-profile ARNs run
+# past 100.
+MAX_MODEL = 256
+_INPUT = ("prompt_tokens", "input_tokens", "inputTokens")  # OpenAI's, Anthropic's, Bedrock's
+_OUTPUT = ("completion_tokens", "output_tokens", "outputTokens")
+# Cached input, counted beside the input count (Anthropic's, then Bedrock's)
+_CACHE_FIELDS = (
+    "cache_creation_input_tokens",
+    "cache_read_input_tokens",
+    "cacheReadInputTokens",
+    "cacheWriteInputTokens",
+)
 
 
 @dataclass(slots=True)
@@ -46,6 +59,16 @@ class Charge:
     input_tokens: int
     output_tokens: int
     estimated: bool  # some count was not reported and was estimated from bytes
+
+
+class Reader(Protocol):
+    """Fed an answer's bytes as they pass; `size` of them so far."""
+
+    size: int
+
+    def feed(self, chunk: bytes) -> None: ...
+
+    def finish(self) -> Reading: ...
 
 
 def estimate(size: int) -> int:
@@ -97,7 +120,7 @@ class _Text:
         # Too long to keep: `"usage":` with both quotes bare is a key (inside a string its
         # quotes are escaped), and the providers put it after the content.
         return Reading(
-            _scan_model(bytes(self.head)), *_counts(_value_after(bytes(self.tail), b'"usage"'))
+            _scan_model(bytes(self.head)), *counts(_value_after(bytes(self.tail), b'"usage"'))
         )
 
 
@@ -146,7 +169,7 @@ class UsageReader:
 def _from_object(value: object) -> Reading:
     if not isinstance(value, dict):
         return Reading()
-    reading = Reading(_model(value.get("model")), *_counts(value.get("usage")))
+    reading = Reading(model_name(value.get("model")), *counts(value.get("usage")))
     for inner in ("message", "response"):  # Anthropic's message_start, OpenAI's responses
         nested = value.get(inner)
         if isinstance(nested, dict):
@@ -154,14 +177,14 @@ def _from_object(value: object) -> Reading:
     return reading
 
 
-def _counts(usage: object) -> tuple[int | None, int | None]:
+def counts(usage: object) -> tuple[int | None, int | None]:
     if not isinstance(usage, dict):
         return None, None
-    given = usage.get("prompt_tokens", usage.get("input_tokens"))
-    taken = usage.get("completion_tokens", usage.get("output_tokens"))
+    given = next((usage[name] for name in _INPUT if name in usage), None)
+    taken = next((usage[name] for name in _OUTPUT if name in usage), None)
     input_tokens = _count(given)
     if input_tokens is not None:
-        for name in _CACHE_FIELDS:  # Anthropic counts cached input beside input_tokens
+        for name in _CACHE_FIELDS:  # Anthropic and Bedrock count cached input beside it
             extra = _count(usage.get(name))
             input_tokens += extra or 0
     return input_tokens, _count(taken)
@@ -173,7 +196,7 @@ def _count(value: object) -> int | None:
     return None
 
 
-def _model(value: object) -> str | None:
+def model_name(value: object) -> str | None:
     if not isinstance(value, str) or not value:
         return None
     kept = "".join(ch for ch in value[:MAX_MODEL] if ch.isprintable())
@@ -202,4 +225,4 @@ def _scan_model(head: bytes) -> str | None:
     if at < 0:
         return None
     value = _value_after(head[: at + 7 + MAX_MODEL * 6 + 8], b'"model"')
-    return _model(value)
+    return model_name(value)

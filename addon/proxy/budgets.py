@@ -2,11 +2,12 @@
 
 Forward calls `check` as one of its last steps (a budget already spent in any window answers
 429 budget-exhausted with Retry-After at that window's end) and `watch` as it forwards. The
-answer then passes to the agent as it streams: `responseheaders` puts a UsageReader beside the
-stream (addon/core/usage.py, bounded), and `response` or `error` charges what it read, or the
-estimate, to every window of the budget in one store transaction before the audit line is
-written. A request is checked against what was charged before it: requests in flight together
-can each overshoot the budget by their own answer (docs/budgets.md).
+answer then passes to the agent as it streams: `responseheaders` puts a reader beside the
+stream (addon/core/usage.py for JSON and SSE, addon/core/converse.py for Bedrock's event
+stream; bounded), and `response` or `error` charges what it read, or the estimate, to every
+window of the budget in one store transaction before the audit line is written. A request is
+checked against what was charged before it: requests in flight together can each overshoot the
+budget by their own answer (docs/budgets.md).
 """
 
 from __future__ import annotations
@@ -19,16 +20,17 @@ from datetime import UTC, datetime
 
 from mitmproxy import http
 
+from addon.core.converse import EventStreamReader, bedrock_model
 from addon.core.policy import Rule
 from addon.core.prices import Prices
 from addon.core.reasons import Reason
-from addon.core.usage import Charge, Reading, UsageReader, charge
+from addon.core.usage import Charge, Reader, Reading, UsageReader, charge
 from addon.observe import audit
 from addon.proxy.failclosed import Denied
 from addon.proxy.live import LivePolicy
 from addon.proxy.state import Record, record
 from store.errors import CredproxyError
-from store.rules import budgets
+from store.rules import aws, budgets
 from store.rules.budgets import Budget
 
 
@@ -38,7 +40,14 @@ class Meter:
 
     grant_id: int
     budget: Budget
-    reader: UsageReader | None = None  # None: the answer is not read (a coding left on it)
+    reader: Reader | None = None  # None: the answer is not read (a coding left on it)
+    model: str | None = None  # named by the request (Bedrock's modelId), if the answer does not
+    # The answer is a success: the model named by the request ran. Else its name is only what
+    # the agent wrote, and never a label (metrics) or a price.
+    succeeded: bool = False
+
+
+EVENT_STREAM = "application/vnd.amazon.eventstream"  # Bedrock's ConverseStream
 
 
 METERS: weakref.WeakKeyDictionary[http.HTTPFlow, Meter] = weakref.WeakKeyDictionary()
@@ -86,10 +95,10 @@ class Budgets:
             {"retry_after": max(1, math.ceil((end - now).total_seconds())), "resets_at": resets},
         )
 
-    def watch(self, flow: http.HTTPFlow, rule: Rule) -> None:
-        """The request went: its answer is read and charged."""
+    def watch(self, flow: http.HTTPFlow, rule: Rule, host: str, path: str) -> None:
+        """The request went (to `host`, `path` as matched): its answer is read and charged."""
         assert rule.budget is not None
-        METERS[flow] = Meter(rule.grant_id, rule.budget)
+        METERS[flow] = Meter(rule.grant_id, rule.budget, model=_path_model(rule, host, path))
 
     # -- hooks -------------------------------------------------------------------------
 
@@ -99,11 +108,15 @@ class Budgets:
         if meter is None or response is None:
             return
         try:
+            meter.succeeded = 200 <= response.status_code < 300
             coding = response.headers.get("content-encoding", "").strip().lower()
             if coding not in ("", "identity"):
                 return  # not decoded for redaction: read nothing, charge the estimate
-            sse = "text/event-stream" in response.headers.get("content-type", "").lower()
-            meter.reader = UsageReader(sse)
+            kind = response.headers.get("content-type", "").lower()
+            if EVENT_STREAM in kind:
+                meter.reader = EventStreamReader()
+            else:
+                meter.reader = UsageReader("text/event-stream" in kind)
             inner = response.stream
             if callable(inner):
                 response.stream = _observed(inner, meter)
@@ -141,6 +154,8 @@ class Budgets:
     def _charge(self, meter: Meter, rec: Record, complete: bool = True) -> Awaitable[None]:
         reader = meter.reader
         reading = reader.finish() if reader is not None else Reading()
+        if meter.succeeded:
+            reading.model = reading.model or meter.model
         answered = reader.size if reader is not None else rec.bytes_in
         cost = charge(reading, rec.bytes_out, answered, complete and rec.failure is None)
         rec.model = cost.model
@@ -165,6 +180,17 @@ class Budgets:
                 output_tokens=cost.output_tokens,
                 error_type=type(e).__name__,
             )
+
+
+def _path_model(rule: Rule, host: str, path: str) -> str | None:
+    """Bedrock's modelId in the path, for a request signed for Bedrock: what it runs. Elsewhere
+    the path is the agent's to write, and names nothing."""
+    credential = rule.credential
+    options = credential.options if credential is not None and credential.scheme == "sigv4" else {}
+    scope = aws.scope_of(host, options.get("service"), options.get("region"))
+    if scope is None or scope.service != "bedrock":
+        return None
+    return bedrock_model(path)
 
 
 def _observed(inner: Stream, meter: Meter) -> Stream:

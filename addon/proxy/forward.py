@@ -167,7 +167,8 @@ class Forward:
         await self._consume(v.rule)
         self._forward(flow, step, rec, address, stamping)
         if v.rule.budget is not None:
-            self.budgets.watch(flow, v.rule)
+            assert v.path is not None  # _forward asserted it
+            self.budgets.watch(flow, v.rule, v.host, v.path)
 
     def _forward(
         self,

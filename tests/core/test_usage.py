@@ -43,6 +43,20 @@ ANTHROPIC_JSON = json.dumps(
         },
     }
 ).encode()
+CONVERSE_JSON = json.dumps(
+    {
+        "output": {"message": {"role": "assistant", "content": [{"text": "hi"}]}},
+        "stopReason": "end_turn",
+        "usage": {
+            "inputTokens": 20,
+            "outputTokens": 9,
+            "totalTokens": 41,
+            "cacheReadInputTokens": 7,
+            "cacheWriteInputTokens": 5,
+        },
+        "metrics": {"latencyMs": 120},
+    }
+).encode()
 OPENAI_STREAM = _sse(
     {"model": "gpt-4o-mini", "choices": [{"delta": {"content": "h"}}], "usage": None},
     {"model": "gpt-4o-mini", "choices": [{"delta": {"content": "i"}}], "usage": None},
@@ -80,6 +94,9 @@ def _read(body: bytes, sse: bool, piece: int = 7) -> Reading:
         pytest.param(OPENAI_JSON, False, ("gpt-4o-mini", 12, 3), id="OpenAI chat completion JSON"),
         pytest.param(
             ANTHROPIC_JSON, False, ("claude-sonnet-4-5", 32, 9), id="Anthropic message, cache in"
+        ),
+        pytest.param(
+            CONVERSE_JSON, False, (None, 32, 9), id="Bedrock Converse, cache in, model by path"
         ),
         pytest.param(OPENAI_STREAM, True, ("gpt-4o-mini", 30, 2), id="OpenAI stream, usage chunk"),
         pytest.param(

@@ -4,7 +4,10 @@ Every request must carry a SigV4 signature that botocore, recomputing it from th
 and the request exactly as received, agrees with; anything else (the dummy keys' signature
 above all) is answered 403 and recorded as refused. The services answer just enough for
 boto3 to parse: S3 objects in memory, Converse and ConverseStream (an event stream sent
-event by event), GetCallerIdentity.
+event by event), GetCallerIdentity. Bedrock's answers report USAGE (BEDROCK_INPUT tokens in,
+cache reads and writes beside inputTokens as Bedrock splits them, BEDROCK_OUTPUT out); the
+model `no-usage` leaves usage out (a stream without its metadata event), `huge` streams a
+content event larger than the proxy reads for usage.
 """
 
 from __future__ import annotations
@@ -36,6 +39,15 @@ _AUTH = re.compile(
     r"SignedHeaders=([a-z0-9;-]+), Signature=([0-9a-f]{64})"
 )
 UNSIGNED = {"UNSIGNED-PAYLOAD", "STREAMING-UNSIGNED-PAYLOAD-TRAILER"}
+BEDROCK_INPUT, BEDROCK_OUTPUT = 100, 20
+USAGE = {
+    "inputTokens": BEDROCK_INPUT - 30,
+    "outputTokens": BEDROCK_OUTPUT,
+    "totalTokens": BEDROCK_INPUT + BEDROCK_OUTPUT,
+    "cacheReadInputTokens": 20,
+    "cacheWriteInputTokens": 10,
+}
+HUGE_EVENT = 80 * 1024  # bytes of text in the `huge` model's one content event
 
 
 @dataclass(frozen=True)
@@ -137,17 +149,18 @@ def crc32(data: bytes) -> str:
     return base64.b64encode(zlib.crc32(data).to_bytes(4, "big")).decode()
 
 
-def event(event_type: str, payload: dict[str, Any]) -> bytes:
-    """One message of AWS's event-stream encoding (what ConverseStream sends)."""
+def event(event_type: str, payload: dict[str, Any] | bytes, message_type: str = "event") -> bytes:
+    """One message of AWS's event-stream encoding (what ConverseStream sends); an
+    `exception` message names its type in :exception-type."""
     headers = b""
     for name, value in (
-        (":message-type", "event"),
-        (":event-type", event_type),
+        (":message-type", message_type),
+        (":event-type" if message_type == "event" else ":exception-type", event_type),
         (":content-type", "application/json"),
     ):
         headers += bytes([len(name)]) + name.encode() + b"\x07"
         headers += struct.pack(">H", len(value)) + value.encode()
-    body = json.dumps(payload).encode()
+    body = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
     prelude = struct.pack(">II", 12 + len(headers) + len(body) + 4, len(headers))
     message = prelude + struct.pack(">I", binascii.crc32(prelude)) + headers + body
     return message + struct.pack(">I", binascii.crc32(message))
@@ -277,11 +290,12 @@ class _AwsHandler(_Handler):
     def _bedrock(self) -> None:
         path = urlsplit(self.path).path
         state = self.server.state
+        usage = {} if path.startswith("/model/no-usage/") else {"usage": USAGE}
         if path.endswith("/converse"):
             answer = {
                 "output": {"message": {"role": "assistant", "content": [{"text": "hello"}]}},
                 "stopReason": "end_turn",
-                "usage": {"inputTokens": 1, "outputTokens": 1, "totalTokens": 2},
+                **usage,
                 "metrics": {"latencyMs": 1},
             }
             if path.startswith("/model/echo"):
@@ -294,20 +308,16 @@ class _AwsHandler(_Handler):
         self.send_header("transfer-encoding", "chunked")
         self.end_headers()
         text = state.echo.decode() if path.startswith("/model/echo") else "world"
+        if path.startswith("/model/huge/"):
+            text = "x" * HUGE_EVENT
         events = [
             event("messageStart", {"role": "assistant"}),
             event("contentBlockDelta", {"contentBlockIndex": 0, "delta": {"text": "hello "}}),
             event("contentBlockDelta", {"contentBlockIndex": 0, "delta": {"text": text}}),
             event("contentBlockStop", {"contentBlockIndex": 0}),
             event("messageStop", {"stopReason": "end_turn"}),
-            event(
-                "metadata",
-                {
-                    "usage": {"inputTokens": 1, "outputTokens": 2, "totalTokens": 3},
-                    "metrics": {"latencyMs": 1},
-                },
-            ),
-        ]
+            event("metadata", {**usage, "metrics": {"latencyMs": 1}}),
+        ][: 6 if usage else 5]
         for i, message in enumerate(events):
             self.wfile.write(b"%x\r\n%s\r\n" % (len(message), message))
             self.wfile.flush()

@@ -1,11 +1,13 @@
 """Token budgets end to end: a real proxy, a local TLS provider that answers like OpenAI and
-Anthropic (JSON and SSE), httpx as the agent."""
+Anthropic (JSON and SSE), httpx as the agent; and Bedrock's Converse through the sigv4 scheme,
+boto3 as the agent, against the fake AWS (tests/e2e/fakeaws.py)."""
 
 from __future__ import annotations
 
 import json
 import math
 import os
+import secrets
 import shutil
 import subprocess
 import threading
@@ -15,13 +17,17 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import boto3
 import httpx
 import pytest
 import trustme
+from botocore.config import Config
+from botocore.exceptions import ClientError
 
 from store.crypto import Secret
 from store.rules import budgets, validation
 from tests.e2e.conftest import CREDPROXY, Proxy, start_proxy, stop_proxy
+from tests.e2e.fakeaws import BEDROCK_INPUT, BEDROCK_OUTPUT, USAGE, FakeAws, Keys
 from tests.e2e.fakemodels import COMPLETION, INPUT, OUTPUT, FakeModels
 from tests.e2e.relay import pg_database
 
@@ -30,6 +36,9 @@ pytestmark = pytest.mark.e2e
 OPENAI = "https://api.openai.test/v1/chat/completions"
 ANTHROPIC = "https://api.anthropic.test/v1/messages"
 PROMPT = "a prompt that must never reach the audit stream"
+BEDROCK = "bedrock-runtime.us-east-1.amazonaws.com"
+BEDROCK_MODEL = "anthropic.claude-3-haiku-20240307-v1:0"
+AWS_KEYS = Keys("AKIA" + secrets.token_hex(8).upper(), "real/" + secrets.token_urlsafe(30))
 
 
 @pytest.fixture(scope="module")
@@ -39,13 +48,22 @@ def models(upstream_ca: trustme.CA) -> Iterator[FakeModels]:
 
 
 @pytest.fixture(scope="module")
+def aws(upstream_ca: trustme.CA) -> Iterator[FakeAws]:
+    with FakeAws(upstream_ca, [BEDROCK], AWS_KEYS) as server:
+        server.state.release.set()  # ConverseStream sends its events without waiting
+        yield server
+
+
+@pytest.fixture(scope="module")
 def proxy(
     tmp_path_factory: pytest.TempPathFactory,
     models: FakeModels,
+    aws: FakeAws,
     upstream_ca: trustme.CA,
     initialised_home: Path,
 ) -> Iterator[Proxy]:
     resolve = [f"{n}=127.0.0.1:{models.port}" for n in ("api.openai.test", "api.anthropic.test")]
+    resolve.append(f"{BEDROCK}=127.0.0.1:{aws.port}")
     running = start_proxy(
         tmp_path_factory.mktemp("budgets"), upstream_ca, resolve, template=initialised_home
     )
@@ -53,15 +71,26 @@ def proxy(
     stop_proxy(running)
 
 
-def _agent(proxy: Proxy, names: Callable[[str], str], *budget: str) -> tuple[str, str, int]:
+def _agent(
+    proxy: Proxy, names: Callable[[str], str], *budget: str, bedrock: bool = False
+) -> tuple[str, str, int]:
+    """A principal with a budgeted grant: to the fake OpenAI and Anthropic with a bearer
+    token, or to Bedrock with AWS keys (sigv4)."""
     agent, cred = names("agent"), names("llm")
     token = proxy.store.add_principal(agent)
-    proxy.store.add_credential(
-        cred, "bearer", ["api.openai.test", "api.anthropic.test"], Secret(b"sk-budget-e2e")
-    )
+    if bedrock:
+        proxy.store.add_credential(cred, "sigv4", [BEDROCK], Secret(AWS_KEYS.json()))
+    else:
+        proxy.store.add_credential(
+            cred, "bearer", ["api.openai.test", "api.anthropic.test"], Secret(b"sk-budget-e2e")
+        )
     limits = validation.limits(None, None, budget=budget)
     grant_id = proxy.store.add_grant(
-        agent, ["POST"], credential=cred, paths=["/v1/*"], limits=limits
+        agent,
+        ["POST"],
+        credential=cred,
+        paths=["/model/"] if bedrock else ["/v1/*"],
+        limits=limits,
     )
     proxy.wait_reload()
     return agent, token, grant_id
@@ -195,6 +224,105 @@ def test_an_answer_without_usage_is_charged_the_byte_estimate_and_audited_as_est
     assert line["tokens_estimated"] is True
     assert line["input_tokens"] == math.ceil(line["bytes_out"] / 4)
     assert line["output_tokens"] == math.ceil(len(answer.content) / 4)
+    assert _used(proxy, grant_id) == (line["input_tokens"], line["output_tokens"])
+
+
+def _bedrock(proxy: Proxy, agent: str, token: str) -> Any:
+    """boto3's bedrock-runtime client with dummy keys, asking for compressed answers."""
+    session = boto3.session.Session(
+        aws_access_key_id="AKIADUMMYDUMMYDUMMY1",
+        aws_secret_access_key="dummy-secret-access-key",
+        region_name="us-east-1",
+    )
+    client = session.client(
+        "bedrock-runtime",
+        verify=str(proxy.ca_file),
+        config=Config(
+            proxies={"https": proxy.url(agent, token)},
+            retries={"max_attempts": 1, "mode": "standard"},
+        ),
+    )
+
+    def gzip(request: Any, **_: Any) -> None:
+        request.headers["Accept-Encoding"] = "gzip"
+
+    client.meta.events.register("before-sign.bedrock-runtime.*", gzip)
+    return client
+
+
+MESSAGES = [{"role": "user", "content": [{"text": PROMPT}]}]
+
+
+def test_bedrock_converse_and_its_stream_charge_the_budget_from_usage_then_429(
+    proxy: Proxy, aws: FakeAws, names: Callable[[str], str]
+) -> None:
+    agent, token, grant_id = _agent(proxy, names, "total=250/day", bedrock=True)
+    client = _bedrock(proxy, agent, token)
+    seen = len(aws.checked)
+    answer = client.converse(modelId=BEDROCK_MODEL, messages=MESSAGES)
+    assert answer["output"]["message"]["content"] == [{"text": "hello"}]
+    events = list(client.converse_stream(modelId=BEDROCK_MODEL, messages=MESSAGES)["stream"])
+    assert [next(iter(e)) for e in events][:2] == ["messageStart", "contentBlockDelta"]
+    assert events[-1]["metadata"]["usage"] == USAGE  # passed to the agent as sent
+    # 120 tokens an answer: checked before each, so the third (at 240) still goes.
+    client.converse(modelId=BEDROCK_MODEL, messages=MESSAGES)
+    with pytest.raises(ClientError) as refused:
+        client.converse(modelId=BEDROCK_MODEL, messages=MESSAGES)
+    meta = refused.value.response["ResponseMetadata"]
+    assert meta["HTTPStatusCode"] == 429
+    assert meta["HTTPHeaders"]["x-credproxy-reason"] == "budget-exhausted"
+    checked = aws.checked[seen:]
+    assert [c.refused for c in checked] == [None] * 3  # each signature verified as received
+    for c in checked:
+        # The agent asked for gzip; the budget's plain answers were asked for before signing.
+        assert c.received.header("accept-encoding") == ["identity"]
+        (authorization,) = c.received.header("authorization")
+        assert "accept-encoding" in authorization.split("SignedHeaders=")[1].split(",")[0]
+    lines = _calls(proxy, agent)
+    assert [
+        (r["model"], r["input_tokens"], r["output_tokens"], r["tokens_estimated"]) for r in lines
+    ] == [(BEDROCK_MODEL, BEDROCK_INPUT, BEDROCK_OUTPUT, False)] * 3
+    assert _used(proxy, grant_id) == (3 * BEDROCK_INPUT, 3 * BEDROCK_OUTPUT)
+    assert PROMPT not in proxy.output()
+
+
+def test_a_bedrock_model_named_by_an_arn_is_audited_and_charged_by_its_arn(
+    proxy: Proxy, aws: FakeAws, names: Callable[[str], str]
+) -> None:
+    arn = (
+        "arn:aws:bedrock:us-east-1:123456789012:inference-profile/"
+        "us.anthropic.claude-3-5-sonnet-20241022-v2:0"
+    )
+    assert len(arn) > 100  # kept whole, as a price table names it
+    agent, token, _ = _agent(proxy, names, "total=100000/day", bedrock=True)
+    _bedrock(proxy, agent, token).converse(modelId=arn, messages=MESSAGES)
+    assert aws.checked[-1].received.target.startswith("/model/arn%3Aaws%3Abedrock%3A")
+    (line,) = _calls(proxy, agent)
+    assert (line["model"], line["input_tokens"], line["tokens_estimated"]) == (
+        arn,
+        BEDROCK_INPUT,
+        False,
+    )
+
+
+@pytest.mark.parametrize(
+    "model",
+    [
+        pytest.param("no-usage", id="a stream without its metadata event"),
+        pytest.param("huge", id="an event larger than is read"),
+    ],
+)
+def test_a_bedrock_stream_whose_usage_cannot_be_read_is_charged_the_estimate(
+    proxy: Proxy, names: Callable[[str], str], model: str
+) -> None:
+    agent, token, grant_id = _agent(proxy, names, "total=100000/day", bedrock=True)
+    client = _bedrock(proxy, agent, token)
+    events = list(client.converse_stream(modelId=model, messages=MESSAGES)["stream"])
+    assert next(iter(events[-1])) == ("messageStop" if model == "no-usage" else "metadata")
+    (line,) = _calls(proxy, agent)
+    assert line["model"] == model and line["tokens_estimated"] is True
+    assert line["input_tokens"] == math.ceil(line["bytes_out"] / 4)
+    assert line["output_tokens"] == math.ceil(line["bytes_in"] / 4)
     assert _used(proxy, grant_id) == (line["input_tokens"], line["output_tokens"])
 
 

@@ -13,11 +13,15 @@ from mitmproxy.test import taddons
 from structlog.testing import capture_logs
 
 from addon.core.hosts import ResolveMap
+from addon.core.policy import Rule
 from addon.core.usage import Charge
+from addon.proxy.budgets import METERS, _path_model
 from store.errors import StoreUnavailable
 from store.records import Usage
 from store.rules import budgets
-from tests.fakes import Chain, StaticLive, grant, https_flow, reason, snapshot_policy
+from tests.e2e.fakeaws import BEDROCK_INPUT, BEDROCK_OUTPUT, event
+from tests.e2e.fakeaws import USAGE as BEDROCK_USAGE
+from tests.fakes import CRED, Chain, StaticLive, grant, https_flow, reason, snapshot_policy
 
 USAGE = {"usage": {"prompt_tokens": 11, "completion_tokens": 7}, "model": "m"}
 
@@ -175,3 +179,87 @@ async def test_a_charge_the_store_does_not_take_is_logged_with_its_counts() -> N
     (line,) = lines
     assert (line["rec"].input_tokens, line["rec"].output_tokens) == (11, 7)
     assert flow.error is None
+
+
+async def test_an_event_stream_passes_unchanged_and_is_charged_from_its_metadata() -> None:
+    live = BudgetLive("total=1000/day")
+    chain = _chain(live)
+    answer = event("messageStart", {"role": "assistant"}) + event(
+        "metadata", {"usage": BEDROCK_USAGE, "metrics": {"latencyMs": 1}}
+    )
+    with taddons.context(chain.entry):
+        flow = await _post(chain)
+        kind = {"content-type": "application/vnd.amazon.eventstream"}
+        flow.response = http.Response.make(200, b"", kind)
+        flow.response.headers.pop("content-length", None)
+        chain.responseheaders(flow)
+        stream = flow.response.stream
+        assert callable(stream)
+        out = [stream(answer[at : at + 5]) for at in range(0, len(answer), 5)] + [stream(b"")]
+        waiting = chain.response(flow)
+        if waiting is not None:
+            await waiting
+    assert b"".join(o if isinstance(o, bytes) else b"".join(o) for o in out) == answer
+    # api.test is no Bedrock endpoint: its path names no model.
+    assert [(c.model, c.input_tokens, c.output_tokens, c.estimated) for c in live.charges] == [
+        (None, BEDROCK_INPUT, BEDROCK_OUTPUT, False)
+    ]
+
+
+BEDROCK = "bedrock-runtime.us-east-1.amazonaws.com"
+CONVERSE = "/model/anthropic.claude-3-haiku-20240307-v1%3A0/converse-stream"
+SIGV4 = dataclasses.replace(CRED, scheme="sigv4")
+
+
+@pytest.mark.parametrize(
+    ("credential", "host", "expected"),
+    [
+        pytest.param(SIGV4, BEDROCK, "anthropic.claude-3-haiku-20240307-v1:0", id="signed for it"),
+        pytest.param(
+            CRED, BEDROCK, "anthropic.claude-3-haiku-20240307-v1:0", id="a Bedrock API key"
+        ),
+        pytest.param(
+            dataclasses.replace(SIGV4, options={"service": "bedrock", "region": "us-east-1"}),
+            "llm.internal.test",
+            "anthropic.claude-3-haiku-20240307-v1:0",
+            id="another name, signed for Bedrock by --service",
+        ),
+        pytest.param(CRED, "api.test", None, id="elsewhere the path is the agent's to write"),
+        pytest.param(SIGV4, "sqs.eu-west-1.amazonaws.com", None, id="another AWS service"),
+        pytest.param(
+            dataclasses.replace(SIGV4, options={"service": "sqs"}),
+            BEDROCK,
+            None,
+            id="a Bedrock name signed for another service",
+        ),
+    ],
+)
+def test_the_path_names_the_model_only_for_bedrock(
+    credential: Any, host: str, expected: str | None
+) -> None:
+    rule = Rule(1, credential, (), None, (), False, False, None)
+    assert _path_model(rule, host, CONVERSE) == expected
+
+
+@pytest.mark.parametrize(
+    ("status", "expected"),
+    [
+        pytest.param(200, "named-by-path", id="a success: the model named by the path ran"),
+        pytest.param(400, None, id="an error: the path's name is only the agent's"),
+    ],
+)
+async def test_the_path_names_the_model_only_of_a_successful_answer(
+    status: int, expected: str | None
+) -> None:
+    live = BudgetLive("total=100/day")
+    chain = _chain(live)
+    with taddons.context(chain.entry):
+        flow = await _post(chain)
+        METERS[flow].model = "named-by-path"
+        body = b'{"message": "no such model"}'
+        flow.response = http.Response.make(status, body, {"content-length": str(len(body))})
+        chain.responseheaders(flow)
+        waiting = chain.response(flow)
+        if waiting is not None:
+            await waiting
+    assert [c.model for c in live.charges] == [expected]
