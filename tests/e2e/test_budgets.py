@@ -22,7 +22,7 @@ import trustme
 from store.crypto import Secret
 from store.rules import budgets, validation
 from tests.e2e.conftest import CREDPROXY, Proxy, start_proxy, stop_proxy
-from tests.e2e.fakemodels import COMPLETION, INPUT, OUTPUT, FakeModels
+from tests.e2e.fakemodels import COMPLETION, INPUT, LONG, OUTPUT, FakeModels
 from tests.e2e.relay import pg_database
 
 pytestmark = pytest.mark.e2e
@@ -53,13 +53,15 @@ def proxy(
     stop_proxy(running)
 
 
-def _agent(proxy: Proxy, names: Callable[[str], str], *budget: str) -> tuple[str, str, int]:
+def _agent(
+    proxy: Proxy, names: Callable[[str], str], *budget: str, cap: bool = False
+) -> tuple[str, str, int]:
     agent, cred = names("agent"), names("llm")
     token = proxy.store.add_principal(agent)
     proxy.store.add_credential(
         cred, "bearer", ["api.openai.test", "api.anthropic.test"], Secret(b"sk-budget-e2e")
     )
-    limits = validation.limits(None, None, budget=budget)
+    limits = validation.limits(None, None, budget=budget, cap_max_tokens=cap)
     grant_id = proxy.store.add_grant(
         agent, ["POST"], credential=cred, paths=["/v1/*"], limits=limits
     )
@@ -282,6 +284,49 @@ def test_concurrent_requests_overshoot_by_at_most_one_answer_each(
     assert 600 <= spent <= 600 + 8 * (INPUT + OUTPUT)
     assert statuses.count(200) * (INPUT + OUTPUT) == spent
     assert 429 in statuses
+
+
+def test_a_capping_grant_forwards_max_tokens_capped_to_the_output_left_and_never_overshoots(
+    proxy: Proxy, models: FakeModels, names: Callable[[str], str]
+) -> None:
+    agent, token, grant_id = _agent(proxy, names, "output=120/day", cap=True)
+    with proxy.client(agent, token) as client:
+        sent = len(models.received)
+        first = client.post(OPENAI, json=_chat("gpt-test"))  # writes OUTPUT: 100 left
+        long = [client.post(OPENAI, json=_chat("long") | {"max_tokens": LONG}) for _ in range(2)]
+    assert first.status_code == 200
+    assert models.received[sent][1]["max_completion_tokens"] == 120  # none asked: one set
+    assert long[0].status_code == 200
+    forwarded = models.received[sent + 1][1]
+    assert forwarded["max_tokens"] == 100 and "max_completion_tokens" not in forwarded
+    assert forwarded["messages"] == _chat("long")["messages"]
+    assert (
+        long[1].status_code == 429 and long[1].headers["x-credproxy-reason"] == "budget-exhausted"
+    )
+    assert len(models.received) - sent == 2
+    # Capped, the model writes no more than was left: the output budget is never overshot
+    # (uncapped, this one answer alone would have charged LONG output tokens).
+    assert _used(proxy, grant_id) == (2 * INPUT, 120)
+    assert [r.get("max_tokens") for r in _calls(proxy, agent)] == [120, 100]
+
+
+def test_a_capping_grant_overshoots_a_total_budget_by_no_more_than_its_input_estimate_missed(
+    proxy: Proxy, models: FakeModels, names: Callable[[str], str]
+) -> None:
+    agent, token, grant_id = _agent(proxy, names, "total=300/day", cap=True)
+    body = json.dumps(_message("long", stream=True) | {"max_tokens": LONG}).encode()
+    estimate = math.ceil(len(body) / 4)
+    with proxy.client(agent, token) as client:
+        sent = len(models.received)
+        answer = client.post(ANTHROPIC, content=body, headers={"content-type": "application/json"})
+        refused = client.post(ANTHROPIC, content=body, headers={"content-type": "application/json"})
+    assert answer.status_code == 200 and "event: message_delta" in answer.text  # still a stream
+    assert refused.status_code == 429
+    assert models.received[sent][1]["max_tokens"] == 300 - estimate
+    # The stated bound: what the provider counted as input beyond the estimate of the body.
+    spent = sum(_used(proxy, grant_id))
+    assert spent == 300 + (INPUT - estimate)
+    assert spent < INPUT + LONG  # what the same request charged uncapped
 
 
 @pytest.fixture(scope="module")
