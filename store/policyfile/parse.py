@@ -464,9 +464,13 @@ def _limits(t: _Table, *, uses: bool = False) -> validation.Limits:
             budgets.parse(t.texts("budget"))
             budget = t.texts("budget")
     cap = uses and t.flag("cap_max_tokens")
-    if cap and (budget or "budget" not in t.values):
-        with t.checking("cap_max_tokens"):
+    if cap and (budget or "budget" not in t.values):  # a bad budget is reported once
+        try:
             budgets.parse(budget, cap=True)
+        except InvalidInput as e:
+            t.problem("cap_max_tokens", e.worded(KEYS))
+            budget = ()
+    cap = cap and bool(budget)
     with t.checking("approval" if approval is not None else "rate"):
         return validation.limits(
             rate,
@@ -476,7 +480,7 @@ def _limits(t: _Table, *, uses: bool = False) -> validation.Limits:
             approval,
             str(hold) if hold is not None else None,
             budget,
-            cap and bool(budget),
+            cap,
         )
     return validation.NO_LIMITS
 
