@@ -193,7 +193,8 @@ async def _capped(live: BudgetLive, body: bytes, path: bytes = CHAT, **headers: 
         if flow.response is None and live.policy_cap:
             # Held for its body: nothing stamped yet.
             assert flow.request.headers.get("authorization") is None
-        flow.request.set_content(body)  # the body, once whole (mitmproxy sets Content-Length)
+        flow.request.raw_content = body  # the body as it came, once whole
+        flow.request.headers["content-length"] = str(len(body))
         await chain.request(flow)
     return flow
 
