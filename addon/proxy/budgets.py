@@ -113,8 +113,9 @@ class Budgets:
             said = "leaves no output tokens for this request's answer"
             raise exhausted([e.limit], said, datetime.now(UTC)) from e
         request.raw_content = capped.body
-        if "content-length" in request.headers:
-            request.headers["content-length"] = str(len(capped.body))
+        # Whole now: sent with its length, not in the chunks it came in.
+        request.headers.pop("transfer-encoding", None)
+        request.headers["content-length"] = str(len(capped.body))
         rec.bytes_out = len(capped.body)
         rec.max_tokens = capped.max_tokens
 

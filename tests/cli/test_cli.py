@@ -457,7 +457,7 @@ def test_a_grant_caps_max_tokens_and_keeps_the_cap_when_its_budget_is_raised(
     (added,) = cli.ok(Call((*GRANT, "--budget", "output=500/day", "--cap-max-tokens", "--json")))
     grant_id = str(json.loads(added)["id"])
 
-    def shown() -> tuple[str, bool]:
+    def shown() -> tuple[str | None, bool]:
         (listed,) = cli.ok(Call(("grant", "list", "--json")))
         (row,) = [g for g in json.loads(listed) if str(g["id"]) == grant_id]
         return row["budget"], row["cap_max_tokens"]

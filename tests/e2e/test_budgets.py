@@ -293,7 +293,12 @@ def test_a_capping_grant_forwards_max_tokens_capped_to_the_output_left_and_never
     with proxy.client(agent, token) as client:
         sent = len(models.received)
         first = client.post(OPENAI, json=_chat("gpt-test"))  # writes OUTPUT: 100 left
-        long = [client.post(OPENAI, json=_chat("long") | {"max_tokens": LONG}) for _ in range(2)]
+        asked = json.dumps(_chat("long") | {"max_tokens": LONG}).encode()
+        # The first in chunks (no Content-Length): held whole, capped, sent with its length.
+        long = [
+            client.post(OPENAI, content=body, headers={"content-type": "application/json"})
+            for body in (iter([asked[:20], asked[20:]]), asked)
+        ]
     assert first.status_code == 200
     assert models.received[sent][1]["max_completion_tokens"] == 120  # none asked: one set
     assert long[0].status_code == 200

@@ -182,19 +182,25 @@ async def test_a_charge_the_store_does_not_take_is_logged_with_its_counts() -> N
 CHAT = b"/v1/chat/completions"
 
 
-async def _capped(live: BudgetLive, body: bytes, path: bytes = CHAT, **headers: str) -> Any:
+async def _capped(
+    live: BudgetLive, body: bytes, path: bytes = CHAT, headers: dict[str, str] | None = None
+) -> Any:
     """A request of a capping grant through requestheaders and, its body whole, request."""
     chain = _chain(live)
     with taddons.context(chain.entry):
         flow = https_flow(chain, path)
         flow.request.method = "POST"
-        flow.request.headers.update(headers)
+        flow.request.headers.update(headers or {})
+        chunked = "transfer-encoding" in (headers or {})
+        if chunked:
+            del flow.request.headers["content-length"]
         await chain.requestheaders(flow)
         if flow.response is None and live.policy_cap:
             # Held for its body: nothing stamped yet.
             assert flow.request.headers.get("authorization") is None
         flow.request.raw_content = body  # the body as it came, once whole
-        flow.request.headers["content-length"] = str(len(body))
+        if not chunked:
+            flow.request.headers["content-length"] = str(len(body))
         await chain.request(flow)
     return flow
 
@@ -233,7 +239,7 @@ async def test_without_the_cap_the_body_goes_as_sent() -> None:
 async def test_a_capping_grant_refuses_what_it_cannot_cap_before_stamping(
     body: bytes, headers: dict[str, str], path: bytes, status: int, why: str
 ) -> None:
-    flow = await _capped(BudgetLive("output=100/day", cap=True), body, path, **headers)
+    flow = await _capped(BudgetLive("output=100/day", cap=True), body, path, headers)
     assert flow.response.status_code == status and reason(flow) == why
     assert flow.request.headers.get("authorization") is None
     if why == "budget-exhausted":
@@ -257,3 +263,10 @@ async def test_a_capping_grant_refuses_a_body_over_its_bound_from_its_length() -
 async def test_a_capping_grant_forwards_a_request_without_a_body_unchanged() -> None:
     flow = await _capped(BudgetLive("output=100/day", cap=True), b"", b"/v1/models")
     assert flow.response is None and flow.request.raw_content == b""
+
+
+async def test_a_capped_body_that_came_in_chunks_goes_with_its_length() -> None:
+    live = BudgetLive("output=100/day", cap=True)
+    flow = await _capped(live, b'{"max_tokens": 1000}', CHAT, {"transfer-encoding": "chunked"})
+    assert flow.response is None and "transfer-encoding" not in flow.request.headers
+    assert flow.request.headers["content-length"] == "19"
