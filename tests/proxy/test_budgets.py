@@ -270,3 +270,13 @@ async def test_a_capped_body_that_came_in_chunks_goes_with_its_length() -> None:
     flow = await _capped(live, b'{"max_tokens": 1000}', CHAT, {"transfer-encoding": "chunked"})
     assert flow.response is None and "transfer-encoding" not in flow.request.headers
     assert flow.request.headers["content-length"] == "19"
+
+
+async def test_a_long_conversation_is_capped_off_the_event_loop_all_the_same() -> None:
+    from addon.proxy.budgets import OFF_LOOP
+
+    messages = [{"role": "user", "content": "x" * 100}] * (OFF_LOOP // 50)
+    body = json.dumps({"messages": messages, "max_tokens": 1000}).encode()
+    flow = await _capped(BudgetLive("output=100/day", cap=True), body)
+    assert flow.response is None and len(body) > OFF_LOOP
+    assert flow.request.raw_content == body.replace(b'"max_tokens": 1000', b'"max_tokens": 100')
