@@ -334,6 +334,33 @@ def test_a_capping_grant_overshoots_a_total_budget_by_no_more_than_its_input_est
     assert spent < INPUT + LONG  # what the same request charged uncapped
 
 
+def test_concurrent_capped_requests_overshoot_an_output_budget_by_what_was_left_each(
+    proxy: Proxy, names: Callable[[str], str]
+) -> None:
+    agent, token, grant_id = _agent(proxy, names, "output=200/day", cap=True)
+    clients = 6
+    barrier = threading.Barrier(clients)
+    statuses: list[int] = []
+
+    def agent_loop() -> None:
+        with proxy.client(agent, token) as client:
+            barrier.wait()
+            for _ in range(3):
+                asked = _chat("long") | {"max_tokens": LONG}
+                statuses.append(client.post(OPENAI, json=asked).status_code)
+
+    threads = [threading.Thread(target=agent_loop) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    _, output = _used(proxy, grant_id)
+    # Each in flight was capped to what was left when it was checked, at most the budget:
+    # the last check's overshoot is at most (in flight - 1) x 200, never 6 x LONG.
+    assert 200 <= output <= 200 + (clients - 1) * 200
+    assert 429 in statuses
+
+
 @pytest.fixture(scope="module")
 def replicas(
     tmp_path_factory: pytest.TempPathFactory,
