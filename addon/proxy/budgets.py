@@ -1,7 +1,8 @@
 """Token budgets of grants: checked in the store before a request leaves, charged after its answer.
 
 Forward calls `check` as one of its last steps (a budget already spent in any window answers
-429 budget-exhausted with Retry-After at that window's end) and `watch` as it forwards. The
+429 budget-exhausted with Retry-After at that window's end), then, for a grant that caps
+max_tokens, `cap` on the body BodyGate held (addon/core/capping.py), and `watch` as it forwards. The
 answer then passes to the agent as it streams: `responseheaders` puts a UsageReader beside the
 stream (addon/core/usage.py, bounded), and `response` or `error` charges what it read, or the
 estimate, to every window of the budget in one store transaction before the audit line is
