@@ -244,6 +244,7 @@ class GrantEntry:
     hold: int | None = None
     body: str | None = None  # BodyRule.describe()
     budget: str | None = None  # Budget.describe()
+    cap_max_tokens: bool = False  # the budget caps a model call's max_tokens to what is left
 
 
 @dataclass(frozen=True)

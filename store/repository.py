@@ -239,14 +239,15 @@ class Store:
             self.db, grant_id, windows, input_tokens, output_tokens, estimated, spend_micros
         )
 
-    def set_grant_budget(self, grant_id: int, specs: Sequence[str]) -> str | None:
-        """Replace the grant's budgets with `specs` (none: no budget); their description.
+    def set_grant_budget(
+        self, grant_id: int, specs: Sequence[str], cap: bool | None = None
+    ) -> str | None:
+        """Replace the grant's budgets with `specs` (none, and no `cap`: no budget), and
+        whether they cap max_tokens (None: as they did); their description.
 
         Raises: InvalidInput, NotFound.
         """
-        text = rules_budgets.canonical(specs)
-        grants.set_budget(self.db, grant_id, text)
-        return rules_budgets.describe(text)
+        return rules_budgets.describe(grants.set_budget(self.db, grant_id, specs, cap))
 
     def list_budgets(self, principal: str | None = None) -> list[BudgetEntry]:
         return budgets.listing(self.db, principal)

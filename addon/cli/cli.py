@@ -52,6 +52,7 @@ FLAGS = {
     "approval": "--approval",
     "hold": "--hold",
     "budget": "--budget",
+    "cap_max_tokens": "--cap-max-tokens",
     "region": "--region",
     "service": "--service",
     "placeholder": "--placeholder",

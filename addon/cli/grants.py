@@ -72,6 +72,12 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         "hour, day or month (UTC), e.g. total=200000/day; or spend=DOLLARS/WINDOW, charged by "
         "run --prices (see credproxy usage)",
     )
+    p.add_argument(
+        "--cap-max-tokens",
+        action="store_true",
+        help="cap a model call's max_tokens to what the output and total budgets have left "
+        "(see docs/budgets.md)",
+    )
     bodyflags.add_flags(p)
     p.set_defaults(func=cmd_grant_add)
     p = grant.add_parser("list", parents=[common], help="grants in every state")
@@ -89,6 +95,12 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         help="the grant's budgets from now on, repeatable, as for grant add",
     )
     p.add_argument("--clear", action="store_true", help="remove the grant's budgets")
+    p.add_argument(
+        "--cap-max-tokens",
+        action=argparse.BooleanOptionalAction,
+        help="cap (or no longer cap) a model call's max_tokens to what is left; "
+        "without it, as before",
+    )
     p.set_defaults(func=cmd_grant_budget)
     p = grant.add_parser("revoke", parents=[common], help="revoke one grant")
     p.add_argument("id", type=identifier, help="the grant's id")
@@ -101,7 +113,14 @@ def cmd_grant_add(args: argparse.Namespace, settings: Settings) -> int:
             check_registered_method(method)
     expires = parse_expiry(args.expires) if args.expires else None
     limits = validation.limits(
-        args.rate, args.burst, args.max_uses, args.once, args.approval, args.hold, args.budget
+        args.rate,
+        args.burst,
+        args.max_uses,
+        args.once,
+        args.approval,
+        args.hold,
+        args.budget,
+        args.cap_max_tokens,
     )
     body = bodyflags.rule_from(args)
     grant_id = settings.quick().add_grant(
@@ -155,6 +174,7 @@ def _grant_row(g: GrantEntry) -> dict[str, Any]:
         "hold": g.hold,
         "body": g.body,
         "budget": g.budget,
+        "cap_max_tokens": g.cap_max_tokens,
     }
 
 
@@ -187,9 +207,14 @@ def cmd_grant_list(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_grant_budget(args: argparse.Namespace, settings: Settings) -> int:
-    if bool(args.budget) == args.clear:
-        raise InvalidInput("give {budget} (repeatable) or --clear", budget="--budget")
-    described = settings.store().set_grant_budget(args.id, args.budget)
+    cap = args.cap_max_tokens
+    if args.clear and (args.budget or cap is not None):
+        raise InvalidInput("--clear removes the budget: give it alone")
+    if not (args.budget or args.clear or cap is not None):
+        raise InvalidInput(
+            "give {budget} (repeatable), --[no-]cap-max-tokens or --clear", budget="--budget"
+        )
+    described = settings.store().set_grant_budget(args.id, args.budget, cap)
     said = f"grant {args.id} budget: {described}" if described else f"grant {args.id}: no budget"
     emit(settings, {"id": args.id, "budget": described}, [said])
     return 0

@@ -50,6 +50,7 @@ INPUT_TOKENS = "input_tokens"  # noqa: S105 - a field name
 OUTPUT_TOKENS = "output_tokens"  # noqa: S105 - a field name
 TOKENS_ESTIMATED = "tokens_estimated"  # noqa: S105 - a field name
 COST_USD = "cost_usd"  # by the operator's price table (`run --prices`)
+MAX_TOKENS = "max_tokens"  # noqa: S105 - the output limit forwarded, on a capping grant
 BODY = "body"  # what a grant's body rule decided: {"graphql"|"mcp"|"jsonrpc": [...]}
 
 REQUEST_EVENT = "request"

@@ -1,11 +1,13 @@
-"""Grants that decide on the body (GraphQL, MCP, JSON-RPC): hold it, decide it, then forward.
+"""Grants that decide on the body (GraphQL, MCP, JSON-RPC) or rewrite it: hold it, then forward.
 
-When the verdict leaves the choice of grant to the body (`Verdict.pending`), nothing is
-stamped, spent or sent at `requestheaders`: the body is held whole, bounded as a body held for
-signing is (addon/proxy/signing.py: the same patch, the same process budget), and the step
-waits here. In `request`, with the body whole, the first pending grant whose rule allows the
-body is chosen (a grant without one allows any body) and Forward runs as it would have at
-`requestheaders`; if none allows it, the request is refused with the first grant's reason.
+When the verdict leaves the choice of grant to the body (`Verdict.pending`), or its grant caps
+a model call's max_tokens (`--cap-max-tokens`, addon/core/capping.py), nothing is stamped,
+spent or sent at `requestheaders`: the body is held whole, bounded as a body held for signing
+is (addon/proxy/signing.py: the same patch, the same process budget), and the step waits
+here. In `request`, with the body whole, the first pending grant whose rule allows the body is
+chosen (a grant without one allows any body) and Forward runs as it would have at
+`requestheaders` (capping the body, for a grant that caps); if none allows it, the request is
+refused with the first grant's reason.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from mitmproxy import http
 
 from addon.core import bodies
 from addon.core.bodies import MAX_DECIDED_BODY, BodyDecision
+from addon.core.capping import MAX_CAPPED_BODY
 from addon.core.policy import Rule
 from addon.core.reasons import Reason
 from addon.proxy import mcpanswers, signing
@@ -28,6 +31,7 @@ from addon.proxy.state import KEY, STEPS, Record, Step
 from addon.proxy.trail import Trail
 
 TOO_LARGE = f"a body its grant decides is limited to {MAX_DECIDED_BODY} bytes"
+CAP_TOO_LARGE = f"a body its grant caps max_tokens of is limited to {MAX_CAPPED_BODY} bytes"
 # Bodies larger than this are decided in a thread (a 2 KiB query takes well under 0.1 ms).
 OFF_LOOP = 16 * 1024
 
@@ -41,29 +45,43 @@ WAITING: weakref.WeakKeyDictionary[http.HTTPFlow, Step] = weakref.WeakKeyDiction
 
 
 class BodyGate:
-    def __init__(self, forward: _Forwards, trail: Trail, limit: int = MAX_DECIDED_BODY) -> None:
+    def __init__(
+        self,
+        forward: _Forwards,
+        trail: Trail,
+        limit: int = MAX_DECIDED_BODY,
+        capped: int = MAX_CAPPED_BODY,
+    ) -> None:
         self.forward = forward
         self.trail = trail
         self.limit = limit
+        self.capped = capped  # the bound of a body held only to be capped
 
     @deny_on_error
     def requestheaders(self, flow: http.HTTPFlow) -> None:
         step = STEPS.get(flow)
-        if step is None or step.verdict is None or not step.verdict.pending:
+        if step is None or step.verdict is None:
+            return
+        v = step.verdict
+        if v.pending:
+            limit, detail = self.limit, TOO_LARGE
+        elif v.rule is not None and v.rule.budget is not None and v.rule.budget.cap:
+            limit, detail = self.capped, CAP_TOO_LARGE
+        else:
             return
         del STEPS[flow]  # Forward sees nothing now; it runs in `request`
         if flow.error is not None:
             return  # mitmproxy refused it already and answers itself
         length = flow.request.headers.get("content-length")
-        if length is not None and (not length.isdigit() or int(length) > self.limit):
-            raise Denied(Reason.BODY_TOO_LARGE, TOO_LARGE)
+        if length is not None and (not length.isdigit() or int(length) > limit):
+            raise Denied(Reason.BODY_TOO_LARGE, detail)
         WAITING[flow] = step
 
         def refuse(held: http.HTTPFlow) -> None:
             WAITING.pop(held, None)
-            self.trail.deny(held, Reason.BODY_TOO_LARGE, TOO_LARGE)
+            self.trail.deny(held, Reason.BODY_TOO_LARGE, detail)
 
-        signing.hold(flow, self.limit, refuse)
+        signing.hold(flow, limit, refuse)
 
     @deny_on_error
     def request(self, flow: http.HTTPFlow) -> Awaitable[None] | None:
@@ -75,6 +93,8 @@ class BodyGate:
             return None
         v = step.verdict
         assert v is not None and v.method is not None
+        if not v.pending:
+            return self._decided(flow, step, (v.rule, None))  # held to be capped
         asked = Asked.of(flow.request)
         if len(asked.body) > OFF_LOOP:
             # A large document costs milliseconds to parse: decided in a thread, so one

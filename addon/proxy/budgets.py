@@ -1,8 +1,9 @@
 """Token budgets of grants: checked in the store before a request leaves, charged after its answer.
 
 Forward calls `check` as one of its last steps (a budget already spent in any window answers
-429 budget-exhausted with Retry-After at that window's end) and `watch` as it forwards. The
-answer then passes to the agent as it streams: `responseheaders` puts a reader beside the
+429 budget-exhausted with Retry-After at that window's end), then, for a grant that caps
+max_tokens, `cap` on the body BodyGate held (addon/core/capping.py), and `watch` as it forwards.
+The answer then passes to the agent as it streams: `responseheaders` puts a reader beside the
 stream (addon/core/usage.py for JSON and SSE, addon/core/converse.py for Bedrock's event
 stream; bounded), and `response` or `error` charges what it read, or the estimate, to every
 window of the budget in one store transaction before the audit line is written. A request is
@@ -12,6 +13,7 @@ budget by their own answer (docs/budgets.md).
 
 from __future__ import annotations
 
+import asyncio
 import math
 import weakref
 from collections.abc import Awaitable, Callable, Iterable
@@ -20,6 +22,7 @@ from datetime import UTC, datetime
 
 from mitmproxy import http
 
+from addon.core import capping
 from addon.core.converse import EventStreamReader, bedrock_model
 from addon.core.policy import Rule
 from addon.core.prices import Prices
@@ -31,7 +34,7 @@ from addon.proxy.live import LivePolicy
 from addon.proxy.state import Record, record
 from store.errors import CredproxyError
 from store.rules import aws, budgets
-from store.rules.budgets import Budget
+from store.rules.budgets import Budget, TokenLimit
 
 
 @dataclass(slots=True)
@@ -52,6 +55,7 @@ EVENT_STREAM = "application/vnd.amazon.eventstream"  # Bedrock's ConverseStream
 
 METERS: weakref.WeakKeyDictionary[http.HTTPFlow, Meter] = weakref.WeakKeyDictionary()
 Stream = Callable[[bytes], Iterable[bytes] | bytes]
+OFF_LOOP = 16 * 1024  # bytes of a body capped in a thread rather than on the event loop
 
 
 class Budgets:
@@ -60,8 +64,9 @@ class Budgets:
         self.prices = prices  # `run --prices`: what spend limits are charged by
         self._log = audit.logger()
 
-    async def check(self, rule: Rule) -> None:
-        """Refuse unless every limit of the grant's budget has tokens left in its window.
+    async def check(self, rule: Rule) -> list[tuple[TokenLimit, int]]:
+        """Refuse unless every limit of the grant's budget has tokens left in its window;
+        each limit with what it has left.
 
         Raises: Denied (budget-exhausted, or store-unavailable: never forwarded unchecked).
         """
@@ -80,20 +85,49 @@ class Budgets:
             used = await self.live.budget_used(rule.grant_id, list(keys.values()))
         except CredproxyError as e:
             raise Denied(Reason.STORE_UNAVAILABLE, "the store did not answer") from e
-        spent = [
-            limit
+        left = [
+            (limit, limit.tokens - used[keys[limit.window]].of(limit.kind))
             for limit in budget.limits
-            if used[keys[limit.window]].of(limit.kind) >= limit.tokens
         ]
-        if not spent:
-            return
-        end = max(budgets.window_end(limit.window, now) for limit in spent)
-        resets = end.isoformat().replace("+00:00", "Z")
-        raise Denied(
-            Reason.BUDGET_EXHAUSTED,
-            f"this grant's token budget ({', '.join(map(str, spent))}) is spent until {resets}",
-            {"retry_after": max(1, math.ceil((end - now).total_seconds())), "resets_at": resets},
-        )
+        spent = [limit for limit, n in left if n <= 0]
+        if spent:
+            raise exhausted(spent, "is spent", now)
+        return left
+
+    async def cap(
+        self, flow: http.HTTPFlow, rec: Record, path: str, left: list[tuple[TokenLimit, int]]
+    ) -> None:
+        """Cap the held body's output limit to what `left` leaves (grant --cap-max-tokens).
+
+        Raises: Denied (body-undecidable for a body that cannot be capped, budget-exhausted
+        when too little is left: never forwarded uncapped).
+        """
+        request = flow.request
+        body = request.raw_content
+        if body is None:
+            raise Denied(Reason.BODY_UNDECIDABLE, "this grant caps max_tokens: its body is held")
+        if not body:
+            return  # asks for no answer of a model (GET /v1/models)
+        codings = [c.strip().lower() for c in request.headers.get_all("content-encoding")]
+        if any(c not in ("", "identity") for c in codings):
+            raise Denied(Reason.BODY_UNDECIDABLE, "a compressed body cannot be capped")
+        try:
+            if len(body) > OFF_LOOP:
+                # Milliseconds of parsing for a long conversation: not on the event loop.
+                capped = await asyncio.to_thread(capping.cap, path, body, left)
+            else:
+                capped = capping.cap(path, body, left)
+        except capping.Uncappable as e:
+            raise Denied(e.reason, e.detail) from e
+        except capping.Exhausted as e:
+            said = "leaves no output tokens for this request's answer"
+            raise exhausted([e.limit], said, datetime.now(UTC)) from e
+        request.raw_content = capped.body
+        # Whole now: sent with its length, not in the chunks it came in.
+        request.headers.pop("transfer-encoding", None)
+        request.headers["content-length"] = str(len(capped.body))
+        rec.bytes_out = len(capped.body)
+        rec.max_tokens = capped.max_tokens
 
     def watch(self, flow: http.HTTPFlow, rule: Rule, host: str, path: str) -> None:
         """The request went (to `host`, `path` as matched): its answer is read and charged."""
@@ -191,6 +225,17 @@ def _path_model(rule: Rule, host: str, path: str) -> str | None:
     if scope is None or scope.service != "bedrock":
         return None
     return bedrock_model(path)
+
+
+def exhausted(limits: list[TokenLimit], said: str, now: datetime) -> Denied:
+    """budget-exhausted, with Retry-After at the end of the latest of the limits' windows."""
+    end = max(budgets.window_end(limit.window, now) for limit in limits)
+    resets = end.isoformat().replace("+00:00", "Z")
+    return Denied(
+        Reason.BUDGET_EXHAUSTED,
+        f"this grant's token budget ({', '.join(map(str, limits))}) {said} until {resets}",
+        {"retry_after": max(1, math.ceil((end - now).total_seconds())), "resets_at": resets},
+    )
 
 
 def _observed(inner: Stream, meter: Meter) -> Stream:

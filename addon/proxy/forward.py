@@ -136,6 +136,7 @@ class Forward:
     ) -> None:
         v = step.verdict
         assert v is not None and v.host is not None and v.port is not None and v.rule is not None
+        assert v.path is not None
         if self.limiter.shared and (limits := _limits(step)):
             await self.limiter.take(limits)
         if v.rule.approval is not None:
@@ -161,7 +162,10 @@ class Forward:
             # Approved, then its client left while the proxy dialled or minted: never sent.
             raise Denied(Reason.CLIENT_GONE, "the client left while its request was held")
         if v.rule.budget is not None:
-            await self.budgets.check(v.rule)  # before a use is spent on it
+            left = await self.budgets.check(v.rule)  # before a use is spent on it
+            if v.rule.budget.cap:
+                # BodyGate held the body whole: capped before it is stamped or signed.
+                await self.budgets.cap(flow, rec, v.path, left)
             # Usage is read from plain text; set before a scheme signs the headers.
             flow.request.headers["accept-encoding"] = "identity"
         await self._consume(v.rule)

@@ -64,6 +64,7 @@ class Record:
     output_tokens: int | None = None
     tokens_estimated: bool = False
     cost_micros: int | None = None  # by the price table (`run --prices`), in micro-US dollars
+    max_tokens: int | None = None  # the output limit it was forwarded with, capped (capping.py)
 
 
 def record(flow: http.HTTPFlow) -> Record | None:

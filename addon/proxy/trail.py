@@ -126,6 +126,8 @@ class Trail:
             line[audit.TOKENS_ESTIMATED] = rec.tokens_estimated
             if rec.cost_micros is not None:
                 line[audit.COST_USD] = rec.cost_micros / 1_000_000
+            if rec.max_tokens is not None:
+                line[audit.MAX_TOKENS] = rec.max_tokens
         if self.recent is not None:
             self.recent.add(line)  # before emit, which takes the line over
         audit.emit(audit.REQUEST_EVENT, line)

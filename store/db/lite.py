@@ -286,6 +286,7 @@ class Store:
                 hold=r[20],
                 body=bodyrules.describe(r[21]),
                 budget=budgets.describe(r[22]),
+                cap_max_tokens=budgets.capping(r[22]),
             )
             for r in rows
         ]

@@ -88,6 +88,7 @@ GRANT_KEYS = frozenset(
         "approval",
         "hold",
         "budget",
+        "cap_max_tokens",
     }
 )
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
@@ -462,6 +463,14 @@ def _limits(t: _Table, *, uses: bool = False) -> validation.Limits:
         with t.checking("budget"):
             budgets.parse(t.texts("budget"))
             budget = t.texts("budget")
+    cap = uses and t.flag("cap_max_tokens")
+    if cap and (budget or "budget" not in t.values):  # a bad budget is reported once
+        try:
+            budgets.parse(budget, cap=True)
+        except InvalidInput as e:
+            t.problem("cap_max_tokens", e.worded(KEYS))
+            budget = ()
+    cap = cap and bool(budget)
     with t.checking("approval" if approval is not None else "rate"):
         return validation.limits(
             rate,
@@ -471,6 +480,7 @@ def _limits(t: _Table, *, uses: bool = False) -> validation.Limits:
             approval,
             str(hold) if hold is not None else None,
             budget,
+            cap,
         )
     return validation.NO_LIMITS
 

@@ -714,7 +714,9 @@ def grant_table(g: GrantView) -> list[str]:
         lines.append(f'hold = "{g.hold}s"')
     budget = budgets.from_json(g.budget) if g.budget is not None else None
     if budget is not None:
-        lines.append(f"budget = {_toml([str(limit) for limit in budget.limits])}")
+        lines.append(f"budget = {_toml(list(budget.specs()))}")
+        if budget.cap:
+            lines.append("cap_max_tokens = true")
     body = bodyrules.describe_for_file(g.body)
     if body is not None:
         lines.append(body)

@@ -1,8 +1,11 @@
 """Token budgets of a grant: `total=200000/day`, parsed once, and the UTC windows they count in.
 
 A budget is a set of limits, each a kind of token (input, output or total) and a number per
-window (hour, day or month, in UTC). Stored as canonical JSON in grants.budget; the usage
-it is checked against is kept per grant and window in budget_usage (store/tables/budgets.py).
+window (hour, day or month, in UTC), and whether the proxy caps a model call's output limit
+(`max_tokens`) to what is left. Stored as canonical JSON in grants.budget: the list of limits,
+or, with the cap, `{"limits": [...], "cap_max_tokens": true}` (a replica that predates the cap
+reads neither as a budget and leaves the grant out, never serving it uncapped). The usage it
+is checked against is kept per grant and window in budget_usage (store/tables/budgets.py).
 """
 
 from __future__ import annotations
@@ -41,22 +44,33 @@ def usd(micros: int) -> str:
     return f"{whole}.{part:06d}".rstrip("0").rstrip(".")
 
 
+CAP_KEY = "cap_max_tokens"
+CAP_NEEDS = ("output", "total")  # the kinds a model call's output limit can be capped to
+
+
 @dataclass(frozen=True)
 class Budget:
     limits: tuple[TokenLimit, ...]
+    cap: bool = False  # a model call's max_tokens is capped to what is left (docs/budgets.md)
 
     def to_json(self) -> str:
-        return json.dumps([str(limit) for limit in self.limits])
+        specs = [str(limit) for limit in self.limits]
+        return json.dumps({"limits": specs, CAP_KEY: True} if self.cap else specs)
 
     def describe(self) -> str:
-        return ", ".join(str(limit) for limit in self.limits)
+        said = ", ".join(str(limit) for limit in self.limits)
+        return f"{said}, max_tokens capped" if self.cap else said
+
+    def specs(self) -> tuple[str, ...]:
+        return tuple(str(limit) for limit in self.limits)
 
     def windows(self) -> tuple[str, ...]:
         return tuple(w for w in WINDOWS if any(limit.window == w for limit in self.limits))
 
 
-def parse(specs: Sequence[str]) -> Budget | None:
+def parse(specs: Sequence[str], cap: bool = False) -> Budget | None:
     """`total=200000/day` and the like, each kind at most once per window; None for none.
+    With `cap`, the budget must have an output or total limit to cap to.
 
     Raises: InvalidInput.
     """
@@ -68,11 +82,18 @@ def parse(specs: Sequence[str]) -> Budget | None:
                 f"{{budget}} names {limit.kind} per {limit.window} twice", budget="budget"
             )
         found[(limit.kind, limit.window)] = limit
+    if cap and not any(kind in CAP_NEEDS for kind, _ in found):
+        raise InvalidInput(
+            "{cap_max_tokens} needs an output or total {budget} to cap max_tokens to",
+            cap_max_tokens="cap_max_tokens",
+            budget="budget",
+        )
     if not found:
         return None
     order = {w: i for i, w in enumerate(WINDOWS)}
     kinds = {k: i for i, k in enumerate(KINDS)}
-    return Budget(tuple(sorted(found.values(), key=lambda x: (order[x.window], kinds[x.kind]))))
+    limits = sorted(found.values(), key=lambda x: (order[x.window], kinds[x.kind]))
+    return Budget(tuple(limits), cap)
 
 
 def _limit(spec: object) -> TokenLimit:
@@ -103,18 +124,29 @@ def from_json(text: str) -> Budget | None:
     """A stored budget; None when it cannot be read (the grant is then left out, never
     served without its budget)."""
     try:
-        specs = json.loads(text)
-        if not isinstance(specs, list) or not specs:
+        stored = json.loads(text)
+        cap = isinstance(stored, dict) and stored.keys() == {"limits", CAP_KEY}
+        if cap and stored[CAP_KEY] is True:
+            stored = stored["limits"]
+        elif cap:
             return None
-        return parse(specs)
+        if not isinstance(stored, list) or not stored:
+            return None
+        return parse(stored, cap)
     except (ValueError, InvalidInput):
         return None
 
 
-def canonical(specs: Sequence[str]) -> str | None:
+def canonical(specs: Sequence[str], cap: bool = False) -> str | None:
     """The column's text for these specs; None for no budget. Raises: InvalidInput."""
-    budget = parse(specs)
+    budget = parse(specs, cap)
     return None if budget is None else budget.to_json()
+
+
+def capping(text: str | None) -> bool:
+    """Whether a stored budget caps max_tokens."""
+    budget = from_json(text) if text is not None else None
+    return budget is not None and budget.cap
 
 
 def describe(text: str | None) -> str | None:

@@ -137,7 +137,7 @@ class Limits:
     max_uses: int | None = None
     approval: str | None = None  # each or first: requests wait for an owner's decision
     hold: int | None = None  # seconds a request waits for it (with approval)
-    budget: str | None = None  # token budgets, canonical JSON (store.rules.budgets)
+    budget: str | None = None  # token budgets and their cap, canonical JSON (store.rules.budgets)
 
 
 NO_LIMITS = Limits()
@@ -154,6 +154,7 @@ def limits(
     approval: str | None = None,
     hold: str | None = None,
     budget: Sequence[str] = (),
+    cap_max_tokens: bool = False,
 ) -> Limits:
     if rate is not None:
         parse_rate(rate)
@@ -180,7 +181,7 @@ def limits(
         held = hold_seconds(hold) if hold is not None else DEFAULT_HOLD
     elif hold is not None:
         raise InvalidInput("{hold} goes with {approval}", hold="a hold", approval="an approval")
-    return Limits(rate, burst, max_uses, approval, held, budgets.canonical(budget))
+    return Limits(rate, burst, max_uses, approval, held, budgets.canonical(budget, cap_max_tokens))
 
 
 def hold_seconds(text: str) -> int:

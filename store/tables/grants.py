@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 from store.db.changelog import GRANT
 from store.db.engine import Database, bump, changed, covered, rowcount
 from store.db.models import Credential, Grant, Principal, utcnow
-from store.errors import NotFound
+from store.errors import InvalidInput, NotFound
 from store.records import GrantEntry, grant_state
 from store.rules import bodyrules, budgets, validation
 from store.rules.bodyrules import BodyRule
@@ -115,6 +115,7 @@ def listing(db: Database, principal: str | None = None) -> list[GrantEntry]:
                 hold=g.hold,
                 body=bodyrules.describe(g.body),
                 budget=budgets.describe(g.budget),
+                cap_max_tokens=budgets.capping(g.budget),
             )
             for g, p_name, c_name in session.execute(query).all()
         ]
@@ -134,15 +135,31 @@ def revoke(db: Database, grant_id: int) -> bool:
         return True
 
 
-def set_budget(db: Database, grant_id: int, budget: str | None) -> None:
-    """Replace a live grant's token budgets (canonical JSON, or None for none); what was
-    already charged in each window still counts against the new ones."""
+def set_budget(
+    db: Database, grant_id: int, specs: Sequence[str], cap: bool | None = None
+) -> str | None:
+    """Replace a live grant's token budgets with `specs`, and set whether they cap max_tokens
+    (None: as it was); no specs and no cap: no budget. Only a cap: the limits stay. What was
+    already charged in each window still counts against the new ones. Returns the stored JSON.
+
+    Raises: InvalidInput, NotFound.
+    """
     with db.change() as session:
         grant = session.get(Grant, grant_id)
         if grant is None or grant.revoked_at is not None:
             raise NotFound(f"no live grant with id {grant_id}")
+        old = budgets.from_json(grant.budget) if grant.budget is not None else None
+        if not specs and cap is not None:
+            if old is None:
+                raise InvalidInput(
+                    f"grant {grant_id} has no {{budget}} to cap max_tokens to", budget="budget"
+                )
+            specs = old.specs()
+        keep = old is not None and old.cap and bool(specs)
+        text = budgets.canonical(specs, keep if cap is None else cap)
         changed(session, GRANT, grant_id)
-        grant.budget = budget
+        grant.budget = text
+        return text
 
 
 def consume_once(db: Database, grant_id: int) -> bool:

@@ -370,7 +370,17 @@ BAD_INPUT = {
         (*GRANT, "--budget", "total=1000"), ("invalid --budget 'total=1000'",)
     ),
     "a grant's budget neither given nor cleared": Bad(
-        ("grant", "budget", "1"), ("give --budget (repeatable) or --clear",)
+        ("grant", "budget", "1"), ("give --budget (repeatable), --[no-]cap-max-tokens or --clear",)
+    ),
+    "a cap of max_tokens without a budget": Bad(
+        (*GRANT, "--cap-max-tokens"), ("--cap-max-tokens needs an output or total --budget",)
+    ),
+    "a cap of max_tokens with only an input budget": Bad(
+        (*GRANT, "--cap-max-tokens", "--budget", "input=5/day"),
+        ("--cap-max-tokens needs an output or total --budget",),
+    ),
+    "a budget cleared and capped at once": Bad(
+        ("grant", "budget", "1", "--clear", "--cap-max-tokens"), ("--clear", "alone")
     ),
     "a token budget twice for one window": Bad(
         (*GRANT, "--budget", "total=5/day", "--budget", "total=9/day"), ("--budget", "twice")
@@ -433,6 +443,34 @@ def test_grant_add_budget_is_listed_and_usage_shows_what_remains(session: Sessio
     (usage,) = cli.ok(Call(("usage", "--json")))
     assert json.loads(raised) == {"id": grant_id, "budget": "total=400000/day"}
     assert [(u["budget"], u["limit"]) for u in json.loads(usage)] == [("total/day", 400000)]
+    assert row["cap_max_tokens"] is False
+
+
+def test_a_grant_caps_max_tokens_and_keeps_the_cap_when_its_budget_is_raised(
+    session: Session,
+) -> None:
+    root = session.cli.root.parent / "cap"
+    root.mkdir()
+    cli = Cli(root)
+    for name in ("credproxy.db", "credproxy.key"):
+        shutil.copy2(session.cli.root / name, root / name)
+    (added,) = cli.ok(Call((*GRANT, "--budget", "output=500/day", "--cap-max-tokens", "--json")))
+    grant_id = str(json.loads(added)["id"])
+
+    def shown() -> tuple[str | None, bool]:
+        (listed,) = cli.ok(Call(("grant", "list", "--json")))
+        (row,) = [g for g in json.loads(listed) if str(g["id"]) == grant_id]
+        return row["budget"], row["cap_max_tokens"]
+
+    assert shown() == ("output=500/day, max_tokens capped", True)
+    (raised,) = cli.ok(Call(("grant", "budget", grant_id, "--budget", "output=900/day")))
+    assert raised.strip() == f"grant {grant_id} budget: output=900/day, max_tokens capped"
+    cli.ok(Call(("grant", "budget", grant_id, "--no-cap-max-tokens")))
+    assert shown() == ("output=900/day", False)
+    cli.ok(Call(("grant", "budget", grant_id, "--cap-max-tokens")))
+    assert shown() == ("output=900/day, max_tokens capped", True)
+    cli.ok(Call(("grant", "budget", grant_id, "--clear")))
+    assert shown() == (None, False)
 
 
 @pytest.fixture(scope="module")

@@ -2,8 +2,9 @@
 
 POST /v1/chat/completions (OpenAI) and /v1/messages (Anthropic). The request's model picks
 a behaviour: `no-usage` leaves usage out, `cut` stops a stream midway and drops the
-connection, `gated` sends its first events, then waits for `gate` before the rest. Every
-answer reports INPUT tokens in and OUTPUT tokens out (Anthropic's split as the API splits
+connection, `gated` sends its first events, then waits for `gate` before the rest, `long`
+writes as much as the request's output limit lets it (LONG without one). Every answer reports
+INPUT tokens in and OUTPUT tokens out (`long`: its limit; Anthropic's split as the API splits
 them: cache reads beside input_tokens, output_tokens cumulative in message_delta).
 """
 
@@ -21,6 +22,7 @@ from tests.e2e.upstream import context_for
 
 NAMES = ["api.openai.test", "api.anthropic.test"]
 INPUT, OUTPUT = 100, 20
+LONG = 1000  # what `long` writes when the request sets no output limit
 WORDS = ["Budgets ", "are ", "read ", "from ", "the ", "answers."]
 COMPLETION = "".join(WORDS)
 
@@ -77,14 +79,22 @@ def _frame(event: dict[str, Any]) -> bytes:
     return f"{named}data: {json.dumps(event)}\n\n".encode()
 
 
+def _written(model: str, body: dict[str, Any], *keys: str) -> int:
+    """What the model writes: OUTPUT, or for `long` as much as the request lets it."""
+    if model != "long":
+        return OUTPUT
+    return min([body[k] for k in keys if body.get(k) is not None] or [LONG])
+
+
 def _openai(model: str, body: dict[str, Any]) -> Iterator[Any]:
+    written = _written(model, body, "max_completion_tokens", "max_tokens")
     usage = (
         None
         if model == "no-usage"
         else {
             "prompt_tokens": INPUT,
-            "completion_tokens": OUTPUT,
-            "total_tokens": INPUT + OUTPUT,
+            "completion_tokens": written,
+            "total_tokens": INPUT + written,
             "prompt_tokens_details": {"cached_tokens": 0},
         }
     )
@@ -113,7 +123,8 @@ def _openai(model: str, body: dict[str, Any]) -> Iterator[Any]:
 
 
 def _anthropic(model: str, body: dict[str, Any]) -> Iterator[Any]:
-    usage = {"input_tokens": INPUT - 30, "cache_read_input_tokens": 30, "output_tokens": OUTPUT}
+    written = _written(model, body, "max_tokens")
+    usage = {"input_tokens": INPUT - 30, "cache_read_input_tokens": 30, "output_tokens": written}
     if not body.get("stream"):
         answer = {
             "id": "msg_1",
@@ -135,7 +146,7 @@ def _anthropic(model: str, body: dict[str, Any]) -> Iterator[Any]:
         yield {"type": "content_block_delta", "index": 0, "delta": delta}
     yield {"type": "content_block_stop", "index": 0}
     last = {"type": "message_delta", "delta": {"stop_reason": "end_turn"}}
-    yield last | ({} if model == "no-usage" else {"usage": {"output_tokens": OUTPUT}})
+    yield last | ({} if model == "no-usage" else {"usage": {"output_tokens": written}})
     yield {"type": "message_stop"}
 
 

@@ -28,7 +28,7 @@ from store.crypto import Secret
 from store.rules import budgets, validation
 from tests.e2e.conftest import CREDPROXY, Proxy, start_proxy, stop_proxy
 from tests.e2e.fakeaws import BEDROCK_INPUT, BEDROCK_OUTPUT, USAGE, FakeAws, Keys
-from tests.e2e.fakemodels import COMPLETION, INPUT, OUTPUT, FakeModels
+from tests.e2e.fakemodels import COMPLETION, INPUT, LONG, OUTPUT, FakeModels
 from tests.e2e.relay import pg_database
 
 pytestmark = pytest.mark.e2e
@@ -72,7 +72,11 @@ def proxy(
 
 
 def _agent(
-    proxy: Proxy, names: Callable[[str], str], *budget: str, bedrock: bool = False
+    proxy: Proxy,
+    names: Callable[[str], str],
+    *budget: str,
+    bedrock: bool = False,
+    cap: bool = False,
 ) -> tuple[str, str, int]:
     """A principal with a budgeted grant: to the fake OpenAI and Anthropic with a bearer
     token, or to Bedrock with AWS keys (sigv4)."""
@@ -84,7 +88,7 @@ def _agent(
         proxy.store.add_credential(
             cred, "bearer", ["api.openai.test", "api.anthropic.test"], Secret(b"sk-budget-e2e")
         )
-    limits = validation.limits(None, None, budget=budget)
+    limits = validation.limits(None, None, budget=budget, cap_max_tokens=cap)
     grant_id = proxy.store.add_grant(
         agent,
         ["POST"],
@@ -409,6 +413,81 @@ def test_concurrent_requests_overshoot_by_at_most_one_answer_each(
     # Checked against what was charged before: at most the 8 in flight pass the last check.
     assert 600 <= spent <= 600 + 8 * (INPUT + OUTPUT)
     assert statuses.count(200) * (INPUT + OUTPUT) == spent
+    assert 429 in statuses
+
+
+def test_a_capping_grant_forwards_max_tokens_capped_to_the_output_left_and_never_overshoots(
+    proxy: Proxy, models: FakeModels, names: Callable[[str], str]
+) -> None:
+    agent, token, grant_id = _agent(proxy, names, "output=120/day", cap=True)
+    with proxy.client(agent, token) as client:
+        sent = len(models.received)
+        first = client.post(OPENAI, json=_chat("gpt-test"))  # writes OUTPUT: 100 left
+        asked = json.dumps(_chat("long") | {"max_tokens": LONG}).encode()
+        # The first in chunks (no Content-Length): held whole, capped, sent with its length.
+        long = [
+            client.post(OPENAI, content=body, headers={"content-type": "application/json"})
+            for body in (iter([asked[:20], asked[20:]]), asked)
+        ]
+    assert first.status_code == 200
+    assert models.received[sent][1]["max_completion_tokens"] == 120  # none asked: one set
+    assert long[0].status_code == 200
+    forwarded = models.received[sent + 1][1]
+    assert forwarded["max_tokens"] == 100 and "max_completion_tokens" not in forwarded
+    assert forwarded["messages"] == _chat("long")["messages"]
+    assert (
+        long[1].status_code == 429 and long[1].headers["x-credproxy-reason"] == "budget-exhausted"
+    )
+    assert len(models.received) - sent == 2
+    # Capped, the model writes no more than was left: the output budget is never overshot
+    # (uncapped, this one answer alone would have charged LONG output tokens).
+    assert _used(proxy, grant_id) == (2 * INPUT, 120)
+    assert [r.get("max_tokens") for r in _calls(proxy, agent)] == [120, 100]
+
+
+def test_a_capping_grant_overshoots_a_total_budget_by_no_more_than_its_input_estimate_missed(
+    proxy: Proxy, models: FakeModels, names: Callable[[str], str]
+) -> None:
+    agent, token, grant_id = _agent(proxy, names, "total=300/day", cap=True)
+    body = json.dumps(_message("long", stream=True) | {"max_tokens": LONG}).encode()
+    estimate = math.ceil(len(body) / 4)
+    with proxy.client(agent, token) as client:
+        sent = len(models.received)
+        answer = client.post(ANTHROPIC, content=body, headers={"content-type": "application/json"})
+        refused = client.post(ANTHROPIC, content=body, headers={"content-type": "application/json"})
+    assert answer.status_code == 200 and "event: message_delta" in answer.text  # still a stream
+    assert refused.status_code == 429
+    assert models.received[sent][1]["max_tokens"] == 300 - estimate
+    # The stated bound: what the provider counted as input beyond the estimate of the body.
+    spent = sum(_used(proxy, grant_id))
+    assert spent == 300 + (INPUT - estimate)
+    assert spent < INPUT + LONG  # what the same request charged uncapped
+
+
+def test_concurrent_capped_requests_overshoot_an_output_budget_by_what_was_left_each(
+    proxy: Proxy, names: Callable[[str], str]
+) -> None:
+    agent, token, grant_id = _agent(proxy, names, "output=200/day", cap=True)
+    clients = 6
+    barrier = threading.Barrier(clients)
+    statuses: list[int] = []
+
+    def agent_loop() -> None:
+        with proxy.client(agent, token) as client:
+            barrier.wait()
+            for _ in range(3):
+                asked = _chat("long") | {"max_tokens": LONG}
+                statuses.append(client.post(OPENAI, json=asked).status_code)
+
+    threads = [threading.Thread(target=agent_loop) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    _, output = _used(proxy, grant_id)
+    # Each in flight was capped to what was left when it was checked, at most the budget:
+    # the last check's overshoot is at most (in flight - 1) x 200, never 6 x LONG.
+    assert 200 <= output <= 200 + (clients - 1) * 200
     assert 429 in statuses
 
 

@@ -29,10 +29,12 @@ USAGE = {"usage": {"prompt_tokens": 11, "completion_tokens": 7}, "model": "m"}
 class BudgetLive(StaticLive):
     """A live policy whose store holds `used` tokens in every window and records charges."""
 
-    def __init__(self, budget: str, used: int = 0, down: bool = False) -> None:
-        record = dataclasses.replace(grant(1, methods=("POST",)), budget=budgets.parse([budget]))
+    def __init__(self, budget: str, used: int = 0, down: bool = False, cap: bool = False) -> None:
+        record = dataclasses.replace(
+            grant(1, methods=("POST", "GET")), budget=budgets.parse([budget], cap)
+        )
         super().__init__(snapshot_policy(record))
-        self.used, self.down = used, down
+        self.used, self.down, self.policy_cap = used, down, cap
         self.charges: list[Charge] = []
 
     async def budget_used(self, grant_id: int, windows: list[str]) -> dict[str, Usage]:
@@ -263,3 +265,106 @@ async def test_the_path_names_the_model_only_of_a_successful_answer(
         if waiting is not None:
             await waiting
     assert [c.model for c in live.charges] == [expected]
+
+
+CHAT = b"/v1/chat/completions"
+
+
+async def _capped(
+    live: BudgetLive, body: bytes, path: bytes = CHAT, headers: dict[str, str] | None = None
+) -> Any:
+    """A request of a capping grant through requestheaders and, its body whole, request."""
+    chain = _chain(live)
+    with taddons.context(chain.entry):
+        flow = https_flow(chain, path)
+        flow.request.method = "POST"
+        flow.request.headers.update(headers or {})
+        chunked = "transfer-encoding" in (headers or {})
+        if chunked:
+            del flow.request.headers["content-length"]
+        await chain.requestheaders(flow)
+        if flow.response is None and live.policy_cap:
+            # Held for its body: nothing stamped yet.
+            assert flow.request.headers.get("authorization") is None
+        flow.request.raw_content = body  # the body as it came, once whole
+        if not chunked:
+            flow.request.headers["content-length"] = str(len(body))
+        await chain.request(flow)
+    return flow
+
+
+async def test_a_capping_grant_forwards_max_tokens_capped_to_the_output_left() -> None:
+    flow = await _capped(BudgetLive("output=100/day", cap=True), b'{"max_tokens": 1000}')
+    assert flow.response is None
+    assert flow.request.raw_content == b'{"max_tokens": 100}'
+    assert flow.request.headers["content-length"] == "19"
+    assert flow.request.headers["authorization"]  # stamped after the cap
+    assert flow.metadata["credproxy"].max_tokens == 100
+    assert flow.metadata["credproxy"].bytes_out == 19
+
+
+async def test_without_the_cap_the_body_goes_as_sent() -> None:
+    flow = await _capped(BudgetLive("output=100/day"), b'{"max_tokens": 1000}')
+    assert flow.response is None and flow.request.raw_content == b'{"max_tokens": 1000}'
+
+
+@pytest.mark.parametrize(
+    ("body", "headers", "path", "status", "why"),
+    [
+        pytest.param(b"not json", {}, CHAT, 400, "body-undecidable", id="not JSON"),
+        pytest.param(
+            b'{"max_tokens": 1000}',
+            {"content-encoding": "gzip"},
+            CHAT,
+            400,
+            "body-undecidable",
+            id="compressed",
+        ),
+        pytest.param(b'{"input": "x"}', {}, b"/v1/embeddings", 400, "body-undecidable", id="api"),
+        pytest.param(b'{"n": 200}', {}, CHAT, 429, "budget-exhausted", id="too little left"),
+    ],
+)
+async def test_a_capping_grant_refuses_what_it_cannot_cap_before_stamping(
+    body: bytes, headers: dict[str, str], path: bytes, status: int, why: str
+) -> None:
+    flow = await _capped(BudgetLive("output=100/day", cap=True), body, path, headers)
+    assert flow.response.status_code == status and reason(flow) == why
+    assert flow.request.headers.get("authorization") is None
+    if why == "budget-exhausted":
+        assert 1 <= int(flow.response.headers["retry-after"]) <= 86400
+
+
+async def test_a_capping_grant_refuses_a_body_over_its_bound_from_its_length() -> None:
+    from addon.core.capping import MAX_CAPPED_BODY
+
+    length = str(MAX_CAPPED_BODY + 1)
+    live = BudgetLive("output=100/day", cap=True)
+    chain = _chain(live)
+    with taddons.context(chain.entry):
+        flow = https_flow(chain, CHAT)
+        flow.request.method = "POST"
+        flow.request.headers["content-length"] = length
+        await chain.requestheaders(flow)
+    assert flow.response.status_code == 413 and reason(flow) == "body-too-large"
+
+
+async def test_a_capping_grant_forwards_a_request_without_a_body_unchanged() -> None:
+    flow = await _capped(BudgetLive("output=100/day", cap=True), b"", b"/v1/models")
+    assert flow.response is None and flow.request.raw_content == b""
+
+
+async def test_a_capped_body_that_came_in_chunks_goes_with_its_length() -> None:
+    live = BudgetLive("output=100/day", cap=True)
+    flow = await _capped(live, b'{"max_tokens": 1000}', CHAT, {"transfer-encoding": "chunked"})
+    assert flow.response is None and "transfer-encoding" not in flow.request.headers
+    assert flow.request.headers["content-length"] == "19"
+
+
+async def test_a_long_conversation_is_capped_off_the_event_loop_all_the_same() -> None:
+    from addon.proxy.budgets import OFF_LOOP
+
+    messages = [{"role": "user", "content": "x" * 100}] * (OFF_LOOP // 50)
+    body = json.dumps({"messages": messages, "max_tokens": 1000}).encode()
+    flow = await _capped(BudgetLive("output=100/day", cap=True), body)
+    assert flow.response is None and len(body) > OFF_LOOP
+    assert flow.request.raw_content == body.replace(b'"max_tokens": 1000', b'"max_tokens": 100')

@@ -187,3 +187,78 @@ def test_spend_is_charged_and_listed_beside_tokens(store: Store) -> None:
         900,
         9_100,
     )
+
+
+def test_a_cap_of_max_tokens_is_kept_in_the_budget_and_reaches_the_proxy(store: Store) -> None:
+    store.add_principal("agent")
+    store.add_credential("llm", "bearer", ["api.openai.com"], SECRET)
+    limits = validation.limits(None, None, budget=["output=500/day"], cap_max_tokens=True)
+    grant_id = store.add_grant("agent", ["POST"], credential="llm", limits=limits)
+    (grant,) = store.snapshot().grants
+    assert grant.budget is not None and grant.budget.cap
+    (entry,) = store.list_grants()
+    assert (entry.budget, entry.cap_max_tokens) == ("output=500/day, max_tokens capped", True)
+    # Raising the budget keeps the cap; only the flag changes it; clearing removes both.
+    assert store.set_grant_budget(grant_id, ["output=900/day"]) == (
+        "output=900/day, max_tokens capped"
+    )
+    assert store.set_grant_budget(grant_id, [], cap=False) == "output=900/day"
+    assert store.snapshot().grants[0].budget == budgets.parse(["output=900/day"])
+    assert store.set_grant_budget(grant_id, [], cap=True) == "output=900/day, max_tokens capped"
+    assert store.set_grant_budget(grant_id, []) is None
+    with pytest.raises(InvalidInput, match="no budget"):
+        store.set_grant_budget(grant_id, [], cap=True)
+
+
+@pytest.mark.parametrize(
+    "stored",
+    [
+        pytest.param('{"limits": ["output=5/day"], "cap_max_tokens": false}', id="cap false"),
+        pytest.param('{"limits": ["output=5/day"]}', id="no cap key"),
+        pytest.param('{"limits": ["output=5/day"], "cap_max_tokens": 1}', id="cap not true"),
+        pytest.param('{"limits": [], "cap_max_tokens": true}', id="no limits"),
+        pytest.param('{"limits": ["input=5/day"], "cap_max_tokens": true}', id="nothing to cap"),
+        pytest.param(
+            '{"limits": ["output=5/day"], "cap_max_tokens": true, "x": 1}', id="another key"
+        ),
+    ],
+)
+def test_a_capping_budget_that_is_not_canonical_leaves_its_grant_out(
+    store: Store, stored: str
+) -> None:
+    grant_id = _budgeted(store, "output=10/day")
+    with Session(store.engine) as session, session.begin():
+        session.execute(update(Grant).where(Grant.id == grant_id).values(budget=stored))
+    assert store.snapshot().grants == ()
+
+
+def test_a_capping_budget_round_trips_through_a_policy_file(
+    store: Store, key: MasterKey, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GITHUB_TOKEN", "ghp_policy_secret_1")
+    path = tmp_path / "policy.toml"
+    path.write_text(POLICY + 'budget = ["output=5000/hour"]\ncap_max_tokens = true\n')
+    reconcile.apply(store.db, key, load(path))
+    (grant,) = store.list_grants()
+    assert grant.cap_max_tokens
+    exported = tmp_path / "exported.toml"
+    exported.write_text(reconcile.export(store.db))
+    assert "cap_max_tokens = true" in exported.read_text()
+    assert reconcile.plan(store.db, key, load(exported), prune=True).empty
+    path.write_text(POLICY + 'budget = ["output=5000/hour"]\n')
+    assert not reconcile.plan(store.db, key, load(path), prune=True).empty
+
+
+@pytest.mark.parametrize(
+    "keys",
+    [
+        pytest.param("cap_max_tokens = true\n", id="without a budget"),
+        pytest.param('budget = ["input=5/day"]\ncap_max_tokens = true\n', id="input only"),
+        pytest.param('budget = ["output=5/day"]\ncap_max_tokens = "yes"\n', id="not a boolean"),
+    ],
+)
+def test_a_bad_cap_in_a_policy_file_names_its_key(tmp_path: Path, keys: str) -> None:
+    path = tmp_path / "policy.toml"
+    path.write_text(POLICY + keys)
+    (problem,) = load(path).problems
+    assert "cap_max_tokens" in problem
