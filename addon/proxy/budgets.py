@@ -24,6 +24,7 @@ from addon.core.prices import Prices
 from addon.core.reasons import Reason
 from addon.core.usage import Charge, Reading, UsageReader, charge
 from addon.observe import audit
+from addon.proxy.access import AccessRequests
 from addon.proxy.failclosed import Denied
 from addon.proxy.live import LivePolicy
 from addon.proxy.state import Record, record
@@ -41,18 +42,29 @@ class Meter:
     reader: UsageReader | None = None  # None: the answer is not read (a coding left on it)
 
 
+Where = tuple[str, int, str, str]  # host, port, method, path
 METERS: weakref.WeakKeyDictionary[http.HTTPFlow, Meter] = weakref.WeakKeyDictionary()
 Stream = Callable[[bytes], Iterable[bytes] | bytes]
 
 
 class Budgets:
-    def __init__(self, live: LivePolicy, prices: Prices | None = None) -> None:
+    def __init__(
+        self,
+        live: LivePolicy,
+        prices: Prices | None = None,
+        requests: AccessRequests | None = None,
+    ) -> None:
         self.live = live
         self.prices = prices  # `run --prices`: what spend limits are charged by
+        self.requests = requests  # where a spent budget is recorded as a budget request
         self._log = audit.logger()
 
-    async def check(self, rule: Rule) -> None:
-        """Refuse unless every limit of the grant's budget has tokens left in its window.
+    async def check(
+        self, rule: Rule, principal: str | None = None, where: Where | None = None
+    ) -> None:
+        """Refuse unless every limit of the grant's budget has tokens left in its window; a
+        refusal records a budget request (`where`: the refused request's host, port, method
+        and path) for an owner to raise the budget.
 
         Raises: Denied (budget-exhausted, or store-unavailable: never forwarded unchecked).
         """
@@ -80,10 +92,19 @@ class Budgets:
             return
         end = max(budgets.window_end(limit.window, now) for limit in spent)
         resets = end.isoformat().replace("+00:00", "Z")
+        described = ", ".join(map(str, spent))
+        extra: dict[str, object] = {
+            "retry_after": max(1, math.ceil((end - now).total_seconds())),
+            "resets_at": resets,
+        }
+        if self.requests is not None and principal is not None and where is not None:
+            asked = await self.requests.on_budget(principal, rule.grant_id, where, described)
+            if asked is not None:
+                extra["access_request"] = asked
         raise Denied(
             Reason.BUDGET_EXHAUSTED,
-            f"this grant's token budget ({', '.join(map(str, spent))}) is spent until {resets}",
-            {"retry_after": max(1, math.ceil((end - now).total_seconds())), "resets_at": resets},
+            f"this grant's token budget ({described}) is spent until {resets}",
+            extra,
         )
 
     def watch(self, flow: http.HTTPFlow, rule: Rule) -> None:

@@ -161,7 +161,9 @@ class Forward:
             # Approved, then its client left while the proxy dialled or minted: never sent.
             raise Denied(Reason.CLIENT_GONE, "the client left while its request was held")
         if v.rule.budget is not None:
-            await self.budgets.check(v.rule)  # before a use is spent on it
+            assert v.method is not None and v.path is not None
+            where = (v.host, v.port, v.method, v.path)
+            await self.budgets.check(v.rule, step.principal, where)  # before a use is spent
             # Usage is read from plain text; set before a scheme signs the headers.
             flow.request.headers["accept-encoding"] = "identity"
         await self._consume(v.rule)
