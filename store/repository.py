@@ -344,9 +344,10 @@ class Store:
         seconds: int,
         share: bool,
         operation: str | None = None,
+        spent: str | None = None,
     ) -> tuple[int, bool]:
         return approvals.hold(
-            self.db, principal, grant_id, host, port, method, path, seconds, share, operation
+            self.db, principal, grant_id, host, port, method, path, seconds, share, operation, spent
         )
 
     def hold_states(self, ids: Sequence[int]) -> dict[int, str]:

@@ -43,6 +43,24 @@ class Meter:
 
 
 Where = tuple[str, int, str, str]  # host, port, method, path
+
+
+@dataclass(frozen=True, slots=True)
+class Spent:
+    """A grant's budget found spent: which limits, and until when."""
+
+    limits: str  # `total=200000/day, output=20000/hour`
+    until: datetime
+
+    def refusal(self, why: str = "", extra: dict[str, object] | None = None) -> Denied:
+        """429 budget-exhausted, with Retry-After at the end of the latest spent window."""
+        resets = self.until.isoformat().replace("+00:00", "Z")
+        seconds = max(1, math.ceil((self.until - datetime.now(UTC)).total_seconds()))
+        return Denied(
+            Reason.BUDGET_EXHAUSTED,
+            f"this grant's token budget ({self.limits}) is spent until {resets}{why}",
+            {"retry_after": seconds, "resets_at": resets} | (extra or {}),
+        )
 METERS: weakref.WeakKeyDictionary[http.HTTPFlow, Meter] = weakref.WeakKeyDictionary()
 Stream = Callable[[bytes], Iterable[bytes] | bytes]
 
@@ -68,6 +86,21 @@ class Budgets:
 
         Raises: Denied (budget-exhausted, or store-unavailable: never forwarded unchecked).
         """
+        over = await self.spent(rule)
+        if over is None:
+            return
+        extra = None
+        if self.requests is not None and principal is not None and where is not None:
+            asked = await self.requests.on_budget(principal, rule.grant_id, where, over.limits)
+            if asked is not None:
+                extra = {"access_request": asked}
+        raise over.refusal(extra=extra)
+
+    async def spent(self, rule: Rule) -> Spent | None:
+        """What of the grant's budget is spent now; None while every limit has tokens left.
+
+        Raises: Denied (no price table for a spend limit, or store-unavailable).
+        """
         budget = rule.budget
         assert budget is not None
         if self.prices is None and any(limit.kind == "spend" for limit in budget.limits):
@@ -89,23 +122,9 @@ class Budgets:
             if used[keys[limit.window]].of(limit.kind) >= limit.tokens
         ]
         if not spent:
-            return
+            return None
         end = max(budgets.window_end(limit.window, now) for limit in spent)
-        resets = end.isoformat().replace("+00:00", "Z")
-        described = ", ".join(map(str, spent))
-        extra: dict[str, object] = {
-            "retry_after": max(1, math.ceil((end - now).total_seconds())),
-            "resets_at": resets,
-        }
-        if self.requests is not None and principal is not None and where is not None:
-            asked = await self.requests.on_budget(principal, rule.grant_id, where, described)
-            if asked is not None:
-                extra["access_request"] = asked
-        raise Denied(
-            Reason.BUDGET_EXHAUSTED,
-            f"this grant's token budget ({described}) is spent until {resets}",
-            extra,
-        )
+        return Spent(", ".join(map(str, spent)), end)
 
     def watch(self, flow: http.HTTPFlow, rule: Rule) -> None:
         """The request went: its answer is read and charged."""

@@ -39,6 +39,11 @@ from addon.schemes.stamping import stamp_for
 from store.errors import CredproxyError
 
 
+# A request held to go over its spent budget, refused by an owner or by no one in time, is
+# answered as the budget refuses: 429 budget-exhausted, with Retry-After.
+_NOT_LET_OVER = frozenset({Reason.APPROVAL_DENIED, Reason.APPROVAL_TIMEOUT})
+
+
 class Forward:
     def __init__(
         self,
@@ -138,10 +143,22 @@ class Forward:
         assert v is not None and v.host is not None and v.port is not None and v.rule is not None
         if self.limiter.shared and (limits := _limits(step)):
             await self.limiter.take(limits)
+        over = None  # a spent budget the owner is asked to let this request go over
         if v.rule.approval is not None:
             if self.holds is None:
                 raise Denied(Reason.APPROVAL_DENIED, "this proxy holds no requests")
-            await self.holds.wait(flow, step, rec)  # before anything is spent or dialled
+            if v.rule.budget is not None:
+                over = await self.budgets.spent(v.rule)
+            try:
+                # before anything is spent or dialled
+                await self.holds.wait(flow, step, rec, over.limits if over else None)
+            except Denied as e:
+                if over is None or e.reason not in _NOT_LET_OVER or not e.extra:
+                    raise
+                why = "; an owner denied going over it"
+                if e.reason == Reason.APPROVAL_TIMEOUT:
+                    why = "; no owner let this request go over it in time"
+                raise over.refusal(why, e.extra) from e
             self._still_authenticated(flow, step)
         if renewal is not None:
             started = time.monotonic()
@@ -163,7 +180,8 @@ class Forward:
         if v.rule.budget is not None:
             assert v.method is not None and v.path is not None
             where = (v.host, v.port, v.method, v.path)
-            await self.budgets.check(v.rule, step.principal, where)  # before a use is spent
+            if over is None:  # else an owner let this one request go over the budget
+                await self.budgets.check(v.rule, step.principal, where)  # before a use is spent
             # Usage is read from plain text; set before a scheme signs the headers.
             flow.request.headers["accept-encoding"] = "identity"
         await self._consume(v.rule)

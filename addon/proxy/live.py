@@ -268,7 +268,7 @@ class LivePolicy:
             fields: dict[str, object] = {}
             if row.decided_by is not None:
                 fields["operator"] = row.decided_by
-            if row.kind == BUDGET:
+            if row.budget_spent is not None:  # a budget request, or a hold over a budget
                 fields |= {"kind": row.kind, "spent": row.budget_spent}
                 if row.budget_set is not None:  # approved: the grant's budget, then and now
                     fields |= {"budget_was": row.budget_was, "budget": row.budget_set}

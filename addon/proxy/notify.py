@@ -70,6 +70,12 @@ def payload(event: str, fields: dict[str, Any]) -> dict[str, Any]:
             f"({fields['spent']}) at {where}: credproxy request approve {fields['id']} "
             "--budget KIND=TOKENS/WINDOW (or deny)"
         )
+    elif event == "approval.pending" and "spent" in fields:
+        text = (
+            f"credproxy: {fields['principal']} waits to go over grant {fields['grant_id']}'s "
+            f"spent budget ({fields['spent']}) with {where} (held up to {fields['hold_s']} s): "
+            f"credproxy request approve {fields['id']} lets this one request go (or deny)"
+        )
     elif event == "approval.pending":
         text = (
             f"credproxy: {fields['principal']} waits for approval of {where} (grant "

@@ -202,8 +202,9 @@ def _held_row(r: AccessRequestEntry, csrf: str, now: datetime) -> str:
     until = int(r.hold_until.timestamp())
     return (
         f"<tr data-id={r.id}><td>{r.id}</td><td>{e(r.principal)}</td>"
-        f"<td>{_request(r.method, r.host, r.port, r.path)}</td><td>{e(r.operation or '')}</td>"
-        f"<td>{e(r.grant_id)}</td><td>{r.count}</td>"
+        f"<td>{_request(r.method, r.host, r.port, r.path)}</td><td>{e(r.operation or '')}"
+        + (f" <em>over its spent budget ({e(r.budget_spent)})</em>" if r.budget_spent else "")
+        + f"</td><td>{e(r.grant_id)}</td><td>{r.count}</td>"
         f"<td><span data-until={until}>{left} s</span></td><td>{_decide(r.id, csrf)}</td></tr>"
     )
 
