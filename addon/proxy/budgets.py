@@ -61,6 +61,8 @@ class Spent:
             f"this grant's token budget ({self.limits}) is spent until {resets}{why}",
             {"retry_after": seconds, "resets_at": resets} | (extra or {}),
         )
+
+
 METERS: weakref.WeakKeyDictionary[http.HTTPFlow, Meter] = weakref.WeakKeyDictionary()
 Stream = Callable[[bytes], Iterable[bytes] | bytes]
 

@@ -38,7 +38,6 @@ from addon.schemes.stamp import WATCHED, Refused, Stamping, target
 from addon.schemes.stamping import stamp_for
 from store.errors import CredproxyError
 
-
 # A request held to go over its spent budget, refused by an owner or by no one in time, is
 # answered as the budget refuses: 429 budget-exhausted, with Retry-After.
 _NOT_LET_OVER = frozenset({Reason.APPROVAL_DENIED, Reason.APPROVAL_TIMEOUT})

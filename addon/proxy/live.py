@@ -26,7 +26,7 @@ from addon.schemes.mint import TOKENS
 from addon.schemes.stamping import redacted
 from store.crypto import MasterKey, Secret
 from store.errors import CredproxyError, StoreUnavailable
-from store.records import BUDGET, Usage
+from store.records import Usage
 from store.repository import Store
 
 T = TypeVar("T")

@@ -181,7 +181,7 @@ def _decide(request_id: int, csrf: str, budget: bool = False) -> str:
         f'<form method=post action="/requests/{request_id}" class=decide>'
         f'<input type=hidden name=csrf value="{e(csrf)}">'
         + (field if budget else "")
-        +         '<input name=note maxlength=200 placeholder="note (optional)" aria-label=note>'
+        + '<input name=note maxlength=200 placeholder="note (optional)" aria-label=note>'
         "<button name=decision value=approve class=approve>Approve</button>"
         "<button name=decision value=deny class=deny>Deny</button></form>"
     )
