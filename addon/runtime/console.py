@@ -16,6 +16,7 @@ import asyncio
 import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from urllib.parse import parse_qs
 
 from addon.observe import audit
@@ -327,9 +328,8 @@ class Console:
                 )
                 fields |= {"kind": BUDGET, "grant_id": grant_id, "budget_was": was, "budget": now}
             elif decision == "approve":
-                kind, grant_id = await self.live.call(
-                    self.live.store.approve_request, request_id, decided_by=who
-                )
+                approve = partial(self.live.store.approve_request, decided_by=who)
+                kind, grant_id = await self.live.call(approve, request_id)
                 fields |= {"kind": kind, "grant_id": grant_id}
             else:
                 await self.live.call(
