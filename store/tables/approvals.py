@@ -47,7 +47,7 @@ def hold(
         session.execute(
             covered(update(Principal).where(Principal.id == owner.id).values(id=Principal.id))
         )  # writes nothing: only a lock
-        if share:
+        if share and spent is None:  # a request over a budget waits on its own decision
             row = session.scalars(
                 select(AccessRequest).where(
                     AccessRequest.principal_id == owner.id,
