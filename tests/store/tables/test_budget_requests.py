@@ -119,12 +119,15 @@ def test_plain_approval_of_a_budget_request_is_refused(budgeted: tuple[Store, in
 
 
 def test_a_budget_goes_with_budget_requests_only(budgeted: tuple[Store, int]) -> None:
-    store, _ = budgeted
+    store, grant_id = budgeted
     recorded = store.record_access_request("agent", *OPENAI)
     assert recorded is not None
-    with pytest.raises(InvalidInput, match="goes with budget requests"):
-        store.approve_budget_request(recorded[0], ["total=1/day"])
-    assert _entry(store, recorded[0]).state == "pending"
+    held, _ = store.hold_request("agent", grant_id, *OPENAI, 60, False)
+    for request_id in (held, recorded[0]):
+        with pytest.raises(InvalidInput, match="goes with budget requests"):
+            store.approve_budget_request(request_id, ["total=1/day"])
+        assert _entry(store, request_id).state == "pending"
+    assert store.list_grants()[0].budget == "total=250/day"
 
 
 def test_the_budget_of_a_revoked_grant_is_not_raised(budgeted: tuple[Store, int]) -> None:
