@@ -23,6 +23,7 @@ PENDING, APPROVED, DENIED = "pending", "approved", "denied"
 EXPIRED = "expired"  # a held request no owner decided on in time
 REQUEST_STATES = (PENDING, APPROVED, DENIED, EXPIRED)
 ACCESS, HOLD = "access", "hold"  # access_requests.kind
+BUDGET = "budget"  # access_requests.kind: a spent budget, to be raised by an owner
 # The secret of a credential record whose secret is held elsewhere and not resolved: random,
 # so that it matches nothing (a path secret that is empty would be found in every target).
 NO_SECRET = Secret(b"credproxy-unresolved-" + secrets.token_hex(16).encode())
@@ -307,3 +308,9 @@ class AccessRequestEntry:
     cover_uses: int | None = None
     covered: int = 0
     operation: str | None = None  # what a held request's body asked (a grant's body rule)
+    # A budget request: the limits found spent when it was (last) recorded, and at its
+    # approval the grant's budget before and after (canonical descriptions, never usage).
+    budget_spent: str | None = None
+    budget_was: str | None = None
+    budget_set: str | None = None
+    decided_by: str | None = None  # the console operator, or `cli:USER`

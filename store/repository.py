@@ -298,10 +298,39 @@ class Store:
         expires_at: datetime | None = None,
         next_uses: int | None = None,
         cover_until: datetime | None = None,
+        decided_by: str | None = None,
     ) -> tuple[str, int | None]:
         return access_requests.approve(
-            self.db, request_id, credential, path, once, expires_at, next_uses, cover_until
+            self.db,
+            request_id,
+            credential,
+            path,
+            once,
+            expires_at,
+            next_uses,
+            cover_until,
+            decided_by,
         )
+
+    def record_budget_request(
+        self,
+        principal: str,
+        grant_id: int,
+        host: str,
+        port: int,
+        method: str,
+        path: str,
+        spent: str,
+    ) -> tuple[int, str]:
+        return access_requests.record_budget(
+            self.db, principal, grant_id, host, port, method, path, spent
+        )
+
+    def approve_budget_request(
+        self, request_id: int, specs: Sequence[str], decided_by: str | None = None
+    ) -> tuple[int, str | None, str]:
+        """Raise (replace) the budget of a budget request's grant; (grant, was, now)."""
+        return access_requests.approve_budget(self.db, request_id, list(specs), decided_by)
 
     # -- requests held for approval --------------------------------------------------
 
@@ -316,9 +345,10 @@ class Store:
         seconds: int,
         share: bool,
         operation: str | None = None,
+        spent: str | None = None,
     ) -> tuple[int, bool]:
         return approvals.hold(
-            self.db, principal, grant_id, host, port, method, path, seconds, share, operation
+            self.db, principal, grant_id, host, port, method, path, seconds, share, operation, spent
         )
 
     def hold_states(self, ids: Sequence[int]) -> dict[int, str]:
@@ -336,8 +366,10 @@ class Store:
     def take_rates(self, buckets: Sequence[rates.Bucket], now: float) -> tuple[int, float] | None:
         return rates.take(self.db, buckets, now)
 
-    def deny_access_request(self, request_id: int, reason: str | None = None) -> None:
-        access_requests.deny(self.db, request_id, reason)
+    def deny_access_request(
+        self, request_id: int, reason: str | None = None, decided_by: str | None = None
+    ) -> None:
+        access_requests.deny(self.db, request_id, reason, decided_by)
 
     def decided_access_requests(self, since: datetime) -> list[AccessRequestEntry]:
         return access_requests.decided_since(self.db, since)

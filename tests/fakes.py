@@ -114,7 +114,9 @@ class StaticLive:
     async def consume_once(self, grant_id: int) -> bool:
         return True
 
-    store = SimpleNamespace(record_access_request=None, get_access_request=None)
+    store = SimpleNamespace(
+        record_access_request=None, get_access_request=None, record_budget_request=None
+    )
 
     async def call(self, *args: Any) -> Any:
         raise StoreUnavailable("no store behind the unit tests")

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import getpass
 from typing import Any
 
 from addon.cli.output import emit, table
 from addon.cli.parsing import group, identifier
 from addon.core.argtypes import count
 from store.errors import InvalidInput
-from store.records import ACCESS, APPROVED, DENIED, REQUEST_STATES, AccessRequestEntry
+from store.records import ACCESS, APPROVED, BUDGET, DENIED, REQUEST_STATES, AccessRequestEntry
 from store.rules import validation
 from store.rules.grammar import parse_expiry
 from store.settings import Settings
@@ -44,6 +45,13 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         metavar="DURATION",
         help="a held request of an approval-first grant: approve its kind for 30s, 10m, 2h, 7d",
     )
+    p.add_argument(
+        "--budget",
+        action="append",
+        default=[],
+        metavar="KIND=TOKENS/WINDOW",
+        help="a budget request: the grant's budgets from now on, repeatable, as for grant budget",
+    )
     p.set_defaults(func=cmd_request_approve)
     p = request.add_parser("deny", parents=[common], help="refuse it")
     p.add_argument("id", type=identifier, help="the request's id")
@@ -76,6 +84,12 @@ def _request_row(r: AccessRequestEntry) -> dict[str, Any]:
         # What a held request's body asked under a grant's body rule (GraphQL operation, MCP
         # method and tool, JSON-RPC method); never its arguments.
         "operation": r.operation,
+        # A budget request: the limits found spent; once approved, the grant's budget before
+        # and after. Who decided: a console operator, or cli:USER.
+        "budget_spent": r.budget_spent,
+        "budget_was": r.budget_was,
+        "budget": r.budget_set,
+        "decided_by": r.decided_by,
     }
 
 
@@ -83,11 +97,16 @@ def cmd_request_list(args: argparse.Namespace, settings: Settings) -> int:
     rows = [_request_row(r) for r in settings.reader().list_access_requests(args.state)]
     columns = ["id", "principal", "method", "host", "port", "path", "operation", "source", "state"]
     columns.append("count")
-    emit(settings, rows, table(rows, columns + ["last_seen", "grant_id", "kind", "purpose"]))
+    columns += ["last_seen", "grant_id", "kind", "purpose"]
+    if any(r["budget_spent"] for r in rows):
+        columns.append("budget_spent")
+    emit(settings, rows, table(rows, columns))
     return 0
 
 
 def cmd_request_approve(args: argparse.Namespace, settings: Settings) -> int:
+    if args.budget:
+        return _approve_budget(args, settings)
     expires = parse_expiry(args.expires) if args.expires else None
     until = None
     if args.cover_for:
@@ -103,6 +122,7 @@ def cmd_request_approve(args: argparse.Namespace, settings: Settings) -> int:
         expires_at=expires,
         next_uses=args.next,
         cover_until=until,
+        decided_by=operator(),
     )
     said = f"added grant {grant_id}" if kind == ACCESS else f"it goes on under grant {grant_id}"
     emit(
@@ -113,7 +133,37 @@ def cmd_request_approve(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def _approve_budget(args: argparse.Namespace, settings: Settings) -> int:
+    given = {"--credential": args.credential, "--path": args.path, "--once": args.once or None}
+    given |= {"--expires": args.expires, "--next": args.next, "--for": args.cover_for}
+    for flag, value in given.items():
+        if value is not None:
+            raise InvalidInput(f"{flag} does not go with --budget")
+    grant_id, was, now = settings.store().approve_budget_request(args.id, args.budget, operator())
+    emit(
+        settings,
+        {
+            "id": args.id,
+            "grant_id": grant_id,
+            "state": APPROVED,
+            "kind": BUDGET,
+            "budget_was": was,
+            "budget": now,
+        },
+        [f"approved request {args.id}; grant {grant_id} budget: {now} (was: {was or 'none'})"],
+    )
+    return 0
+
+
+def operator() -> str:
+    """Who decides from the CLI, for the audit line: the login name, as the system says."""
+    try:
+        return f"cli:{getpass.getuser()}"[:80]
+    except (OSError, KeyError):  # no name for this uid (a container's)
+        return "cli"
+
+
 def cmd_request_deny(args: argparse.Namespace, settings: Settings) -> int:
-    settings.store().deny_access_request(args.id, args.reason)
+    settings.store().deny_access_request(args.id, args.reason, operator())
     emit(settings, {"id": args.id, "state": DENIED}, [f"denied request {args.id}"])
     return 0

@@ -338,9 +338,7 @@ def _kin(path: Path, hidden: frozenset[Path]) -> bool:
         return True
     name = path.name
     for h in hidden:
-        if h.parent == path.parent and name.startswith(
-            (f"{h.name}.", f"{h.name}-", f".{h.name}.")
-        ):
+        if h.parent == path.parent and name.startswith((f"{h.name}.", f"{h.name}-", f".{h.name}.")):
             return True
     return False
 

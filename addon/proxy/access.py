@@ -89,6 +89,52 @@ class AccessRequests:
             self._recorded(request_id, principal, host, port, method, path, "auto")
         return {"id": request_id, "state": state}
 
+    async def on_budget(
+        self,
+        principal: str,
+        grant_id: int,
+        where: tuple[str, int, str, str],
+        spent: str,
+    ) -> dict[str, Any] | None:
+        """Record (or re-count) a request the grant's spent budget refused: one pending budget
+        request per grant, which an owner approves with a new budget. Its id, or None."""
+        host, port, method, path = where
+        key = (principal, "", grant_id, "budget", "", False)
+        seen_before = key in self._recent
+        recent = self._within_window(key)
+        if recent is not None:
+            return {"id": recent, "state": "pending"}
+        if not self.live.store_up:
+            return None
+        try:
+            request_id, state = await self.live.call(
+                self.live.store.record_budget_request,
+                principal,
+                grant_id,
+                host,
+                port,
+                method,
+                path,
+                spent,
+            )
+        except CredproxyError:
+            return None
+        self._written(key, request_id)
+        if not seen_before:
+            event = {
+                "id": request_id,
+                "principal": principal,
+                "grant_id": grant_id,
+                "spent": spent,
+                "host": host,
+                "port": port,
+                "method": method,
+                "path": path,
+            }
+            self.log.info("budget_request.recorded", **event)
+            self.notify("budget_request.recorded", event)
+        return {"id": request_id, "state": state}
+
     async def handle(self, flow: http.HTTPFlow, principal: str, path: str) -> http.Response:
         """The agent's own endpoint: POST /access-requests, GET /access-requests/ID."""
         method = flow.request.method

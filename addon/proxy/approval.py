@@ -81,8 +81,12 @@ class Holds:
         if self._poller is not None:
             self._poller.cancel()
 
-    async def wait(self, flow: http.HTTPFlow, step: Step, rec: Record) -> None:
-        """Return once an owner approved the request; raise Denied otherwise."""
+    async def wait(
+        self, flow: http.HTTPFlow, step: Step, rec: Record, spent: str | None = None
+    ) -> None:
+        """Return once an owner approved the request; raise Denied otherwise. With `spent`
+        (the grant's budget limits found spent) the request is held to go over its budget:
+        never covered by an earlier approval, never sharing a decision with another."""
         v = step.verdict
         assert v is not None and v.rule is not None
         assert v.host is not None and v.port is not None
@@ -93,6 +97,8 @@ class Holds:
         cover = step.policy.covering(
             rule.grant_id, v.method, v.host, v.port, v.path, now, operation
         )
+        if spent is not None:
+            cover = None
         if cover is not None and (not cover.counted or await self._spend(cover.id)):
             rec.approval = cover.id
             return
@@ -110,7 +116,8 @@ class Holds:
         started = time.monotonic()
         keep = 0.0  # how long the place stays taken after the request is answered
         try:
-            request_id = await self._record(step, rule, v.host, v.port, v.method, v.path, operation)
+            where = (v.host, v.port, v.method, v.path)
+            request_id = await self._record(step, rule, where, operation, spent)
             rec.approval = request_id
             self.waited.add(flow)
             self.on_hold(flow)
@@ -157,12 +164,11 @@ class Holds:
         self,
         step: Step,
         rule: Rule,
-        host: str,
-        port: int,
-        method: str,
-        path: str,
+        where: tuple[str, int, str, str],
         operation: str | None,
+        spent: str | None,
     ) -> int:
+        host, port, method, path = where
         try:
             request_id, created = await self.live.call(
                 self.live.store.hold_request,
@@ -173,8 +179,9 @@ class Holds:
                 method,
                 path,
                 rule.hold,
-                rule.approval == "first",
+                rule.approval == "first" and spent is None,
                 operation,
+                spent,
             )
         except CredproxyError as e:
             raise Denied(Reason.STORE_UNAVAILABLE, "the store did not answer") from e
@@ -190,6 +197,8 @@ class Holds:
         }
         if operation is not None:
             event["operation"] = operation
+        if spent is not None:
+            event["spent"] = spent
         self.log.info("approval.pending", **event)
         if created:
             self.notify("approval.pending", event)

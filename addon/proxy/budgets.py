@@ -29,6 +29,7 @@ from addon.core.prices import Prices
 from addon.core.reasons import Reason
 from addon.core.usage import Charge, Reader, Reading, UsageReader, charge
 from addon.observe import audit
+from addon.proxy.access import AccessRequests
 from addon.proxy.failclosed import Denied
 from addon.proxy.live import LivePolicy
 from addon.proxy.state import Record, record
@@ -53,23 +54,72 @@ class Meter:
 EVENT_STREAM = "application/vnd.amazon.eventstream"  # Bedrock's ConverseStream
 
 
+Where = tuple[str, int, str, str]  # host, port, method, path
+
+
+@dataclass(frozen=True, slots=True)
+class Spent:
+    """A grant's budget found spent: which limits, and until when."""
+
+    limits: str  # `total=200000/day, output=20000/hour`
+    until: datetime
+
+    def refusal(self, why: str = "", extra: dict[str, object] | None = None) -> Denied:
+        """429 budget-exhausted, with Retry-After at the end of the latest spent window."""
+        resets = self.until.isoformat().replace("+00:00", "Z")
+        seconds = max(1, math.ceil((self.until - datetime.now(UTC)).total_seconds()))
+        return Denied(
+            Reason.BUDGET_EXHAUSTED,
+            f"this grant's token budget ({self.limits}) is spent until {resets}{why}",
+            {"retry_after": seconds, "resets_at": resets} | (extra or {}),
+        )
+
+
 METERS: weakref.WeakKeyDictionary[http.HTTPFlow, Meter] = weakref.WeakKeyDictionary()
 Stream = Callable[[bytes], Iterable[bytes] | bytes]
 OFF_LOOP = 16 * 1024  # bytes of a body capped in a thread rather than on the event loop
 
 
 class Budgets:
-    def __init__(self, live: LivePolicy, prices: Prices | None = None) -> None:
+    def __init__(
+        self,
+        live: LivePolicy,
+        prices: Prices | None = None,
+        requests: AccessRequests | None = None,
+    ) -> None:
         self.live = live
         self.prices = prices  # `run --prices`: what spend limits are charged by
+        self.requests = requests  # where a spent budget is recorded as a budget request
         self._log = audit.logger()
 
-    async def check(self, rule: Rule) -> list[tuple[TokenLimit, int]]:
-        """Refuse unless every limit of the grant's budget has tokens left in its window;
-        each limit with what it has left.
+    async def check(
+        self, rule: Rule, principal: str | None = None, where: Where | None = None
+    ) -> list[tuple[TokenLimit, int]]:
+        """Refuse unless every limit of the grant's budget has tokens left in its window; each
+        limit with what it has left. A refusal records a budget request (`where`: the refused
+        request's host, port, method and path) for an owner to raise the budget.
 
         Raises: Denied (budget-exhausted, or store-unavailable: never forwarded unchecked).
         """
+        left, over = await self._left(rule)
+        if over is None:
+            return left
+        extra: dict[str, object] | None = None
+        if self.requests is not None and principal is not None and where is not None:
+            asked = await self.requests.on_budget(principal, rule.grant_id, where, over.limits)
+            if asked is not None:
+                extra = {"access_request": asked}
+        raise over.refusal(extra=extra)
+
+    async def spent(self, rule: Rule) -> Spent | None:
+        """What of the grant's budget is spent now; None while every limit has tokens left.
+
+        Raises: Denied (no price table for a spend limit, or store-unavailable).
+        """
+        return (await self._left(rule))[1]
+
+    async def _left(self, rule: Rule) -> tuple[list[tuple[TokenLimit, int]], Spent | None]:
+        """Each limit of the grant's budget with what it has left, and what of it is spent."""
         budget = rule.budget
         assert budget is not None
         if self.prices is None and any(limit.kind == "spend" for limit in budget.limits):
@@ -90,9 +140,10 @@ class Budgets:
             for limit in budget.limits
         ]
         spent = [limit for limit, n in left if n <= 0]
-        if spent:
-            raise exhausted(spent, "is spent", now)
-        return left
+        if not spent:
+            return left, None
+        end = max(budgets.window_end(limit.window, now) for limit in spent)
+        return left, Spent(", ".join(map(str, spent)), end)
 
     async def cap(
         self, flow: http.HTTPFlow, rec: Record, path: str, left: list[tuple[TokenLimit, int]]

@@ -38,6 +38,10 @@ from addon.schemes.stamp import WATCHED, Refused, Stamping, target
 from addon.schemes.stamping import stamp_for
 from store.errors import CredproxyError
 
+# A request held to go over its spent budget, refused by an owner or by no one in time, is
+# answered as the budget refuses: 429 budget-exhausted, with Retry-After.
+_NOT_LET_OVER = frozenset({Reason.APPROVAL_DENIED, Reason.APPROVAL_TIMEOUT})
+
 
 class Forward:
     def __init__(
@@ -139,10 +143,22 @@ class Forward:
         assert v.path is not None
         if self.limiter.shared and (limits := _limits(step)):
             await self.limiter.take(limits)
+        over = None  # a spent budget the owner is asked to let this request go over
         if v.rule.approval is not None:
             if self.holds is None:
                 raise Denied(Reason.APPROVAL_DENIED, "this proxy holds no requests")
-            await self.holds.wait(flow, step, rec)  # before anything is spent or dialled
+            if v.rule.budget is not None:
+                over = await self.budgets.spent(v.rule)
+            try:
+                # before anything is spent or dialled
+                await self.holds.wait(flow, step, rec, over.limits if over else None)
+            except Denied as e:
+                if over is None or e.reason not in _NOT_LET_OVER or not e.extra:
+                    raise
+                why = "; an owner denied going over it"
+                if e.reason == Reason.APPROVAL_TIMEOUT:
+                    why = "; no owner let this request go over it in time"
+                raise over.refusal(why, e.extra) from e
             self._still_authenticated(flow, step)
         if renewal is not None:
             started = time.monotonic()
@@ -162,10 +178,13 @@ class Forward:
             # Approved, then its client left while the proxy dialled or minted: never sent.
             raise Denied(Reason.CLIENT_GONE, "the client left while its request was held")
         if v.rule.budget is not None:
-            left = await self.budgets.check(v.rule)  # before a use is spent on it
-            if v.rule.budget.cap:
-                # BodyGate held the body whole: capped before it is stamped or signed.
-                await self.budgets.cap(flow, rec, v.path, left)
+            assert v.method is not None
+            where = (v.host, v.port, v.method, v.path)
+            if over is None:  # else an owner let this one request go over the budget
+                left = await self.budgets.check(v.rule, step.principal, where)  # before a use
+                if v.rule.budget.cap:
+                    # BodyGate held the body whole: capped before it is stamped or signed.
+                    await self.budgets.cap(flow, rec, v.path, left)
             # Usage is read from plain text; set before a scheme signs the headers.
             flow.request.headers["accept-encoding"] = "identity"
         await self._consume(v.rule)

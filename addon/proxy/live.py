@@ -265,6 +265,13 @@ class LivePolicy:
         except CredproxyError:
             return  # the next reload tries again from the same point
         for row in decided:
+            fields: dict[str, object] = {}
+            if row.decided_by is not None:
+                fields["operator"] = row.decided_by
+            if row.budget_spent is not None:  # a budget request, or a hold over a budget
+                fields |= {"kind": row.kind, "spent": row.budget_spent}
+                if row.budget_set is not None:  # approved: the grant's budget, then and now
+                    fields |= {"budget_was": row.budget_was, "budget": row.budget_set}
             self._log.info(
                 f"access_request.{row.state}",
                 id=row.id,
@@ -274,6 +281,7 @@ class LivePolicy:
                 method=row.method,
                 path=row.path,
                 grant_id=row.grant_id,
+                **fields,
             )
             if row.decided_at is not None:  # always set: the query asks for decided ones
                 self._decided_since = max(self._decided_since, row.decided_at)

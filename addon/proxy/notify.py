@@ -64,7 +64,19 @@ class Webhook:
 def payload(event: str, fields: dict[str, Any]) -> dict[str, Any]:
     """A Slack-compatible body (`text`), with the event's fields beside it."""
     where = f"{fields['method']} {fields['host']}:{fields['port']}{fields['path']}"
-    if event == "approval.pending":
+    if event == "budget_request.recorded":
+        text = (
+            f"credproxy: {fields['principal']}'s grant {fields['grant_id']} has spent its budget "
+            f"({fields['spent']}) at {where}: credproxy request approve {fields['id']} "
+            "--budget KIND=TOKENS/WINDOW (or deny)"
+        )
+    elif event == "approval.pending" and "spent" in fields:
+        text = (
+            f"credproxy: {fields['principal']} waits to go over grant {fields['grant_id']}'s "
+            f"spent budget ({fields['spent']}) with {where} (held up to {fields['hold_s']} s): "
+            f"credproxy request approve {fields['id']} lets this one request go (or deny)"
+        )
+    elif event == "approval.pending":
         text = (
             f"credproxy: {fields['principal']} waits for approval of {where} (grant "
             f"{fields['grant_id']}, held up to {fields['hold_s']} s): credproxy request approve "

@@ -16,6 +16,7 @@ import asyncio
 import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from urllib.parse import parse_qs
 
 from addon.observe import audit
@@ -24,7 +25,7 @@ from addon.proxy.live import LivePolicy
 from addon.runtime import consolepage as page
 from addon.runtime.consoleauth import Operators, Session, Sessions, csrf_ok, same_origin
 from store.errors import CredproxyError, InvalidInput, NotFound
-from store.records import PENDING
+from store.records import BUDGET, PENDING
 
 MAX_HEAD = 16 * 1024
 MAX_BODY = 8 * 1024
@@ -315,12 +316,25 @@ class Console:
         fields: dict[str, object] = {"operator": session.operator, "id": request_id}
         if note:
             fields["note"] = note
+        budget = form.get("budget", "").strip()
+        if len(budget) > MAX_NOTE or not budget.isprintable():
+            raise BadRequest(400, f"a budget is one line of at most {MAX_NOTE} characters")
+        who = f"console:{session.operator}"
         try:
-            if decision == "approve":
-                kind, grant_id = await self.live.call(self.live.store.approve_request, request_id)
-                fields |= {"kind": kind, "grant_id": grant_id}
+            if decision == "approve" and budget:
+                specs = budget.replace(",", " ").split()
+                grant_id, was, now = await self.live.call(
+                    self.live.store.approve_budget_request, request_id, specs, who
+                )
+                fields |= {"kind": BUDGET, "grant_id": grant_id, "budget_was": was, "budget": now}
+            elif decision == "approve":
+                approve = partial(self.live.store.approve_request, decided_by=who)
+                kind, granted = await self.live.call(approve, request_id)
+                fields |= {"kind": kind, "grant_id": granted}
             else:
-                await self.live.call(self.live.store.deny_access_request, request_id, note or None)
+                await self.live.call(
+                    self.live.store.deny_access_request, request_id, note or None, who
+                )
         except (InvalidInput, NotFound) as e:
             return Response(409, page.message("Not done", str(e)))
         except CredproxyError:

@@ -9,7 +9,7 @@ from datetime import datetime
 from urllib.parse import urlencode
 
 from addon.observe.recent import Decision
-from store.records import HOLD, AccessRequestEntry, GrantEntry, PrincipalEntry
+from store.records import ACCESS, BUDGET, HOLD, AccessRequestEntry, GrantEntry, PrincipalEntry
 
 
 def e(value: object) -> str:
@@ -83,7 +83,8 @@ def panel(
     now: datetime,
 ) -> str:
     held = [r for r in pending if r.kind == HOLD and r.hold_until and r.hold_until > now]
-    asked = [r for r in pending if r.kind != HOLD]
+    asked = [r for r in pending if r.kind == ACCESS]
+    spent = [r for r in pending if r.kind == BUDGET]
     return (
         f"<section id=held><h2>Held requests ({len(held)})</h2>"
         + _table(
@@ -96,6 +97,12 @@ def panel(
             ("id", "principal", "request", "purpose", "seen", ""),
             [_access_row(r, csrf) for r in asked],
             "No access request is pending.",
+        )
+        + f"</section><section id=budgets><h2>Spent budgets ({len(spent)})</h2>"
+        + _table(
+            ("id", "principal", "grant", "spent", "first refused", "refusals", ""),
+            [_budget_row(r, csrf) for r in spent],
+            "No budget request is pending.",
         )
         + f"</section><section id=recent><h2>Recent decisions ({len(decisions)})</h2>"
         + _table(
@@ -164,13 +171,28 @@ def _request(method: str, host: str, port: int | None, path: str) -> str:
     return f"<code>{e(method)} {e(where)}{e(path)}</code>"
 
 
-def _decide(request_id: int, csrf: str) -> str:
+def _decide(request_id: int, csrf: str, budget: bool = False) -> str:
+    # A budget request is approved with the grant's budgets from then on (as `grant budget`).
+    field = (
+        "<input name=budget maxlength=200 placeholder="
+        '"total=300000/day output=20000/hour" aria-label="new budget">'
+    )
     return (
         f'<form method=post action="/requests/{request_id}" class=decide>'
         f'<input type=hidden name=csrf value="{e(csrf)}">'
-        '<input name=note maxlength=200 placeholder="note (optional)" aria-label=note>'
+        + (field if budget else "")
+        + '<input name=note maxlength=200 placeholder="note (optional)" aria-label=note>'
         "<button name=decision value=approve class=approve>Approve</button>"
         "<button name=decision value=deny class=deny>Deny</button></form>"
+    )
+
+
+def _budget_row(r: AccessRequestEntry, csrf: str) -> str:
+    return (
+        f"<tr data-id={r.id}><td>{r.id}</td><td>{e(r.principal)}</td><td>{e(r.grant_id)}</td>"
+        f"<td><code>{e(r.budget_spent or '')}</code></td>"
+        f"<td>{_request(r.method, r.host, r.port, r.path)}</td><td>{r.count}</td>"
+        f"<td>{_decide(r.id, csrf, budget=True)}</td></tr>"
     )
 
 
@@ -180,8 +202,9 @@ def _held_row(r: AccessRequestEntry, csrf: str, now: datetime) -> str:
     until = int(r.hold_until.timestamp())
     return (
         f"<tr data-id={r.id}><td>{r.id}</td><td>{e(r.principal)}</td>"
-        f"<td>{_request(r.method, r.host, r.port, r.path)}</td><td>{e(r.operation or '')}</td>"
-        f"<td>{e(r.grant_id)}</td><td>{r.count}</td>"
+        f"<td>{_request(r.method, r.host, r.port, r.path)}</td><td>{e(r.operation or '')}"
+        + (f" <em>over its spent budget ({e(r.budget_spent)})</em>" if r.budget_spent else "")
+        + f"</td><td>{e(r.grant_id)}</td><td>{r.count}</td>"
         f"<td><span data-until={until}>{left} s</span></td><td>{_decide(r.id, csrf)}</td></tr>"
     )
 

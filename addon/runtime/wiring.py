@@ -81,7 +81,7 @@ def build_chain(
     signing = Signing(trail) if max_signed_body is None else Signing(trail, max_signed_body)
     limits = limits or LimitSettings()
     holds = Holds(live, metrics, HoldSettings(limits.max_holds, limits.max_held))
-    budgets = Budgets(live, prices)
+    budgets = Budgets(live, prices, access)
     forward = Forward(
         live,
         resolve,

@@ -248,5 +248,11 @@ class AccessRequest(Base):
     # What the held request's body asked, as a grant's body rule decided it: shown to the owner
     # and part of the kind a `first` approval covers. NULL: a request without a body rule.
     operation: Mapped[str | None] = mapped_column(Text)
+    # kind "budget": the spent limits of grant_id's budget (`total=200000/day`), and once
+    # approved the budget it had and the one it was given; who decided (any kind).
+    budget_spent: Mapped[str | None] = mapped_column(Text)
+    budget_was: Mapped[str | None] = mapped_column(Text)
+    budget_set: Mapped[str | None] = mapped_column(Text)
+    decided_by: Mapped[str | None] = mapped_column(String(80))
 
     __table_args__ = (Index("ix_access_requests_principal_state", "principal_id", "state"),)

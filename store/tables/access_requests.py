@@ -7,12 +7,12 @@ from datetime import datetime
 from sqlalchemy import Select, func, select, update
 from sqlalchemy.orm import Session
 
-from store.db.changelog import REQUEST
+from store.db.changelog import GRANT, REQUEST
 from store.db.engine import Database, changed, covered
-from store.db.models import AccessRequest, Principal, utcnow
+from store.db.models import AccessRequest, Grant, Principal, utcnow
 from store.errors import InvalidInput, NotFound
-from store.records import ACCESS, APPROVED, DENIED, HOLD, PENDING, AccessRequestEntry
-from store.rules import validation
+from store.records import ACCESS, APPROVED, BUDGET, DENIED, HOLD, PENDING, AccessRequestEntry
+from store.rules import budgets, validation
 from store.rules.grammar import HostPattern
 from store.tables import approvals, grants, principals
 
@@ -88,6 +88,56 @@ def record(
         return row.id, row.state
 
 
+def record_budget(
+    db: Database,
+    principal: str,
+    grant_id: int,
+    host: str,
+    port: int,
+    method: str,
+    path: str,
+    spent: str,
+) -> tuple[int, str]:
+    """Record that `grant_id`'s budget refused a request (`spent`: the limits found spent,
+    `total=200000/day`); returns (id, state). One pending request per grant: a later refusal
+    counts on it and names what is spent now. Not a policy change: the counter stays."""
+    validation.request(host, port, method, path, None, False)
+    now = utcnow()
+    with db.session() as session, session.begin():
+        owner = principals.need(session, principal, lock=True)
+        row = session.scalars(
+            select(AccessRequest).where(
+                AccessRequest.principal_id == owner.id,
+                AccessRequest.kind == BUDGET,
+                AccessRequest.state == PENDING,
+                AccessRequest.grant_id == grant_id,
+            )
+        ).first()
+        if row is not None:
+            row.count += 1
+            row.last_seen = now
+            row.budget_spent = spent
+            return row.id, row.state
+        row = AccessRequest(
+            principal_id=owner.id,
+            kind=BUDGET,
+            grant_id=grant_id,
+            host=host,
+            port=port,
+            method=method,
+            path=path,
+            source="auto",
+            state=PENDING,
+            count=1,
+            first_seen=now,
+            last_seen=now,
+            budget_spent=spent,
+        )
+        session.add(row)
+        session.flush()
+        return row.id, row.state
+
+
 def get(db: Database, principal: str, request_id: int) -> AccessRequestEntry | None:
     """One of `principal`'s own requests; another principal's id reads as None."""
     with db.session() as session:
@@ -137,12 +187,21 @@ def approve(
     expires_at: datetime | None = None,
     next_uses: int | None = None,
     cover_until: datetime | None = None,
+    decided_by: str | None = None,
 ) -> tuple[str, int | None]:
     """Turn a pending access request into a grant, narrowed to `path` if given, or let a
     held request go on; returns the kind and the grant's id (a new grant for an access
-    request, the grant it was held under for a hold)."""
+    request, the grant it was held under for a hold). A budget request is approved with
+    `approve_budget` only."""
     with db.change() as session:
         row = _pending(session, request_id)
+        if row.kind == BUDGET:
+            raise InvalidInput(
+                f"request {request_id} asks to raise grant {row.grant_id}'s budget "
+                f"({row.budget_spent} is spent): approve it with {{budget}} KIND=TOKENS/WINDOW",
+                budget="a budget",
+            )
+        row.decided_by = decided_by
         if row.kind == HOLD:
             given: dict[str, object] = {"credential": credential, "path": path}
             given |= {"once": once or None, "expires": expires_at}
@@ -181,13 +240,51 @@ def approve(
         return ACCESS, grant_id
 
 
-def deny(db: Database, request_id: int, reason: str | None = None) -> None:
+def approve_budget(
+    db: Database, request_id: int, specs: list[str], decided_by: str | None = None
+) -> tuple[int, str | None, str]:
+    """Approve a pending budget request by replacing its grant's budget with `specs`, as
+    `grant budget` does (what was charged in each window still counts); returns the grant's
+    id and its budget before and after, described.
+
+    Raises: InvalidInput (no specs, a bad one, another kind of request, a revoked grant),
+    NotFound.
+    """
+    text = budgets.canonical(specs)
+    if text is None:
+        raise InvalidInput("{budget} is needed to raise a budget", budget="a budget")
+    with db.change() as session:
+        row = _pending(session, request_id)
+        if row.kind != BUDGET:
+            raise InvalidInput(
+                f"{{budget}} goes with budget requests: request {request_id} is a {row.kind} "
+                "request",
+                budget="a budget",
+            )
+        grant = session.get(Grant, row.grant_id) if row.grant_id is not None else None
+        if grant is None or grant.revoked_at is not None:
+            raise InvalidInput(f"grant {row.grant_id} is revoked: deny request {request_id}")
+        was = budgets.describe(grant.budget)
+        now = budgets.describe(text)
+        assert now is not None
+        grant.budget = text
+        changed(session, GRANT, grant.id)
+        row.state, row.decided_at, row.decided_by = APPROVED, utcnow(), decided_by
+        row.budget_was, row.budget_set = was, now
+        changed(session, REQUEST, row)
+        return grant.id, was, now
+
+
+def deny(
+    db: Database, request_id: int, reason: str | None = None, decided_by: str | None = None
+) -> None:
     if reason is not None:
         validation.text("reason", reason)
     # A change like any other, so every proxy reloads and writes the decision's audit line.
     with db.change() as session:
         row = _pending(session, request_id)
         row.state, row.decided_at, row.decision_reason = DENIED, utcnow(), reason
+        row.decided_by = decided_by
         changed(session, REQUEST, row)
 
 
@@ -240,4 +337,8 @@ def _entry(row: AccessRequest, principal: str) -> AccessRequestEntry:
         cover_until=row.cover_until,
         cover_uses=row.cover_uses,
         covered=row.covered,
+        budget_spent=row.budget_spent,
+        budget_was=row.budget_was,
+        budget_set=row.budget_set,
+        decided_by=row.decided_by,
     )

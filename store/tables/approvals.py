@@ -33,9 +33,11 @@ def hold(
     seconds: int,
     share: bool,
     operation: str | None = None,
+    spent: str | None = None,
 ) -> tuple[int, bool]:
     """Record a held request; returns (id, created). With `share`, one of the same kind
     still pending is joined instead (its count goes up): one decision answers them all.
+    `spent`: the request is held to go over its grant's spent budget (these limits).
     Not a policy change: the change counter stays."""
     now = utcnow()
     with db.session() as session, session.begin():
@@ -45,7 +47,7 @@ def hold(
         session.execute(
             covered(update(Principal).where(Principal.id == owner.id).values(id=Principal.id))
         )  # writes nothing: only a lock
-        if share:
+        if share and spent is None:  # a request over a budget waits on its own decision
             row = session.scalars(
                 select(AccessRequest).where(
                     AccessRequest.principal_id == owner.id,
@@ -60,6 +62,7 @@ def hold(
                     if operation is None
                     else AccessRequest.operation == operation,
                     AccessRequest.hold_until > now,
+                    AccessRequest.budget_spent.is_(None),
                 )
             ).first()
             if row is not None:
@@ -81,6 +84,7 @@ def hold(
             last_seen=now,
             hold_until=now + timedelta(seconds=seconds),
             operation=operation,
+            budget_spent=spent,
         )
         session.add(row)
         session.flush()
@@ -168,10 +172,12 @@ def approve(
 ) -> None:
     """Approve a pending hold (inside the caller's change transaction)."""
     grant = session.get(Grant, row.grant_id) if row.grant_id is not None else None
-    first = grant is not None and grant.approval == "first"
+    # A request held to go over a spent budget is let go alone: its approval covers none.
+    first = grant is not None and grant.approval == "first" and row.budget_spent is None
     if not first and (next_uses is not None or until is not None):
         raise InvalidInput(
-            "{next} and {until} go with grants held with approval first",
+            "{next} and {until} go with grants held with approval first (and not with a "
+            "request held over its budget)",
             next="--next",
             until="--for",
         )

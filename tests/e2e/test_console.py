@@ -342,6 +342,52 @@ def test_an_access_request_approved_becomes_the_narrow_grant(console_proxy: Prox
     assert grant.methods == ["GET"] and grant.paths == [f"/v1/{agent}/report"]
 
 
+def test_a_spent_budget_is_raised_in_the_console_with_its_form(console_proxy: Proxy, names) -> None:
+    agent = names("agent")
+    console_proxy.store.add_principal(agent)
+    limits = validation.limits(None, None, budget=("total=250/day",))
+    grant_id = console_proxy.store.add_grant(agent, ["POST"], hosts=["api.test"], limits=limits)
+    request_id, _ = console_proxy.store.record_budget_request(
+        agent, grant_id, "api.test", 443, "POST", "/v1/chat", "total=250/day"
+    )
+
+    def budget() -> str | None:
+        (grant,) = console_proxy.store.list_grants(agent)
+        return grant.budget
+
+    with signed_in(console_proxy) as (client, csrf):
+        panel = client.get("/panel").text
+        section = panel[panel.index("<section id=budgets>") :]
+        assert f"<tr data-id={request_id}>" in section and "total=250/day" in section
+        assert "name=budget" in section
+        url = f"/requests/{request_id}"
+        plain = client.post(url, data={"csrf": csrf, "decision": "approve"})
+        assert plain.status_code == 409 and "approve it with a budget" in plain.text
+        bad = client.post(url, data={"csrf": csrf, "decision": "approve", "budget": "lots"})
+        assert bad.status_code == 409 and "invalid budget" in bad.text
+        long = client.post(url, data={"csrf": csrf, "decision": "approve", "budget": "x" * 201})
+        assert long.status_code == 400
+        forged = client.post(
+            url, data={"csrf": "0" * len(csrf), "decision": "approve", "budget": "total=9/day"}
+        )
+        assert forged.status_code == 403
+        assert budget() == "total=250/day"
+        raised = client.post(
+            url,
+            data={"csrf": csrf, "decision": "approve", "budget": "total=400/day, output=50/hour"},
+        )
+        assert raised.status_code == 303
+    assert budget() == "output=50/hour, total=400/day"
+    (line,) = [e for e in _events(console_proxy, "console.approved") if e["id"] == request_id]
+    assert (line["operator"], line["kind"], line["grant_id"]) == ("alice", "budget", grant_id)
+    assert (line["budget_was"], line["budget"]) == (
+        "total=250/day",
+        "output=50/hour, total=400/day",
+    )
+    [row] = [r for r in console_proxy.store.list_access_requests() if r.id == request_id]
+    assert (row.state, row.decided_by) == ("approved", "console:alice")
+
+
 def test_a_note_that_is_not_one_printable_line_is_refused(console_proxy: Proxy, names) -> None:
     agent = names("agent")
     console_proxy.store.add_principal(agent)

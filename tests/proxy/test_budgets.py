@@ -68,6 +68,32 @@ async def test_a_spent_budget_refuses_before_forwarding_with_retry_after() -> No
     assert flow.request.headers.get("authorization") is None  # never stamped
 
 
+class RecordingLive(BudgetLive):
+    """Its store takes budget requests: one row, id 5."""
+
+    def __init__(self, budget: str, used: int) -> None:
+        super().__init__(budget, used)
+        self.recorded: list[tuple[Any, ...]] = []
+
+    async def call(self, fn: Any, *args: Any) -> Any:
+        assert fn is self.store.record_budget_request
+        self.recorded.append(args)
+        return 5, "pending"
+
+
+async def test_a_spent_budget_records_one_budget_request_and_names_it() -> None:
+    live = RecordingLive("input=10/hour", used=10)
+    chain = _chain(live)
+    with taddons.context(chain.entry):
+        flows = [await _post(chain) for _ in range(3)]
+    for flow in flows:
+        assert flow.response.status_code == 429 and reason(flow) == "budget-exhausted"
+        body = json.loads(flow.response.content)
+        assert body["access_request"] == {"id": 5, "state": "pending"}
+    # One store write per grant in the window; the principal, grant and spent limits only.
+    assert live.recorded == [("a", 1, "api.test", 443, "POST", "/v1/x", "input=10/hour")]
+
+
 async def test_a_budget_the_store_cannot_check_refuses() -> None:
     chain = _chain(BudgetLive("total=10/day", down=True))
     with taddons.context(chain.entry):

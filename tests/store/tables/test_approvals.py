@@ -386,3 +386,27 @@ def test_an_approval_under_each_never_covers_once_the_grant_becomes_first(store:
         session.execute(update(Grant).where(Grant.id == grant_id).values(approval="first"))
     policy = Policy(store.snapshot())
     assert policy.covering(grant_id, "GET", "api.github.com", 443, PATH, utcnow()) is None
+
+
+def test_a_hold_over_a_spent_budget_shares_nothing_and_covers_nothing(store: Store) -> None:
+    grant_id = _grant(store, "first")
+    plain, _ = _hold(store, grant_id, share=True)
+
+    def over() -> tuple[int, bool]:
+        return store.hold_request(
+            "agent", grant_id, "api.github.com", 443, "GET", PATH, 60, True, None, "total=9/day"
+        )
+
+    (a, created_a), (b, created_b) = over(), over()
+    assert created_a and created_b and len({plain, a, b}) == 3  # none joins another
+    assert _hold(store, grant_id, share=True) == (plain, False)  # nor a plain hold one over
+    with pytest.raises(InvalidInput, match="not with a request held over its budget"):
+        store.approve_request(a, next_uses=3)
+    store.approve_request(a)
+    (row,) = [r for r in store.list_access_requests() if r.id == a]
+    assert (row.state, row.kind, row.budget_spent) == ("approved", "hold", "total=9/day")
+    # Let go alone: it covers no later request of its kind, even under `first`.
+    assert (
+        Policy(store.snapshot()).covering(grant_id, "GET", "api.github.com", 443, PATH, utcnow())
+        is None
+    )
