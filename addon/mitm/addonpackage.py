@@ -3,7 +3,7 @@
 That file imports every one of mitmproxy's 34 addons to build `default_addons()`, and with them
 Flask, Werkzeug, Jinja2, ldap3 and passlib (the onboarding page, proxyauth): about 16 MiB
 resident and 320 modules, where credproxy's master (addon/runtime/master.py) loads seven addons
-and never calls `default_addons()`. No hook runs before imports, so `install()`, called before
+and never calls `default_addons()`. No hook runs before imports, so `defer()`, called before
 the proxy's modules are imported, puts the package in `sys.modules` without running that file:
 its submodules import as usual, and the first other name asked of it (`default_addons`, by a
 DumpMaster in the same process) runs the file then, so nothing that needs it sees a difference.
@@ -21,7 +21,7 @@ from typing import Any
 PACKAGE = "mitmproxy.addons"
 
 
-def install() -> bool:
+def defer() -> bool:
     """Whether the package now stands in `sys.modules` with its `__init__.py` not run yet."""
     if PACKAGE in sys.modules:
         return False

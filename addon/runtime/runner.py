@@ -214,7 +214,7 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     # `exec` and the policy commands, which build this command's parser too, need none of them.
     from addon.mitm import addonpackage
 
-    addonpackage.install()  # before mitmproxy's addons are imported: see the module
+    addonpackage.defer()  # before mitmproxy's addons are imported: see the module
     from addon.proxy.sources import SourceSettings
     from addon.runtime import serve
 

@@ -10,13 +10,13 @@ import sys
 PROBE = """
 import json, sys
 from addon.mitm import addonpackage
-installed = addonpackage.install()
+installed = addonpackage.defer()
 from addon.runtime import master
 before = "mitmproxy.addons.onboarding" in sys.modules
 from mitmproxy.addons import default_addons
 print(json.dumps({
     "installed": installed,
-    "again": addonpackage.install(),
+    "again": addonpackage.defer(),
     "onboarding_before": before,
     "defaults": len(default_addons()),
 }))
