@@ -37,6 +37,8 @@ OTLP_CONFIG, OTLP_BASE, MIN_OTLP_RATIO = "credproxy-10-otlp", "credproxy-10", 0.
 # RSS per held connection against bare mitmproxy's (issue 45).
 MAX_CONNECTION_RATIO = 1.3
 MAX_STARTUP_S = 2.0
+# `credproxy run` on a fresh store against mitmdump, RSS once listening (issue 45).
+MAX_START_RSS_ADDED_MIB = 10.0
 STARTUP_CONFIG = "credproxy-10k"
 
 
@@ -233,6 +235,10 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         ratio = memory["ratio_per_connection"].get("credproxy-10")
         name = f"credproxy-10 RSS per held connection ≤ {MAX_CONNECTION_RATIO:.1f} × mitmproxy's"
         check(name, ratio, MAX_CONNECTION_RATIO + 1e-9, False)
+    at_start = results.get("memory_at_start")
+    if at_start:
+        name = f"credproxy run's RSS at start ≤ mitmdump's + {MAX_START_RSS_ADDED_MIB:.0f} MiB"
+        check(name, at_start["start"]["difference"], MAX_START_RSS_ADDED_MIB + 1e-9, False)
     startup = results["startup_s"].get(STARTUP_CONFIG)
     if startup is not None:
         check(
@@ -297,6 +303,17 @@ def markdown(results: dict[str, Any]) -> str:
             f"(**{growth['growth_mb']:+.1f} MiB**; samples {samples}); "
             f"{growth['errors']} errors.",
         ]
+    at_start = results.get("memory_at_start")
+    if at_start:
+        cells = "; ".join(
+            f"{when} credproxy {row['credproxy']['rss']:.1f} MiB, mitmdump "
+            f"{row['mitmdump']['rss']:.1f} MiB (**{row['difference']:+.1f}**)"
+            for when, row in (
+                ("at start", at_start["start"]),
+                ("after one request", at_start["first_request"]),
+            )
+        )
+        lines += ["", f"RSS of a fresh `credproxy init` + `run` beside mitmdump: {cells}."]
     memory = results.get("memory_per_connection")
     if memory:
         held = ", ".join(

@@ -435,6 +435,15 @@ def _memory(bench: Bench, settings: Settings) -> dict[str, Any] | None:
     return memory.summary(rows, settings.memory_connections, 1, traced=False)
 
 
+def _at_start() -> dict[str, Any]:
+    """`credproxy run` after a fresh `credproxy init`, beside mitmdump (bench.startmem)."""
+    from bench import startmem  # noqa: PLC0415 - only for this part of the run
+
+    found = startmem.one_round(3.0)
+    _log(f"memory at start: credproxy - mitmdump {found['start']['difference']:+.1f} MiB")
+    return found
+
+
 def run(settings: Settings) -> str:
     """Run everything; write the JSON and markdown; return the markdown."""
     workdir = Path(tempfile.mkdtemp(prefix="credproxy-bench-"))
@@ -451,6 +460,8 @@ def run(settings: Settings) -> str:
         memory = None if settings.download else _memory(bench, settings)
     finally:
         bench.stop()
+        # After the others stopped, as a user starts it: a fresh store, beside mitmdump.
+        at_start = None if settings.download or not settings.memory_connections else _at_start()
         if settings.keep_workdir:
             _log(f"work directory kept: {workdir}")
         else:
@@ -480,6 +491,7 @@ def run(settings: Settings) -> str:
         "populate_s": bench.populate_s,
         "rss_growth": growth,
         "memory_per_connection": memory,
+        "memory_at_start": at_start,
         "redactor": redaction.costs(settings.body if settings.download else None),
     }
     results["targets"] = report.targets(results)

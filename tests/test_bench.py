@@ -99,6 +99,9 @@ def test_smoke_run(
     if {"mitmproxy", "credproxy-10"} <= set(configs):
         assert set(memory["rows"]) == {"mitmproxy", "credproxy-10"}
         assert memory["rows"]["credproxy-10"]["kib_per_connection"] is not None
+        at_start = results["memory_at_start"]
+        assert at_start["start"]["mitmdump"]["rss"] > 0
+        assert at_start["first_request"]["credproxy"]["rss"] > 0
     else:
         assert memory is None
     if importlib.util.find_spec("matplotlib") is not None:  # the bench extra

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -95,3 +97,68 @@ def test_the_proxys_commands_are_still_there(env: dict[str, str]) -> None:
 )
 def test_the_command_of_a_command_line(argv: list[str], command: str | None) -> None:
     assert _command(argv) == command
+
+
+# `credproxy run` with no optional feature in use: what it must not have imported once it
+# listens (each module is imported at the first use of its feature instead).
+RUN_PROBE = """
+import json, os, signal, sys
+from addon.cli import cli
+
+def report(signum, frame):
+    tops = {m.split(".")[0] for m in sys.modules}
+    with open(os.environ["PROBE_OUT"], "w") as out:
+        json.dump({"tops": sorted(tops), "modules": sorted(sys.modules)}, out)
+
+signal.signal(signal.SIGUSR1, report)
+sys.exit(cli.main(sys.argv[1:]))
+"""
+OPTIONAL = (
+    "graphql",  # GraphQL body rules
+    "botocore",  # sigv4 credentials
+    "boto3",
+    "urllib3",  # minted tokens, AssumeRole
+    "hvac",  # Vault secret sources
+    "opentelemetry",  # --otlp
+    "alembic",  # init's migrations
+    "psycopg",  # PostgreSQL stores
+    "publicsuffix2",  # wildcard hosts checked by the CLI
+    "flask",  # mitmproxy's onboarding page: mitmproxy/addons/__init__.py, not run
+    "werkzeug",
+    "jinja2",
+    "ldap3",  # mitmproxy's proxyauth
+    "passlib",
+)
+OPTIONAL_MODULES = ("addon.cli.demo", "addon.cli.policycmd", "store.policyfile", "addon.launcher")
+
+
+def test_the_proxys_start_imports_no_optional_feature(env: dict[str, str], tmp_path: Path) -> None:
+    out = tmp_path / "modules.json"
+    proxy = subprocess.Popen(
+        [sys.executable, "-c", RUN_PROBE, "run", "--listen", "127.0.0.1:0"],
+        env=env | {"PROBE_OUT": str(out)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        cwd=Path(__file__).parent.parent,
+    )
+    try:
+        assert proxy.stdout is not None
+        for line in proxy.stdout:
+            if b'"proxy.started"' in line:
+                break
+        else:
+            pytest.fail("credproxy run did not start")
+        proxy.send_signal(signal.SIGUSR1)
+        for _ in range(200):
+            if out.exists() and out.stat().st_size:
+                break
+            time.sleep(0.05)
+        found = json.loads(out.read_text())
+    finally:
+        proxy.terminate()
+        proxy.wait(15)
+    assert "mitmproxy" in found["tops"] and "sqlalchemy" in found["tops"]  # it did start
+    assert sorted(set(OPTIONAL) & set(found["tops"])) == []
+    assert [m for m in found["modules"] if m.startswith(OPTIONAL_MODULES)] == []
+    # mitmproxy's addons package stands without its __init__: only the addons credproxy loads.
+    assert "mitmproxy.addons.onboarding" not in found["modules"]

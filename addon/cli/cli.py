@@ -110,6 +110,11 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         module.register(sub, shared)
     if argv is not None and _command(argv) in _OWN:
         return parser
+    if argv is not None and _command(argv) == "run":
+        from addon.runtime import runner  # not the demo's, the policy file's or exec's modules
+
+        runner.register(sub, shared)
+        return parser
     # Imported only for a command of their own, or for --help: see LIGHT.
     from addon.cli import demo, policycmd, suggestcmd
     from addon.launcher import launch

@@ -20,22 +20,23 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote_to_bytes
-
-from graphql import (
-    FieldNode,
-    FragmentDefinitionNode,
-    FragmentSpreadNode,
-    GraphQLError,
-    InlineFragmentNode,
-    OperationDefinitionNode,
-    SelectionSetNode,
-    parse,
-)
 
 from addon.core.reasons import Reason
 from store.rules.bodyrules import BodyRule, GraphQLRule, JsonRpcRule, McpRule
+
+if TYPE_CHECKING:
+    from graphql import (
+        FieldNode,
+        FragmentDefinitionNode,
+        FragmentSpreadNode,
+        GraphQLError,
+        InlineFragmentNode,
+        OperationDefinitionNode,
+        SelectionSetNode,
+        parse,
+    )
 
 MAX_DECIDED_BODY = 1024 * 1024  # bytes; the caller stops reading past it
 MAX_BATCH = 100
@@ -380,8 +381,27 @@ def _document(rule: GraphQLRule, source: str, operation_name: str | None, found:
             raise _Refused(Reason.OPERATION_NOT_ALLOWED, "introspection is not granted")
 
 
+def import_graphql() -> None:
+    """graphql-core (150 modules, about 5 MiB resident) is imported by the first GraphQL body
+    or the first policy with a GraphQL body rule, not at start; once, as module globals."""
+    global FieldNode, FragmentDefinitionNode, FragmentSpreadNode, GraphQLError  # noqa: PLW0603
+    global InlineFragmentNode, OperationDefinitionNode, SelectionSetNode, parse  # noqa: PLW0603
+    from graphql import (
+        FieldNode,
+        FragmentDefinitionNode,
+        FragmentSpreadNode,
+        GraphQLError,
+        InlineFragmentNode,
+        OperationDefinitionNode,
+        SelectionSetNode,
+        parse,
+    )
+
+
 def _analyse(source: str) -> tuple[_Operation, ...]:
     """A document's operations, or _Refused when it cannot be read with certainty."""
+    if "parse" not in globals():
+        import_graphql()
     try:
         document = parse(source, no_location=True, max_tokens=MAX_TOKENS)
     except GraphQLError:

@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
+from addon.core import bodies
 from addon.core.policy import Policy
 from addon.core.responsive import responsive
 from addon.core.usage import Charge
@@ -307,6 +308,8 @@ class LivePolicy:
                 snapshot = self.store.snapshot()
         policy = Policy(snapshot)
         sources.bound(policy, snapshot)
+        if any(g.body is not None and g.body.graphql is not None for g in snapshot.grants):
+            bodies.import_graphql()  # here, off the event loop, rather than on a first request
         return policy
 
     def _key_caught_up(self) -> bool:

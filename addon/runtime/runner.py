@@ -212,6 +212,9 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
         )
     # Imported here, not at the top: the chain's modules take about a second to import, and
     # `exec` and the policy commands, which build this command's parser too, need none of them.
+    from addon.mitm import addonpackage
+
+    addonpackage.defer()  # before mitmproxy's addons are imported: see the module
     from addon.proxy.sources import SourceSettings
     from addon.runtime import serve
 

@@ -14,17 +14,17 @@ import asyncio
 import time
 import xml.etree.ElementTree as ET  # noqa: S405 - STS's answer over verified TLS, size-bounded
 from datetime import datetime
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import urlencode
-
-from botocore.auth import SigV4Auth
-from botocore.awsrequest import AWSRequest
-from botocore.credentials import Credentials
 
 from addon.observe import audit
 from addon.redaction.redactset import ROLE, SETS
+from addon.schemes.awssdk import botocore
 from addon.schemes.https import Dial, Tunnel, https_call
 from addon.schemes.renewal import IDLE, Renewal, Unavailable
+
+if TYPE_CHECKING:
+    from botocore.credentials import Credentials
 
 __all__ = ["IDLE", "RoleSession", "SESSIONS", "Sessions", "Temporary", "Unavailable"]
 
@@ -112,10 +112,11 @@ class RoleSession(Renewal[Temporary]):
             form["ExternalId"] = self._external_id
         if self._policy is not None:
             form["Policy"] = self._policy
-        request = AWSRequest(method="POST", url=f"https://{STS_HOST}/", data=urlencode(form))
+        sdk = botocore()
+        request = sdk.AWSRequest(method="POST", url=f"https://{STS_HOST}/", data=urlencode(form))
         request.headers["Host"] = STS_HOST
         request.headers["Content-Type"] = "application/x-www-form-urlencoded; charset=utf-8"
-        SigV4Auth(self._base, "sts", "us-east-1").add_auth(request)
+        sdk.SigV4Auth(self._base, "sts", "us-east-1").add_auth(request)
         headers = {k: v for k, v in request.headers.items() if k.lower() != "host"}
         answer = https_call(
             address, STS_HOST, 443, self._cafile, "POST", "/", request.body, headers, self._tunnel
@@ -136,7 +137,7 @@ class RoleSession(Renewal[Temporary]):
         key_id, secret, token = text("AccessKeyId"), text("SecretAccessKey"), text("SessionToken")
         expires = datetime.fromisoformat(text("Expiration")).timestamp()
         return Temporary(
-            Credentials(key_id, secret, token),
+            botocore().Credentials(key_id, secret, token),
             expires,
             (secret.encode(), token.encode(), key_id.encode()),
         )

@@ -11,8 +11,6 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import NamedTuple
 
 import certifi
-import urllib3
-import urllib3.connection
 
 TIMEOUT = 10.0
 MAX_ANSWER = 64 * 1024
@@ -98,6 +96,10 @@ def https_call(
     tunnel through the corporate proxy), the name for SNI and certificate, at most MAX_ANSWER
     bytes read, TIMEOUT for the whole call. Raises on any failure (TimeoutError when the time
     ran out)."""
+    # Here, not at the top: a proxy that mints no token and assumes no role never loads it.
+    import urllib3
+    import urllib3.connection
+
     context = ssl.create_default_context(cafile=cafile or certifi.where())
     deadline = _Deadline()
 

@@ -13,23 +13,16 @@ import logging
 from typing import TYPE_CHECKING, Any, NamedTuple, NoReturn
 from urllib.parse import quote, unquote_to_bytes
 
-from botocore.auth import (
-    STREAMING_UNSIGNED_PAYLOAD_TRAILER,
-    UNSIGNED_PAYLOAD,
-    S3SigV4Auth,
-    SigV4Auth,
-)
-from botocore.awsrequest import AWSRequest
-from botocore.credentials import Credentials
-
 from addon.core.reasons import Reason
 from addon.schemes.assume import SESSIONS, RoleSession
+from addon.schemes.awssdk import STREAMING_UNSIGNED_PAYLOAD_TRAILER, UNSIGNED_PAYLOAD, botocore
 from addon.schemes.stamp import Refused, Signs, Stamp, Stamping, write
 from store.records import CredentialRecord
 from store.rules import aws
 from store.rules.grammar import BadPath, canonicalize
 
 if TYPE_CHECKING:
+    from botocore.credentials import Credentials
     from mitmproxy import http
 
     from addon.core.policy import Rule
@@ -107,7 +100,9 @@ class Signer:
     def __init__(self, credential: CredentialRecord) -> None:
         keys = json.loads(credential.secret.reveal())
         token = keys.get("session_token")
-        self._credentials = Credentials(keys["access_key_id"], keys["secret_access_key"], token)
+        self._credentials = botocore().Credentials(
+            keys["access_key_id"], keys["secret_access_key"], token
+        )
         self.secrets = key_secrets(credential)
         self.service: str | None = credential.options.get("service")
         self.region: str | None = credential.options.get("region")
@@ -180,7 +175,8 @@ class Signer:
     ) -> tuple[tuple[bytes, bytes], ...]:
         """The header fields that sign this request, exactly as `url` and `fields` say, with
         `credentials` (temporary keys) or the stored keys."""
-        request = AWSRequest(method=method, url=url, data=body)
+        sdk = botocore()
+        request = sdk.AWSRequest(method=method, url=url, data=body)
         for name, value in fields:
             request.headers[name.decode("latin-1")] = value.decode("latin-1")
         context: dict[str, Any] = request.context
@@ -189,7 +185,7 @@ class Signer:
         elif plan.payload == UNSIGNED:
             context["payload_signing_enabled"] = False
             context["client_config"] = _S3Unsigned
-        auth = S3SigV4Auth if plan.scope.s3 else SigV4Auth
+        auth = sdk.S3SigV4Auth if plan.scope.s3 else sdk.SigV4Auth
         keys = credentials or self._credentials
         auth(keys, plan.scope.service, plan.scope.region).add_auth(request)
         return tuple(

@@ -22,9 +22,6 @@ import time
 from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
 
-import urllib3
-import urllib3.connection
-
 from addon.observe import audit
 from addon.redaction.redactset import MINTED, SETS
 from addon.schemes.https import Answer, Dial, MintFailed, Post, Tunnel, https_call
@@ -165,6 +162,8 @@ class TokenSession(Renewal[Token]):
         return max(fresh.refresh_at - time.monotonic(), 0.0)
 
     def _failed(self, e: Exception) -> float:
+        import urllib3.exceptions  # loaded by the call that failed (https.py), if it got so far
+
         self._failures += 1
         delay: float = min(BACKOFF * 2 ** (self._failures - 1), MAX_BACKOFF)
         self._retry_at = time.monotonic() + delay

@@ -9,6 +9,7 @@ import pickle
 import pytest
 
 from addon.core.reasons import Reason
+from addon.schemes import awssdk
 from addon.schemes.sigv4 import HELD, TRAILER, UNSIGNED, Signer, Unsignable, signed_query
 from store.crypto import Secret
 from store.records import CredentialRecord
@@ -205,3 +206,10 @@ def test_a_signer_shows_no_key():
         KEYS.access_key_id.encode(),
     }
     assert json.loads(KEYS.json())["access_key_id"] == KEYS.access_key_id
+
+
+def test_the_payload_markers_are_botocores() -> None:
+    from botocore import auth
+
+    assert awssdk.UNSIGNED_PAYLOAD == auth.UNSIGNED_PAYLOAD
+    assert awssdk.STREAMING_UNSIGNED_PAYLOAD_TRAILER == auth.STREAMING_UNSIGNED_PAYLOAD_TRAILER
