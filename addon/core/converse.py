@@ -10,12 +10,12 @@ the estimate.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import struct
+from typing import Any
 from urllib.parse import unquote
-
-from botocore.eventstream import EventStreamBuffer, ParserError
 
 from addon.core.usage import MAX_MODEL, Reading, counts, model_name
 
@@ -35,6 +35,15 @@ def bedrock_model(path: str) -> str | None:
         return None
     # Each %XX stands for one character at most: this much text holds MAX_MODEL of them.
     return model_name(unquote(found.group(1)[: MAX_MODEL * 3], errors="replace"))
+
+
+@functools.cache
+def _eventstream() -> tuple[Any, type[Exception]]:
+    """botocore's EventStreamBuffer and ParserError, imported at the first Bedrock stream read
+    for usage (botocore is not imported at start: addon/schemes/awssdk.py)."""
+    from botocore.eventstream import EventStreamBuffer, ParserError
+
+    return EventStreamBuffer, ParserError
 
 
 class EventStreamReader:
@@ -75,11 +84,12 @@ class EventStreamReader:
         return self.reading
 
     def _read(self, frame: bytes) -> None:
-        decoder = EventStreamBuffer()
+        buffer, parser_error = _eventstream()
+        decoder = buffer()
         decoder.add_data(frame)
         try:
             message = next(decoder)
-        except (ParserError, StopIteration, struct.error, LookupError, ValueError):
+        except (parser_error, StopIteration, struct.error, LookupError, ValueError):
             self._spoil()  # a bad CRC or header: nothing after it can be trusted
             return
         headers = message.headers
