@@ -20,12 +20,10 @@ import random
 import statistics
 import sys
 import time
-from collections.abc import Callable
 from typing import Any
-from urllib.parse import quote
 
 from addon.redaction.redact import Redactor, prepare
-from bench.bodies import KINDS, body
+from bench.bodies import KINDS, SWEEP, body
 
 SIZE = 4 * 1024 * 1024
 PIECES = (16 * 1024, 64 * 1024)
@@ -67,67 +65,6 @@ def costs(kind: str | None = "binary") -> list[dict[str, Any]] | None:
                 }
             )
     return rows
-
-
-def _hex(rng: random.Random, size: int) -> bytes:
-    """Lines of sha256 digests, as checksum lists and PEP 503 pages hold them."""
-    return b"\n".join(rng.randbytes(32).hex().encode() for _ in range(size // 65 + 1))
-
-
-def _b64(rng: random.Random, size: int) -> bytes:
-    return base64.encodebytes(rng.randbytes(size * 3 // 4 + 3))
-
-
-def _urlencoded(rng: random.Random, size: int) -> bytes:
-    """A query string: words and UTF-8 and punctuation percent-escaped as `quote` writes them."""
-    out, total = [], 0
-    while total < size:
-        word = base64.urlsafe_b64encode(rng.randbytes(rng.randint(3, 9))).rstrip(b"=")
-        raw = rng.randbytes(rng.randint(1, 4))
-        part = b"q%d=%s%s%%20&" % (total, word, quote(raw, safe="").encode())
-        out.append(part)
-        total += len(part)
-    return b"".join(out)
-
-
-def _json(rng: random.Random, size: int) -> bytes:
-    """GitHub-like commits: 40-hex SHAs, escaped URLs, dates."""
-    out, total = [], 0
-    while total < size:
-        sha, tree = rng.randbytes(20).hex().encode(), rng.randbytes(20).hex().encode()
-        part = (
-            b'{"sha": "%s", "commit": {"tree": {"sha": "%s", "url": '
-            b'"https:\\/\\/api.github.com\\/repos\\/o\\/r\\/git\\/trees\\/%s"}, '
-            b'"message": "fix \\"x\\"\\n", "date": "2026-12-07T04:43:49Z"}},\n' % (sha, tree, tree)
-        )
-        out.append(part)
-        total += len(part)
-    return b"".join(out)
-
-
-def _html(rng: random.Random, size: int) -> bytes:
-    """A PEP 503 simple page: links with sha256 fragments and character references."""
-    out, total = [], 0
-    while total < size:
-        digest = rng.randbytes(32).hex().encode()
-        part = (
-            b'<a href="https://files.example/p/pkg-1.%d.tar.gz#sha256=%s" '
-            b'data-requires-python="&gt;=3.9">pkg&#45;1.%d &amp; more</a><br/>\n'
-            % (total, digest, total)
-        )
-        out.append(part)
-        total += len(part)
-    return b"".join(out)
-
-
-SWEEP: dict[str, Callable[[random.Random, int], bytes]] = {
-    "hex": _hex,
-    "base64": _b64,
-    "urlenc": _urlencoded,
-    "json-sha": _json,
-    "html": _html,
-    "binary": lambda rng, size: rng.randbytes(size),
-}
 
 
 def _token(rng: random.Random) -> bytes:

@@ -491,6 +491,7 @@ READ_EACH = (
     "        print(p, 'refused', type(e).__name__)\n"
 )
 
+
 @needs_namespaces
 def test_a_secret_file_a_credential_references_is_hidden_in_the_sandbox(
     proxy: Proxy, agent: Agent, tmp_path: Path

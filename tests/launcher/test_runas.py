@@ -89,7 +89,6 @@ def test_the_switch_drops_every_capability_and_privilege() -> None:
     assert prefix[-1] == "--"
 
 
-
 def test_a_secret_file_a_credential_references_is_state_too(home: Path) -> None:
     """A credential's `file:` reference names a secret: CMD's user may not read it, and
     --isolate hides it (with a mounted Secret's whole folder)."""
