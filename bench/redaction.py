@@ -35,7 +35,7 @@ def _feed(secrets: list[bytes], data: bytes, piece: int, rounds: int = ROUNDS) -
     """Seconds to redact `data` in pieces of `piece` bytes (best of `rounds`), the search built
     beforehand as the proxy builds it, once per secret set and off the event loop."""
     best = float("inf")
-    prepared = prepare(secrets, sieve=True)
+    prepared = prepare(secrets)
     for _ in range(rounds):
         redactor = Redactor(secrets, prepared)
         began = time.perf_counter()

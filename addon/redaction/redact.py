@@ -14,13 +14,7 @@ makes the whole body go through it. Text dense with escape starts (URL-encoded t
 sieved by a second finder of whole escapes, each kept only between encodings of the bytes that
 may precede and follow its byte in a form.
 
-Once built (in a thread, when a set of secrets changes), the heads sieve replaces both: one
-Hyperscan database of every form's first HEAD bytes in every encoding, whose speed depends
-neither on the body nor on its escapes (the finders' does: URL-encoded or HTML text with four
-secrets ran at tens of MB/s, issue 47). It also narrows where a stream's held-back tail may
-begin. Where Hyperscan cannot run (not x86-64), the finders go on alone.
-
-One module, about 850 lines: the patterns, the sieve and the streaming state are one
+One module, about 580 lines: the patterns, the sieve and the streaming state are one
 mechanism, tested together against the full pattern (a split would separate the sieve from
 the proof that it hides nothing).
 """
@@ -30,13 +24,9 @@ from __future__ import annotations
 import base64
 import functools
 import re
-import threading
 import zlib
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from html.entities import html5
-from types import ModuleType
-from typing import Any
 
 import ahocorasick_rs
 
@@ -226,13 +216,10 @@ def _compile(secrets: tuple[bytes, ...]) -> _Compiled | None:
     return prepare(secrets)
 
 
-def prepare(secrets: Sequence[bytes], sieve: bool = False) -> _Compiled | None:
+def prepare(secrets: Sequence[bytes]) -> _Compiled | None:
     """The compiled search for `secrets`, not cached: for a caller that keeps its own and
     builds it off the event loop (addon/redaction/redactset.py). None when no form is long
-    enough.
-
-    `sieve`: build the heads sieve (`_Compiled.build_sieve`) here, for a caller in a thread;
-    otherwise it is built in the background and used once it is ready."""
+    enough."""
     needles = sorted({f for s in secrets for f in forms(s)}, key=len, reverse=True)
     if not needles:
         return None
@@ -244,12 +231,7 @@ def prepare(secrets: Sequence[bytes], sieve: bool = False) -> _Compiled | None:
     tails = re.compile(char_class + _heads(needles, 0))
     longest = max(sum(max(map(len, encodings(b))) for b in n) for n in needles)
     alphabet = bytes(sorted({c for n in needles for b in n for e in encodings(b) for c in e}))
-    compiled = _Compiled(needles, pattern, starts, tails, longest, len(needles[-1]), alphabet)
-    if sieve:
-        compiled.build_sieve()
-    else:
-        _later(compiled)
-    return compiled
+    return _Compiled(needles, pattern, starts, tails, longest, len(needles[-1]), alphabet)
 
 
 # The longest escape (`\\u00hh`): a sieve hit inside one that the regex skipped past lies this
@@ -280,10 +262,6 @@ class _Compiled:
         "escaped",
         "before",
         "after",
-        "sieve",
-        "lead",
-        "_local",
-        "led",
     )
 
     def __init__(
@@ -301,12 +279,6 @@ class _Compiled:
         # Every byte any encoding of any needle is written with.
         self.alphabet = alphabet
         self.literals = _literals(needles)
-        # The needles an encoded form beginning with a byte may be of, by that byte.
-        led: dict[int, list[bytes]] = {}
-        for n in needles:
-            for start in sorted(_starts(n[0])):
-                led.setdefault(start, []).append(n)
-        self.led = {start: tuple(ns) for start, ns in led.items()}
         escapes = {e for b in {b for n in needles for b in n} for e in encodings(b)[1:]}
         # The texts first: leftmost-first prefers the earlier pattern where two begin at once.
         leads = sorted({e[:2] for e in escapes})
@@ -340,115 +312,6 @@ class _Compiled:
         self.after: dict[int, tuple[bytes, ...] | None] = {
             b: None if b in last else _written(after[b]) for b in set(after) | last
         }
-        # The heads sieve, once built (build_sieve); until then, and where Hyperscan cannot
-        # run, the finders above sieve.
-        self.sieve: Any = None
-        # How long a form's first HEAD bytes may be written: a match of the heads sieve that
-        # ends at `end` belongs to a form that begins no earlier than `end - lead`.
-        self.lead = max(sum(max(map(len, encodings(b))) for b in n[:HEAD]) for n in needles)
-        self._local = threading.local()
-
-    def build_sieve(self) -> None:
-        """Compile the heads sieve: one Hyperscan database of the first HEAD bytes of every
-        form, each byte in every encoding. In a thread: it takes tens of milliseconds a secret
-        (Hyperscan lets go of the GIL meanwhile). Where Hyperscan cannot be imported (not
-        x86-64) or refuses the patterns, nothing is built and the finders go on sieving."""
-        hs = _hyperscan()
-        if hs is None or self.sieve is not None:
-            return
-        heads = {n[:HEAD] for n in self.needles}
-        # A head that begins with another head is found wherever that one is: redundant.
-        heads = {h for h in heads if not any(o != h and h.startswith(o) for o in heads)}
-        expressions = [b"".join(_hs_unit(b) for b in h) for h in sorted(heads)]
-        try:
-            database = hs.Database(mode=hs.HS_MODE_BLOCK)
-            database.compile(
-                expressions=expressions,
-                ids=list(range(len(expressions))),
-                elements=len(expressions),
-                flags=[0] * len(expressions),
-            )
-        except hs.error:  # the finders stay: slower, never less complete
-            return
-        self.sieve = database
-
-    def _swept(self, data: bytes, sieve: Any) -> bool | None:
-        """May `data` hold an encoded form, by the heads sieve: None when it could not run.
-
-        Every encoded form begins with an encoding of its first HEAD bytes, which the sieve
-        finds (every end of every match of every head, overlapping ones too) at a speed that
-        depends neither on the data nor on the escapes in it; the full pattern then runs over
-        the `lead` bytes before each and the `longest` after. A random head of HEAD bytes
-        occurs in text about once in 64 ** HEAD bytes: past one a `reach`, hits are not
-        collected, and the whole piece is searched.
-        """
-        hs = _HS
-        assert hs is not None
-        local = self._local
-        scratch = getattr(local, "scratch", None)
-        ends: list[int] = []
-        limit = len(data) // self.reach + 16
-
-        def found(_id: int, _start: int, end: int, _flags: int, _context: object) -> bool:
-            ends.append(end)
-            return len(ends) > limit
-
-        try:
-            if scratch is None:
-                scratch = local.scratch = hs.Scratch(sieve)
-            sieve.scan(data, match_event_handler=found, scratch=scratch)
-        except hs.ScanTerminated:
-            return self.pattern.search(data) is not None
-        except hs.error:  # the finders sieve instead
-            return None
-        if not ends:
-            return False
-        ends.sort()
-        lead, longest, search = self.lead, self.longest, self.pattern.search
-        lo, hi = max(0, ends[0] - lead), ends[0] + longest
-        for end in ends:
-            if end - lead > hi:
-                if search(data, lo, hi):
-                    return True
-                lo = end - lead
-            hi = end + longest
-        return search(data, lo, hi) is not None
-
-    def regions(self, data: bytes, at: int) -> list[tuple[int, int]]:
-        """Where in `data[at:]` a suffix that begins an encoded form may begin, as ascending
-        ranges of places; all of them when the heads sieve is not built (or cannot run).
-
-        A suffix that holds the encoding of its form's first HEAD bytes whole holds a match of
-        the heads sieve that begins where it does: within `lead` bytes before the match's end
-        and HEAD bytes at least before it. One that does not lies in the last `lead` bytes.
-        """
-        sieve, end = self.sieve, len(data)
-        hs = _HS
-        if sieve is None or hs is None or end - at <= self.lead:
-            return [(at, end)]
-        local = self._local
-        ends: list[int] = []
-
-        def found(_id: int, _start: int, stop: int, _flags: int, _context: object) -> bool:
-            ends.append(at + stop)
-            return len(ends) > 16
-
-        try:
-            scratch = getattr(local, "scratch", None)
-            if scratch is None:
-                scratch = local.scratch = hs.Scratch(sieve)
-            sieve.scan(data[at:], match_event_handler=found, scratch=scratch)
-        except hs.error:  # ScanTerminated among them: every place is tried
-            return [(at, end)]
-        spans = sorted([(max(at, e - self.lead), e - HEAD + 1) for e in ends])
-        spans.append((end - self.lead, end))
-        merged = [spans[0]]
-        for lo, hi in spans[1:]:
-            if lo <= merged[-1][1]:
-                merged[-1] = (merged[-1][0], max(hi, merged[-1][1]))
-            else:
-                merged.append((lo, hi))
-        return merged
 
     def suspect(self, data: bytes, dense: bool = False) -> tuple[bool, bool]:
         """May `data` hold an encoded form (False only when the pattern cannot match), and
@@ -461,11 +324,6 @@ class _Compiled:
         at a time, each overlapping the next by `longest`, so that every match lies whole in
         one: the lists of hits stay bounded by the slice, not by what the upstream sends.
         """
-        sieve = self.sieve
-        if sieve is not None:
-            swept = self._swept(data, sieve)
-            if swept is not None:
-                return swept, False
         if len(data) > SLICE + self.longest:
             for lo in range(0, len(data), SLICE):
                 suspect, dense = self.suspect(data[lo : lo + SLICE + self.longest], dense)
@@ -583,47 +441,6 @@ def _exact(c: _Compiled) -> ahocorasick_rs.BytesAhoCorasick:
     return ahocorasick_rs.BytesAhoCorasick(c.keys, implementation=ahocorasick_rs.Implementation.DFA)
 
 
-# The heads sieve's unit: the first bytes of every form. Six bytes of a random token or its
-# base64 occur by chance about once in 64 ** 6 (7e10) bytes of text; fewer would make chance
-# hits common in hex or base64 bodies, more make the compile slower.
-HEAD = 6
-_HS: ModuleType | None = None
-_HS_TRIED = False
-_BUILDER: ThreadPoolExecutor | None = None
-_BUILDER_LOCK = threading.Lock()
-
-
-def _hyperscan() -> ModuleType | None:
-    """Hyperscan's module, imported on first use (it is only needed once a sieve is built);
-    None where it cannot be imported."""
-    global _HS, _HS_TRIED
-    if not _HS_TRIED:
-        try:
-            import hyperscan
-
-            _HS = hyperscan
-        except (ImportError, OSError):  # not installed, or not this architecture's
-            _HS = None
-        _HS_TRIED = True
-    return _HS
-
-
-def _later(compiled: _Compiled) -> None:
-    """Build `compiled`'s heads sieve in the background (one thread for all of them)."""
-    global _BUILDER
-    with _BUILDER_LOCK:
-        if _BUILDER is None:
-            _BUILDER = ThreadPoolExecutor(1, thread_name_prefix="credproxy-sieve")
-        _BUILDER.submit(compiled.build_sieve)
-
-
-@functools.cache
-def _hs_unit(byte: int) -> bytes:
-    """A Hyperscan expression for every encoding of `byte`, each byte written `\\xhh`."""
-    written = (b"".join(b"\\x%02x" % c for c in e) for e in sorted(set(encodings(byte))))
-    return b"(?:" + b"|".join(written) + b")"
-
-
 def _begins(data: bytes, pos: int, needle: bytes) -> bool:
     """Is data[pos:] (non-empty) a proper prefix of some encoding of `needle`?"""
     end = len(data)
@@ -690,15 +507,13 @@ class Redactor:
         run = len(tail) - len(tail.rstrip(c.alphabet))
         if not run:
             return 0
-        # The regex rules out most places (in hex text, every hex digit that begins a form);
-        # the heads sieve, once built, most of the run before the regex is tried.
+        # The regex rules out most places (in hex text, every hex digit that begins a form).
         at, search = len(data) - run, c.tails.search
-        for lo, hi in c.regions(data, at):
-            while (m := search(data, lo)) is not None and m.start() < hi:
-                lo = m.start()
-                if any(_begins(data, lo, n) for n in c.led.get(data[lo], ())):
-                    return len(data) - lo
-                lo += 1
+        while (m := search(data, at)) is not None:
+            at = m.start()
+            if any(_begins(data, at, n) for n in c.needles):
+                return len(data) - at
+            at += 1
         return 0
 
     def feed(self, chunk: bytes) -> bytes:

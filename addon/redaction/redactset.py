@@ -93,7 +93,7 @@ class RedactionSets:
                 if values is None or name in self._prepared:
                     continue
             with responsive():  # tens of ms of the GIL per value
-                built = prepare(values, sieve=True)
+                built = prepare(values)
             with self._lock:
                 if self._sets.get(name) == values:
                     self._prepared[name] = built

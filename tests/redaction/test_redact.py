@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import base64
-import functools
 import itertools
-import platform
 from unittest import mock
 from urllib.parse import quote
 
@@ -182,46 +180,6 @@ def test_any_escaping_of_any_form_is_redacted_whole_and_at_every_split(
     cuts = data.draw(st.lists(st.integers(0, len(body)), max_size=8))
     streamed = run(Redactor([secret]), _chunks(body, cuts))
     assert echo not in streamed and secret not in streamed
-    # The heads sieve in place of the finders: the same bytes out, at every split.
-    heads = _heads(secret)
-    assert Redactor([secret], heads).whole(body) == out
-    for cut in range(len(body) + 1):
-        assert run(Redactor([secret], heads), [body[:cut], body[cut:]]) == run(
-            Redactor([secret]), [body[:cut], body[cut:]]
-        ), cut
-
-
-def test_the_heads_sieve_is_built_in_the_background_and_then_sieves(monkeypatch):
-    """prepare() without `sieve` leaves the finders sieving and builds the heads sieve in a
-    thread; a redactor given the search uses it once it is there, and what it redacts does
-    not change."""
-    monkeypatch.undo()  # this test wants the background build
-    secret = LONG_SECRET
-    c = redact.prepare([secret])
-    assert c is not None
-    assert redact._BUILDER is not None
-    redact._BUILDER.submit(lambda: None).result(timeout=60)  # one thread: built before it
-    if platform.machine() not in ("x86_64", "AMD64"):
-        return
-    assert c.sieve is not None
-    body = b"x" * 70_000 + quote(secret, safe="").encode() + b"%2F" * 30_000
-    with mock.patch.object(redact._Compiled, "_checked", side_effect=AssertionError("finder")):
-        assert MARK in run(
-            Redactor([secret], c), [body[i : i + 65536] for i in range(0, len(body), 65536)]
-        )
-
-
-def test_a_piece_dense_with_chance_heads_is_searched_whole():
-    """Past one hit of the heads sieve a `reach`, the piece is searched whole: hits are never
-    collected past that bound, and the result is the full pattern's."""
-    secret = LONG_SECRET
-    c = _heads(secret)
-    if c.sieve is None:
-        return
-    head = secret[: redact.HEAD]
-    body = head * 20_000  # a head every six bytes, no whole form
-    assert c._swept(body, c.sieve) is (c.pattern.search(body) is not None)
-    assert c._swept(body + secret, c.sieve) is True
 
 
 @settings(max_examples=150, deadline=None)
@@ -391,19 +349,6 @@ def test_the_sieve_never_hides_a_form_the_full_pattern_finds(data, secret):
     assert c.suspect(body, dense=True)[0] is found
     with mock.patch.object(redact, "_KEPT", 0):  # every whole escape checked, never one search
         assert c.suspect(body, dense=True)[0] is found
-    # And the heads sieve, which replaces both once it is built.
-    assert _heads(secret)._swept(body, _heads(secret).sieve) is found
-
-
-@functools.cache
-def _heads(*secrets: bytes) -> redact._Compiled:
-    """The search for `secrets` with its heads sieve built (Hyperscan runs on x86-64: there,
-    a missing sieve is a failure, not a skip)."""
-    c = redact.prepare(secrets, sieve=True)
-    assert c is not None
-    if platform.machine() in ("x86_64", "AMD64"):
-        assert c.sieve is not None
-    return c
 
 
 @settings(max_examples=40, deadline=None)
@@ -622,7 +567,6 @@ def test_every_short_text_over_the_escapes_alphabet_is_held_and_redacted_as_with
     redactor = Redactor([secret])
     c = redactor._c
     assert c is not None
-    heads = _heads(secret)
     # An escape whole or cut, of the first few of each byte (`%2d` and `%2D` do not differ).
     pieces = {e[:k] for b in secret for e in encodings(b)[:5] for k in (1, len(e) - 1, len(e))}
     pieces = sorted(pieces | {b"%", b"&#", b"\\u00", b"x", b";"})
@@ -633,8 +577,6 @@ def test_every_short_text_over_the_escapes_alphabet_is_held_and_redacted_as_with
             assert redactor.whole(text) == _unsieved(secret, text)[0], text
             found = c.pattern.search(text) is not None
             assert bool(_dense_hits(c, text)) >= found, text  # every escape checked
-            assert heads._swept(text, heads.sieve) is found, text
-            assert Redactor([secret], heads).partial(text) == _unsieved_partial(redactor, text)
 
 
 def _dense_hits(c: redact._Compiled, data: bytes) -> list[int]:

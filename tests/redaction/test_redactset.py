@@ -116,7 +116,7 @@ def test_follow_reads_new_records_only_and_retires_a_removed_credential(
     assert sets.secrets("a") == (b"secret-a", b"secret-a2")
     assert sets.secrets("b") == (b"secret-b",)  # removed, kept for the grace period
     built: list[tuple[bytes, ...]] = []
-    monkeypatch.setattr(redactset, "prepare", lambda v, sieve=False: built.append(v) or None)
+    monkeypatch.setattr(redactset, "prepare", lambda v: built.append(v) or None)
     sets.prepare(["a"])
     sets.redactor("a", ())
     assert built == [(b"secret-a", b"secret-a2")]  # the request found it built
