@@ -262,6 +262,7 @@ class _Compiled:
         "escaped",
         "before",
         "after",
+        "led",
     )
 
     def __init__(
@@ -279,6 +280,13 @@ class _Compiled:
         # Every byte any encoding of any needle is written with.
         self.alphabet = alphabet
         self.literals = _literals(needles)
+        # The needles an encoded form beginning with a byte may be of, by that byte: a tail
+        # is walked (`_begins`) only for those.
+        led: dict[int, list[bytes]] = {}
+        for n in needles:
+            for start in sorted(_starts(n[0])):
+                led.setdefault(start, []).append(n)
+        self.led = {start: tuple(ns) for start, ns in led.items()}
         escapes = {e for b in {b for n in needles for b in n} for e in encodings(b)[1:]}
         # The texts first: leftmost-first prefers the earlier pattern where two begin at once.
         leads = sorted({e[:2] for e in escapes})
@@ -511,7 +519,7 @@ class Redactor:
         at, search = len(data) - run, c.tails.search
         while (m := search(data, at)) is not None:
             at = m.start()
-            if any(_begins(data, at, n) for n in c.needles):
+            if any(_begins(data, at, n) for n in c.led.get(data[at], ())):
                 return len(data) - at
             at += 1
         return 0
