@@ -72,8 +72,15 @@ class Capped:
     max_tokens: int  # the output limit forwarded (per answer, for n answers)
 
 
+# Every API's output-limit keys: each one a body holds is capped, whichever API the path names,
+# so that a server reading another key than the path suggests still finds it capped.
+KEYS = frozenset(k for _, api in APIS for k in api.keys)
+
+
 def api_of(path: str) -> Api | None:
-    """The API a request path (without its query) names; None for any other."""
+    """The API a request path (without its query) names, its case ignored (some servers route
+    without it); None for any other."""
+    path = path.lower()
     for suffix, api in APIS:
         if path.endswith(suffix):
             return api
@@ -114,10 +121,10 @@ def cap(path: str, body: bytes, left: Sequence[tuple[TokenLimit, int]]) -> Cappe
     each = tokens // choices
     if each < FLOOR:
         raise Exhausted(limit, tokens)
-    asked = [_whole(k, v, 0) for k, _, _, v in members if k in api.keys]
+    asked = [_whole(k, v, 0) for k, _, _, v in members if k in KEYS]
     wanted = min([a for a in asked if a is not None] or [each])
     capped = min(wanted, each)
-    spans = [(begin, end) for k, begin, end, _ in members if k in api.keys]
+    spans = [(begin, end) for k, begin, end, _ in members if k in KEYS]
     if not spans:
         member = f'"{api.keys[0]}": {capped}' + ("," if members else "")
         return Capped((text[:start] + member + text[start:]).encode(), capped)

@@ -265,6 +265,9 @@ def approve_budget(
         if grant is None or grant.revoked_at is not None:
             raise InvalidInput(f"grant {row.grant_id} is revoked: deny request {request_id}")
         was = budgets.describe(grant.budget)
+        if budgets.capping(grant.budget):
+            # As `grant budget` does: a raised budget keeps the grant's max_tokens cap.
+            text = budgets.canonical(specs, cap=True)
         now = budgets.describe(text)
         assert now is not None
         grant.budget = text

@@ -160,3 +160,12 @@ def test_the_api_is_told_by_the_path_alone() -> None:
     assert capping.api_of("/v1/chat/completions") is capping.CHAT
     assert capping.api_of("/v1/completions") is capping.COMPLETIONS
     assert capping.api_of("/v1/models") is None
+
+
+def test_every_output_limit_key_the_body_holds_is_capped_whatever_the_path_names() -> None:
+    """A server may read another API's key than the path suggests, or route the path without
+    its case: each is capped all the same."""
+    body = {"max_tokens": 1000, "max_completion_tokens": 900, "max_output_tokens": 800}
+    got = _capped("/openai/deployments/x/Chat/Completions", body, output=100)
+    assert got == {"max_tokens": 100, "max_completion_tokens": 100, "max_output_tokens": 100}
+    assert _capped("/v1/Messages", {"max_tokens": 1000}, output=100) == {"max_tokens": 100}

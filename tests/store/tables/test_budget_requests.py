@@ -263,3 +263,15 @@ def test_cli_bad_budget_approvals_are_one_line_and_status_2(
     finally:
         store.close()
     assert plain.state == "pending"
+
+
+def test_approving_a_budget_request_keeps_the_grants_max_tokens_cap(
+    budgeted: tuple[Store, int],
+) -> None:
+    """As `grant budget` does: raising a capped grant's budget never turns its cap off."""
+    store, grant_id = budgeted
+    store.set_grant_budget(grant_id, ["total=250/day"], True)
+    request_id = _spent(store, grant_id)
+    store.approve_budget_request(request_id, ["total=400/day"])
+    (grant,) = store.list_grants()
+    assert grant.budget is not None and "capped" in grant.budget
